@@ -1,0 +1,360 @@
+"""The single source of truth for a run: one typed, frozen dataclass tree.
+
+Every knob is a field here, addressed by a dotted key (``loss.temperature``). The CLI, Ray's ``param_space``
+and the Optuna spaces in ``search_spaces/`` all produce exactly these keys, and :func:`apply_overrides` is the
+only way to change them: unknown keys, wrong types and out-of-range values raise :class:`ConfigError` before
+any compute starts. Derived quantities (the scaled learning rate, EqCo's K, per-rank batch) are computed in one
+place, :func:`derive`, and nothing mutates a config during a run.
+
+Each field carries ``help`` (shown by ``python -m dcl_core.train --help``) and, where the papers fix a value,
+``paper`` (the DCL / EqCo protocol value).
+
+Example:
+    >>> cfg = apply_overrides(preset("cpu"), {"loss.name": "dcl", "loss.temperature": 0.1})
+    >>> derive(cfg).lr  # base_lr * batch / 256
+    0.03
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+LOSS_NAMES = ("infonce", "dcl", "dclw", "dclw_exp", "eqco", "align_uniform")
+FRAMEWORK_NAMES = ("simclr",)
+DATASET_NAMES = ("cifar10", "cifar100", "stl10", "imagefolder")
+ARCH_NAMES = ("resnet18", "resnet50")
+STEM_NAMES = ("cifar", "imagenet")
+AUGMENTATIONS = ("simclr", "byol")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value. ``str(err)`` is one line meant for the user."""
+
+
+def _f(default: Any, help: str, paper: Any = None, choices: tuple[Any, ...] | None = None) -> Any:
+    """A dataclass field with CLI help, the paper's value and allowed choices in its metadata."""
+    meta = {"help": help, "paper": paper, "choices": choices}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = _f("cifar10", "pretraining dataset", "cifar10", DATASET_NAMES)
+    root: str | None = _f(
+        None, "data root; default: $DCL_DATA_ROOT, then the embedded ../shared/datasets/cifar10 (CIFAR-10)"
+    )
+    download: bool = _f(False, "download with torchvision if missing (needs internet)")
+    train_per_class: int = _f(0, "class-balanced pretraining subset, images per class (0 = all)", 0)
+    test_per_class: int = _f(0, "class-balanced test subset for evaluation, images per class (0 = all)", 0)
+    image_size: int = _f(32, "training crop size in pixels", 32)
+    augmentation: str = _f("simclr", "view policy: SimCLR (paper A.4) or BYOL's asymmetric one (Table 3)",
+                           "simclr", AUGMENTATIONS)
+    # SimCLR's CIFAR recipe uses jitter strength 0.5; the DCL paper (A.4) quotes 0.8/0.8/0.8/0.2, i.e. s = 1.
+    jitter_strength: float = _f(0.5, "colour-jitter strength s: (0.8s, 0.8s, 0.8s, 0.2s)", 1.0)
+    crop_min_scale: float = _f(0.08, "RandomResizedCrop lower scale bound", 0.08)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = _f("resnet18", "encoder backbone", "resnet18", ARCH_NAMES)
+    width: float = _f(1.0, "channel width multiplier (CPU presets use a narrow network)", 1.0)
+    stem: str = _f("cifar", "cifar: 3x3 conv, no max-pool; imagenet: 7x7/2 conv + max-pool", "cifar", STEM_NAMES)
+    proj_hidden_dim: int = _f(512, "projection-head hidden width (2-layer MLP with BN)", 512)
+    proj_dim: int = _f(128, "projection (latent) dimension", 128)
+    sync_bn: bool = _f(True, "convert BatchNorm to SyncBatchNorm under multi-GPU DDP (CUDA only)")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    name: str = _f("dcl", "contrastive objective", "dcl", LOSS_NAMES)
+    # 0.07 on CIFAR/STL (Sec. 4.1); 0.1 for ImageNet; Table 18 sweeps 0.07..1.0.
+    temperature: float = _f(0.1, "softmax temperature tau of the training loss", 0.07)
+    sigma: float = _f(0.5, "DCLW: vMF weight scale sigma (Eq. 7); dclw_exp: exponent scale (A.8)", 0.5)
+    delta: float = _f(3.0, "dclw_exp: weight scale delta in w = delta*exp(-sigma<z1,z2>) (A.8)", 3.0)
+    # EqCo: None means alpha = K, i.e. zero margin (plain InfoNCE). SiMo uses 256; EqCo MoCo runs 65536.
+    alpha: float | None = _f(None, "EqCo alpha: margin m = tau*log(alpha/K) (EqCo Eq. 5); none = K", 256.0)
+    num_negatives: int = _f(0, "EqCo: K negatives sampled per anchor (0 = all 2N-2 in the batch)", 0)
+    gather_distributed: bool = _f(True, "under DDP, use all ranks' samples as negatives (global batch)")
+    uniformity_t: float = _f(2.0, "align_uniform: uniformity kernel scale t (Wang & Isola)", 2.0)
+    uniformity_weight: float = _f(1.0, "align_uniform: weight of the uniformity term", 1.0)
+
+
+@dataclass(frozen=True)
+class FrameworkConfig:
+    name: str = _f("simclr", "how views, keys and negatives are formed", "simclr", FRAMEWORK_NAMES)
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    epochs: int = _f(200, "pretraining epochs", 200)
+    batch_size: int = _f(256, "global batch size N (images; 2N views)", 256)
+    base_lr: float = _f(0.03, "base learning rate; lr = base_lr * batch_size / 256", 0.03)
+    momentum: float = _f(0.9, "SGD momentum", 0.9)
+    weight_decay: float = _f(5e-4, "SGD weight decay", 5e-4)
+    warmup_epochs: float = _f(0.0, "linear warm-up epochs before cosine decay", 0.0)
+    min_lr_ratio: float = _f(0.0, "final lr as a fraction of the peak lr", 0.0)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    knn_k: int = _f(200, "kNN monitor neighbours", 200)
+    # The kNN monitor has its own temperature; it is never the training tau (see REFERENCES: leftthomas/SimCLR).
+    knn_temperature: float = _f(0.1, "kNN monitor temperature (fixed; independent of loss.temperature)", 0.1)
+    knn_every: int = _f(1, "run the kNN monitor every n epochs (and always after the last)", 1)
+    linear: bool = _f(False, "train a linear probe on frozen features after pretraining")
+    linear_preset: str = _f("cpu", "linear-probe protocol: paper (A.4), cpu or smoke", "paper",
+                            ("paper", "cpu", "smoke"))
+    batch_size: int = _f(512, "feature-extraction batch size")
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    framework: FrameworkConfig = field(default_factory=FrameworkConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    seed: int = _f(0, "random seed (data subset, init, views, shuffling)")
+    device: str = _f("auto", "auto: CUDA if available, else CPU", None, DEVICES)
+    amp: bool = _f(True, "mixed precision (fp16 autocast + GradScaler) when on CUDA; ignored on CPU")
+    threads: int = _f(0, "torch CPU threads (0 = leave torch's default)")
+    output_dir: str = _f("runs/latest", "where checkpoints and metrics.jsonl go (made absolute)")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Presets: smoke (tests, seconds), cpu (answers a question on 2 cores in minutes), paper (GPU protocol).
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "data.train_per_class": 16, "data.test_per_class": 8,
+        "model.width": 0.125, "model.proj_hidden_dim": 64,
+        "optim.epochs": 2, "optim.batch_size": 32,
+        "eval.knn_k": 20, "eval.linear_preset": "smoke",
+    },
+    # Sized by benchmarks/cpu_preset.py: ~7 min on 2 cores, kNN well above chance for DCL and InfoNCE.
+    "cpu": {
+        "data.train_per_class": 500, "data.test_per_class": 100,
+        "model.width": 0.25, "model.proj_hidden_dim": 128,
+        "optim.epochs": 15, "optim.batch_size": 128, "optim.base_lr": 0.06,
+        "optim.warmup_epochs": 1.0, "eval.linear_preset": "cpu",
+    },
+    # DCL Sec. 4.1 / Table 1: ResNet-18, CIFAR stem, 200 epochs, batch 256, base lr 0.03 * bs/256, tau 0.07,
+    # kNN evaluation; A.4 augmentations (jitter strength 1.0); A.4 linear protocol.
+    "paper": {
+        "model.width": 1.0, "model.proj_hidden_dim": 512,
+        "optim.epochs": 200, "optim.batch_size": 256, "optim.base_lr": 0.03,
+        "loss.temperature": 0.07, "data.jitter_strength": 1.0, "eval.linear_preset": "paper",
+    },
+}
+
+
+def preset(name: str) -> Config:
+    """The config of a named preset (``smoke``, ``cpu``, ``paper``)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return apply_overrides(Config(), PRESETS[name])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Dotted keys
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _resolved_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def field_specs(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Every leaf key as ``{"loss.temperature": (type, Field)}``, in declaration order."""
+    out: dict[str, tuple[Any, dataclasses.Field]] = {}
+    hints = _resolved_types(cls)
+    for name, f in _fields(cls).items():
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            out.update(field_specs(tp, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = (tp, f)
+    return out
+
+
+CONFIG_KEYS: tuple[str, ...] = tuple(field_specs())
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check (and losslessly convert) ``value`` for a field of type ``tp``; raise ConfigError otherwise."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            if type(None) in args:
+                return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(key, inner[0], value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key} must be true/false, got {value!r}")
+    if tp is int:
+        # numpy / Optuna integers are fine; floats with a fractional part and bools are not.
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"{key} must be an integer, got {value!r}") from None
+        if hasattr(value, "__index__"):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported field type {tp}")  # pragma: no cover - a bug in this module
+
+
+def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """Return a new config with dotted-key ``overrides`` applied and the result validated.
+
+    Raises:
+        ConfigError: unknown key, wrong type, or a value out of range (one line).
+    """
+    specs = field_specs()
+    grouped: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if key not in specs:
+            close = [k for k in specs if k.split(".")[-1] == key.split(".")[-1]]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}")
+        tp, _ = specs[key]
+        coerced = _coerce(key, tp, value)
+        if "." in key:
+            section, name = key.split(".", 1)
+            grouped.setdefault(section, {})[name] = coerced
+        else:
+            top[key] = coerced
+    for section, values in grouped.items():
+        top[section] = dataclasses.replace(getattr(cfg, section), **values)
+    new = dataclasses.replace(cfg, **top)
+    validate(new)
+    return new
+
+
+def to_flat_dict(cfg: Config) -> dict[str, Any]:
+    """``{"loss.temperature": 0.1, ...}`` for every leaf: MLflow params, checkpoints, provenance."""
+    out: dict[str, Any] = {}
+    for key in CONFIG_KEYS:
+        obj: Any = cfg
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        out[key] = obj
+    return out
+
+
+def from_flat_dict(flat: dict[str, Any]) -> Config:
+    """Inverse of :func:`to_flat_dict` (validates)."""
+    return apply_overrides(Config(), flat)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Validation and derived values
+
+
+def validate(cfg: Config) -> None:
+    """Range and choice checks; raises :class:`ConfigError` with one line naming the key."""
+    for key, (_, f) in field_specs().items():
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            value = _get(cfg, key)
+            if value not in choices:
+                raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+    def positive(key: str, strict: bool = True) -> None:
+        v = _get(cfg, key)
+        if v is None:
+            return
+        bad = (v <= 0) if strict else (v < 0)
+        if bad or (isinstance(v, float) and not math.isfinite(v)):
+            raise ConfigError(f"{key} must be {'> 0' if strict else '>= 0'}, got {v}")
+
+    for key in ("loss.temperature", "loss.sigma", "loss.delta", "loss.alpha", "loss.uniformity_t",
+                "optim.epochs", "optim.base_lr", "data.image_size", "model.width", "model.proj_hidden_dim",
+                "model.proj_dim", "eval.knn_k", "eval.knn_temperature", "eval.knn_every", "eval.batch_size"):
+        positive(key)
+    for key in ("loss.num_negatives", "loss.uniformity_weight", "optim.weight_decay", "optim.warmup_epochs",
+                "optim.momentum", "optim.min_lr_ratio", "data.train_per_class", "data.test_per_class",
+                "threads", "seed"):
+        positive(key, strict=False)
+    if cfg.optim.batch_size < 2:
+        raise ConfigError(f"optim.batch_size must be >= 2 (negatives come from the batch), got {cfg.optim.batch_size}")
+    if cfg.loss.num_negatives and cfg.loss.num_negatives > 2 * cfg.optim.batch_size - 2:
+        raise ConfigError(
+            f"loss.num_negatives={cfg.loss.num_negatives} exceeds the 2N-2={2 * cfg.optim.batch_size - 2} "
+            "negatives a batch of optim.batch_size offers"
+        )
+    if cfg.loss.num_negatives and cfg.loss.name != "eqco":
+        raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
+    if cfg.optim.warmup_epochs > cfg.optim.epochs:
+        raise ConfigError(f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}")
+    if not 0 < cfg.data.crop_min_scale <= 1:
+        raise ConfigError(f"data.crop_min_scale must be in (0, 1], got {cfg.data.crop_min_scale}")
+    if cfg.optim.momentum >= 1:
+        raise ConfigError(f"optim.momentum must be < 1, got {cfg.optim.momentum}")
+
+
+def _get(cfg: Config, key: str) -> Any:
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Values computed from a config, in one place (nothing else re-derives them)."""
+
+    lr: float  # peak lr = base_lr * global batch / 256 (linear scaling rule; DCL Sec. 4.1, EqCo Sec. 2.2)
+    per_rank_batch: int  # global batch / world size
+    num_negatives: int  # K: negatives per anchor seen by the loss (2N-2 in-batch, or the EqCo sample)
+    eqco_alpha: float  # alpha actually used (alpha = K when unset: zero margin)
+
+
+def derive(cfg: Config, world_size: int = 1) -> Derived:
+    """Compute derived values; ``world_size`` is the number of DDP ranks sharing the global batch."""
+    if cfg.optim.batch_size % world_size:
+        raise ConfigError(
+            f"optim.batch_size={cfg.optim.batch_size} is not divisible by the {world_size} DDP workers"
+        )
+    in_batch = 2 * cfg.optim.batch_size - 2
+    if not cfg.loss.gather_distributed:
+        in_batch = 2 * (cfg.optim.batch_size // world_size) - 2
+    k = cfg.loss.num_negatives or in_batch
+    alpha = float(k) if cfg.loss.alpha is None else cfg.loss.alpha
+    return Derived(
+        lr=cfg.optim.base_lr * cfg.optim.batch_size / 256,
+        per_rank_batch=cfg.optim.batch_size // world_size,
+        num_negatives=k,
+        eqco_alpha=alpha,
+    )

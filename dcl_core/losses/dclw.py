@@ -1,0 +1,68 @@
+"""Weighted DCL with the negative von Mises-Fisher weight (DCL paper Eq. 7)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+
+
+def vmf_weights(pos: Tensor, pos_batch: Tensor, sigma: float) -> Tensor:
+    r"""w = 2 − exp(<z1,z2>/σ) / E_i[exp(<z1,z2>/σ)], detached; E_i over the (global) batch of pairs.
+
+    Computed in log space: exp(pos/σ − (logsumexp(pos_batch/σ) − log P)), so σ → 0 cannot overflow.
+
+    Args:
+        pos: (A,) positive similarities of the anchors being weighted.
+        pos_batch: (P,) positive similarities of every pair in the batch.
+        sigma: σ > 0.
+    """
+    with torch.no_grad():
+        log_mean = torch.logsumexp(pos_batch / sigma, dim=0) - math.log(pos_batch.numel())  # ()
+        return 2.0 - torch.exp(pos.detach() / sigma - log_mean)  # (A,)
+
+
+class DCLWLoss(ContrastiveLoss):
+    r"""DCL with a per-pair weight on the positive term that favours hard positives.
+
+    DCL Eq. 7:
+
+    .. math::
+        L_{DCW,i}^{(k)} = -w(z_i^{(1)}, z_i^{(2)})\,\langle z_i^{(1)}, z_i^{(2)}\rangle/\tau + \log U_{i,k},
+        \qquad w = 2 - \frac{\exp(\langle z_i^{(1)}, z_i^{(2)}\rangle/\sigma)}
+                            {E_i[\exp(\langle z_i^{(1)}, z_i^{(2)}\rangle/\sigma)]}
+
+    so E[w] = 1; the weights are computed from detached similarities (a reweighting, not a new gradient path),
+    and E_i is over the global batch under DDP. σ → ∞ gives w → 1, i.e. DCL. The paper uses σ = 0.5.
+
+    Args:
+        temperature: τ > 0.
+        sigma: σ > 0.
+        gather_distributed: under DDP, negatives (and E_i) from all ranks.
+
+    Examples:
+        >>> out = DCLWLoss(temperature=0.1, sigma=0.5)(torch.randn(8, 16), torch.randn(8, 16))
+    """
+
+    def __init__(self, temperature: float = 0.1, sigma: float = 0.5, gather_distributed: bool = False) -> None:
+        super().__init__(temperature, gather_distributed)
+        if not sigma > 0:
+            raise ValueError(f"sigma must be > 0, got {sigma}")
+        self.sigma = float(sigma)
+
+    def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        pos = sims.pos / self.temperature  # (A,)
+        neg = sims.neg / self.temperature  # (A, M)
+        log_u = torch.logsumexp(neg, dim=1)  # (A,) negatives only, as in DCL
+        w = vmf_weights(sims.pos, sims.pos_batch, self.sigma)  # (A,)
+        # Departs from DCL (and InfoNCE) here: the positive logit is reweighted per pair.
+        loss = (log_u - w * pos).mean()
+        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
+        diagnostics["weight_std"] = w.std(unbiased=False)
+        return LossOutput(loss=loss, diagnostics=diagnostics)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, sigma={self.sigma}"

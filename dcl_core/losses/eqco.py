@@ -1,0 +1,89 @@
+"""EqCo: InfoNCE with the margin that makes it equivalent across numbers of negatives (Zhu et al., 2020)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+
+
+def sample_negatives(neg: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+    """K negatives drawn without replacement, independently for each anchor (EqCo Sec. 2.3).
+
+    Args:
+        neg: (A, M) negative similarities.
+        k: 1 <= k <= M.
+        generator: optional RNG for reproducible draws.
+    """
+    a, m = neg.shape
+    if not 1 <= k <= m:
+        raise ValueError(f"cannot sample K={k} negatives from {m}")
+    if k == m:
+        return neg
+    scores = torch.rand(a, m, device=neg.device, generator=generator)  # (A, M)
+    idx = scores.topk(k, dim=1).indices  # (A, K), a uniform random K-subset per row
+    return neg.gather(1, idx)  # (A, K)
+
+
+class EqCoLoss(ContrastiveLoss):
+    r"""InfoNCE with margin m = τ·log(α/K) on the positive, written as negatives scaled by α/K.
+
+    EqCo Eq. 1 with the equivalent condition Eq. 5, in the form of Eq. 12:
+
+    .. math::
+        L = -\log \frac{e^{(q^\top k_0 - m)/\tau}}{e^{(q^\top k_0 - m)/\tau} + \sum_{i=1}^{K} e^{q^\top k_i/\tau}}
+          = -\log \frac{s_0}{s_0 + \frac{\alpha}{K}\sum_{i=1}^{K} s_i},\qquad m = \tau\log\frac{\alpha}{K}
+
+    with :math:`s_i = e^{q^\top k_i/\tau}`. K is the number of negatives per anchor: all 2N−2 in-batch
+    negatives, or ``num_negatives`` sampled per anchor (EqCo Sec. 2.3) so K can be studied apart from the batch.
+    α = K is exactly InfoNCE. In SimCLR form every one of the 2N views is an anchor (symmetric, as in DCL Eq. 1).
+
+    Diagnostics: q_B (with the α/K-scaled denominator, the multiplier in EqCo's gradient, Eq. 13) and EqCo's
+    empirical mutual-information lower bound f̂ = log(1 + K·e^{m/τ}) − L = log(1 + α) − L.
+
+    Args:
+        temperature: τ > 0.
+        alpha: α > 0; None means α = K (zero margin).
+        num_negatives: K negatives sampled per anchor; 0 uses all in-batch negatives.
+        gather_distributed: under DDP, negatives from all ranks.
+
+    Examples:
+        >>> out = EqCoLoss(temperature=0.2, alpha=256.0)(torch.randn(8, 16), torch.randn(8, 16))
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        alpha: float | None = None,
+        num_negatives: int = 0,
+        gather_distributed: bool = False,
+    ) -> None:
+        super().__init__(temperature, gather_distributed)
+        if alpha is not None and not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if num_negatives < 0:
+            raise ValueError(f"num_negatives must be >= 0, got {num_negatives}")
+        self.alpha = None if alpha is None else float(alpha)
+        self.num_negatives = int(num_negatives)
+
+    def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        neg_sims = sims.neg
+        if self.num_negatives:
+            neg_sims = sample_negatives(neg_sims, self.num_negatives)  # (A, K)
+        k = neg_sims.shape[1]
+        alpha = float(k) if self.alpha is None else self.alpha
+        pos = sims.pos / self.temperature  # (A,)
+        # Departs from InfoNCE here: each negative is scaled by α/K, i.e. the positive gets margin τ·log(α/K).
+        neg = neg_sims / self.temperature + math.log(alpha / k)  # (A, K)
+        log_u = torch.logsumexp(neg, dim=1)  # (A,) log((α/K) Σ s_i)
+        log_denominator = torch.logsumexp(torch.cat([pos[:, None], neg], dim=1), dim=1)  # (A,)
+        loss = (log_denominator - pos).mean()
+        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
+        diagnostics["mi_bound"] = (math.log1p(alpha) - loss).detach()
+        return LossOutput(loss=loss, diagnostics=diagnostics)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, alpha={self.alpha}, num_negatives={self.num_negatives}"
