@@ -67,6 +67,7 @@ class AlignUniformLoss(ContrastiveLoss):
         self.uniformity_weight = float(uniformity_weight)
 
     def forward(self, z1: Tensor, z2: Tensor) -> LossOutput:
+        sims = two_view_similarities(z1, z2, self.gather_distributed)  # validates shapes first
         _, world = distributed_world() if self.gather_distributed else (0, 1)
         with torch.autocast(device_type=z1.device.type, enabled=False):
             a = F.normalize(z1.float(), dim=1)
@@ -76,7 +77,6 @@ class AlignUniformLoss(ContrastiveLoss):
             align = (a - b).pow(2).sum(dim=1).mean()
             uniform = 0.5 * (uniformity(a, self.uniformity_t) + uniformity(b, self.uniformity_t))
             loss = align + self.uniformity_weight * uniform
-        sims = two_view_similarities(z1, z2, self.gather_distributed)
         pos = sims.pos / self.temperature  # (A,)
         log_u = torch.logsumexp(sims.neg / self.temperature, dim=1)  # (A,)
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)

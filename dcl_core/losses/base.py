@@ -63,7 +63,12 @@ def gather_with_grad(x: Tensor) -> Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x), dim=0)  # (world * n, D)
+    out = torch.cat(all_gather(x), dim=0)  # (world * n, D)
+    if out.requires_grad:
+        # all_gather's backward sends each slice of the incoming gradient as raw memory; a transposed gradient
+        # (e.g. from einsum/matmul against these keys) would arrive scrambled on the other ranks.
+        out.register_hook(lambda grad: grad.contiguous())
+    return out
 
 
 def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = False) -> PairSimilarities:

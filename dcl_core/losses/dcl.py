@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+from dcl_core.losses.base import (
+    ContrastiveLoss,
+    LossOutput,
+    PairSimilarities,
+    npc_diagnostics,
+    similarity_diagnostics,
+)
 
 
 class DCLLoss(ContrastiveLoss):

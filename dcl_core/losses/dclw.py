@@ -7,7 +7,13 @@ import math
 import torch
 from torch import Tensor
 
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+from dcl_core.losses.base import (
+    ContrastiveLoss,
+    LossOutput,
+    PairSimilarities,
+    npc_diagnostics,
+    similarity_diagnostics,
+)
 
 
 def vmf_weights(pos: Tensor, pos_batch: Tensor, sigma: float) -> Tensor:
@@ -21,8 +27,9 @@ def vmf_weights(pos: Tensor, pos_batch: Tensor, sigma: float) -> Tensor:
         sigma: σ > 0.
     """
     with torch.no_grad():
-        log_mean = torch.logsumexp(pos_batch / sigma, dim=0) - math.log(pos_batch.numel())  # ()
-        return 2.0 - torch.exp(pos.detach() / sigma - log_mean)  # (A,)
+        top = pos_batch.max()  # shift before dividing by σ: keeps E[w] = 1 in fp32 even for tiny σ
+        log_mean = torch.logsumexp((pos_batch - top) / sigma, dim=0) - math.log(pos_batch.numel())  # ()
+        return 2.0 - torch.exp((pos.detach() - top) / sigma - log_mean)  # (A,)
 
 
 class DCLWLoss(ContrastiveLoss):
@@ -47,7 +54,9 @@ class DCLWLoss(ContrastiveLoss):
         >>> out = DCLWLoss(temperature=0.1, sigma=0.5)(torch.randn(8, 16), torch.randn(8, 16))
     """
 
-    def __init__(self, temperature: float = 0.1, sigma: float = 0.5, gather_distributed: bool = False) -> None:
+    def __init__(
+        self, temperature: float = 0.1, sigma: float = 0.5, gather_distributed: bool = False
+    ) -> None:
         super().__init__(temperature, gather_distributed)
         if not sigma > 0:
             raise ValueError(f"sigma must be > 0, got {sigma}")

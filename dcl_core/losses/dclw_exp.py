@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+from dcl_core.losses.base import (
+    ContrastiveLoss,
+    LossOutput,
+    PairSimilarities,
+    npc_diagnostics,
+    similarity_diagnostics,
+)
 
 
 class DCLWExpLoss(ContrastiveLoss):
@@ -30,7 +36,11 @@ class DCLWExpLoss(ContrastiveLoss):
     """
 
     def __init__(
-        self, temperature: float = 0.1, sigma: float = 0.5, delta: float = 3.0, gather_distributed: bool = False
+        self,
+        temperature: float = 0.1,
+        sigma: float = 0.5,
+        delta: float = 3.0,
+        gather_distributed: bool = False,
     ) -> None:
         super().__init__(temperature, gather_distributed)
         if not sigma > 0:

@@ -7,7 +7,13 @@ import math
 import torch
 from torch import Tensor
 
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+from dcl_core.losses.base import (
+    ContrastiveLoss,
+    LossOutput,
+    PairSimilarities,
+    npc_diagnostics,
+    similarity_diagnostics,
+)
 
 
 def sample_negatives(neg: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:

@@ -6,7 +6,13 @@ import math
 
 import torch
 
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, npc_diagnostics, similarity_diagnostics
+from dcl_core.losses.base import (
+    ContrastiveLoss,
+    LossOutput,
+    PairSimilarities,
+    npc_diagnostics,
+    similarity_diagnostics,
+)
 
 
 class InfoNCELoss(ContrastiveLoss):
