@@ -1,0 +1,138 @@
+"""Weighted k-nearest-neighbour monitor (InstDisc, Wu et al. 2018; the MoCo CIFAR-10 demo).
+
+Each query is classified by its ``k`` most cosine-similar bank features: neighbour ``i`` votes for its class
+with weight ``exp(sim_i / t)`` and the class with the largest total vote wins. The temperature ``t`` here is
+the kNN monitor's **own** hyper-parameter (0.1 by default, as in InstDisc and the MoCo demo); it is never
+the temperature of the contrastive training loss, so that kNN accuracies are comparable across training
+temperatures.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+logger = logging.getLogger(__name__)
+
+
+def _validate(
+    query: torch.Tensor,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    num_classes: int,
+    k: int,
+    temperature: float,
+    chunk_size: int,
+) -> None:
+    """Raise ``ValueError`` for inconsistent shapes or out-of-range hyper-parameters."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    if query.ndim != 2 or bank.ndim != 2 or query.shape[1] != bank.shape[1]:
+        raise ValueError(
+            f"query (M, F) and bank (N, F) mismatch: {tuple(query.shape)} vs {tuple(bank.shape)}"
+        )
+    if bank.shape[0] == 0:
+        raise ValueError("bank must not be empty")
+    if bank_labels.shape != (bank.shape[0],):
+        raise ValueError(f"bank_labels must have shape ({bank.shape[0]},), got {tuple(bank_labels.shape)}")
+
+
+@torch.no_grad()
+def knn_predict(
+    query: torch.Tensor,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 200,
+    temperature: float = 0.1,
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """Predict query labels by a similarity-weighted vote of their ``k`` nearest bank neighbours.
+
+    Features are L2-normalised here (a no-op for already normalised features), so the similarity is the
+    cosine similarity. Queries are processed ``chunk_size`` at a time, so at most a ``(chunk_size, N)``
+    similarity matrix exists at once (10k queries against a 50k bank fit in memory).
+
+    Args:
+        query: Query features ``(M, F)``.
+        bank: Bank (training-set) features ``(N, F)``; the computation runs on this tensor's device.
+        bank_labels: Integer labels ``(N,)`` in ``[0, num_classes)``.
+        num_classes: Number of classes (explicit; never inferred from the labels).
+        k: Number of neighbours; clamped to ``N``.
+        temperature: The kNN monitor's own temperature ``t`` in the vote weights ``exp(sim / t)``
+            (0.1 as in InstDisc / MoCo). This is NOT the contrastive training temperature.
+        chunk_size: Number of queries per chunk.
+
+    Returns:
+        int64 predictions ``(M,)`` on the device of ``query``. Ties between classes go to the lowest index.
+
+    Raises:
+        ValueError: If ``temperature <= 0``, ``k < 1``, ``chunk_size < 1``, ``num_classes < 1`` or the shapes
+            are inconsistent.
+    """
+    _validate(query, bank, bank_labels, num_classes, k, temperature, chunk_size)
+    k = min(k, bank.shape[0])
+    device = bank.device
+    bank_n = F.normalize(bank.float(), dim=1)  # (N, F)
+    bank_labels = bank_labels.to(device=device, dtype=torch.long)  # (N,)
+    preds = torch.empty(query.shape[0], dtype=torch.long, device=device)  # (M,)
+    for start in range(0, query.shape[0], chunk_size):
+        q = F.normalize(query[start : start + chunk_size].to(device).float(), dim=1)  # (C, F)
+        sims = q @ bank_n.T  # (C, F) @ (F, N) -> (C, N)
+        top_sims, top_idx = sims.topk(k, dim=1)  # (C, k), (C, k); sorted, top_sims[:, 0] is the max
+        del sims
+        top_labels = bank_labels[top_idx]  # (C, k)
+        # exp((s - s_max) / t) rescales each row's weights by one positive constant: the vote argmax is
+        # unchanged but exp cannot overflow for small t.
+        weights = ((top_sims - top_sims[:, :1]) / temperature).exp()  # (C, k)
+        votes = torch.zeros(q.shape[0], num_classes, device=device)  # (C, num_classes)
+        votes.scatter_add_(1, top_labels, weights)  # (C, num_classes): summed weights per class
+        preds[start : start + q.shape[0]] = votes.argmax(dim=1)
+    return preds.to(query.device)
+
+
+@torch.no_grad()
+def knn_top1(
+    query: torch.Tensor,
+    query_labels: torch.Tensor,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 200,
+    temperature: float = 0.1,
+    chunk_size: int = 1024,
+) -> float:
+    """Top-1 accuracy (percent, 0-100) of the weighted kNN classifier :func:`knn_predict`.
+
+    Args:
+        query: Query features ``(M, F)``.
+        query_labels: True query labels ``(M,)``.
+        bank: Bank features ``(N, F)``.
+        bank_labels: Bank labels ``(N,)``.
+        num_classes: Number of classes.
+        k: Number of neighbours (clamped to ``N``).
+        temperature: The kNN monitor's own vote temperature (not the training temperature).
+        chunk_size: Number of queries per chunk.
+
+    Returns:
+        Percentage of queries whose predicted label equals ``query_labels``.
+
+    Raises:
+        ValueError: As :func:`knn_predict`, or if ``query_labels`` does not have shape ``(M,)`` or ``M == 0``.
+    """
+    if query.shape[0] == 0 or query_labels.shape != (query.shape[0],):
+        raise ValueError(
+            f"query_labels must have shape ({query.shape[0]},) with M > 0, got {tuple(query_labels.shape)}"
+        )
+    preds = knn_predict(query, bank, bank_labels, num_classes, k, temperature, chunk_size)  # (M,)
+    top1 = (preds == query_labels.to(preds.device)).float().mean().item() * 100.0
+    logger.debug("kNN top-1 %.2f%% (k=%d, t=%g, M=%d, N=%d)", top1, k, temperature, len(preds), len(bank))
+    return top1
