@@ -53,8 +53,12 @@ class DataConfig:
     train_per_class: int = _f(0, "class-balanced pretraining subset, images per class (0 = all)", 0)
     test_per_class: int = _f(0, "class-balanced test subset for evaluation, images per class (0 = all)", 0)
     image_size: int = _f(32, "training crop size in pixels", 32)
-    augmentation: str = _f("simclr", "view policy: SimCLR (paper A.4) or BYOL's asymmetric one (Table 3)",
-                           "simclr", AUGMENTATIONS)
+    augmentation: str = _f(
+        "simclr",
+        "view policy: SimCLR (paper A.4) or BYOL's asymmetric one (Table 3)",
+        "simclr",
+        AUGMENTATIONS,
+    )
     # SimCLR's CIFAR recipe uses jitter strength 0.5; the DCL paper (A.4) quotes 0.8/0.8/0.8/0.2, i.e. s = 1.
     jitter_strength: float = _f(0.5, "colour-jitter strength s: (0.8s, 0.8s, 0.8s, 0.2s)", 1.0)
     crop_min_scale: float = _f(0.08, "RandomResizedCrop lower scale bound", 0.08)
@@ -64,7 +68,9 @@ class DataConfig:
 class ModelConfig:
     arch: str = _f("resnet18", "encoder backbone", "resnet18", ARCH_NAMES)
     width: float = _f(1.0, "channel width multiplier (CPU presets use a narrow network)", 1.0)
-    stem: str = _f("cifar", "cifar: 3x3 conv, no max-pool; imagenet: 7x7/2 conv + max-pool", "cifar", STEM_NAMES)
+    stem: str = _f(
+        "cifar", "cifar: 3x3 conv, no max-pool; imagenet: 7x7/2 conv + max-pool", "cifar", STEM_NAMES
+    )
     proj_hidden_dim: int = _f(512, "projection-head hidden width (2-layer MLP with BN)", 512)
     proj_dim: int = _f(128, "projection (latent) dimension", 128)
     sync_bn: bool = _f(True, "convert BatchNorm to SyncBatchNorm under multi-GPU DDP (CUDA only)")
@@ -108,8 +114,9 @@ class EvalConfig:
     knn_temperature: float = _f(0.1, "kNN monitor temperature (fixed; independent of loss.temperature)", 0.1)
     knn_every: int = _f(1, "run the kNN monitor every n epochs (and always after the last)", 1)
     linear: bool = _f(False, "train a linear probe on frozen features after pretraining")
-    linear_preset: str = _f("cpu", "linear-probe protocol: paper (A.4), cpu or smoke", "paper",
-                            ("paper", "cpu", "smoke"))
+    linear_preset: str = _f(
+        "cpu", "linear-probe protocol: paper (A.4), cpu or smoke", "paper", ("paper", "cpu", "smoke")
+    )
     batch_size: int = _f(512, "feature-extraction batch size")
 
 
@@ -133,24 +140,38 @@ class Config:
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
-        "data.train_per_class": 16, "data.test_per_class": 8,
-        "model.width": 0.125, "model.proj_hidden_dim": 64,
-        "optim.epochs": 2, "optim.batch_size": 32,
-        "eval.knn_k": 20, "eval.linear_preset": "smoke",
+        "data.train_per_class": 16,
+        "data.test_per_class": 8,
+        "model.width": 0.125,
+        "model.proj_hidden_dim": 64,
+        "optim.epochs": 2,
+        "optim.batch_size": 32,
+        "eval.knn_k": 20,
+        "eval.linear_preset": "smoke",
     },
     # Sized by benchmarks/cpu_preset.py: ~7 min on 2 cores, kNN well above chance for DCL and InfoNCE.
     "cpu": {
-        "data.train_per_class": 500, "data.test_per_class": 100,
-        "model.width": 0.25, "model.proj_hidden_dim": 128,
-        "optim.epochs": 15, "optim.batch_size": 128, "optim.base_lr": 0.06,
-        "optim.warmup_epochs": 1.0, "eval.linear_preset": "cpu",
+        "data.train_per_class": 500,
+        "data.test_per_class": 100,
+        "model.width": 0.25,
+        "model.proj_hidden_dim": 128,
+        "optim.epochs": 15,
+        "optim.batch_size": 128,
+        "optim.base_lr": 0.06,
+        "optim.warmup_epochs": 1.0,
+        "eval.linear_preset": "cpu",
     },
     # DCL Sec. 4.1 / Table 1: ResNet-18, CIFAR stem, 200 epochs, batch 256, base lr 0.03 * bs/256, tau 0.07,
     # kNN evaluation; A.4 augmentations (jitter strength 1.0); A.4 linear protocol.
     "paper": {
-        "model.width": 1.0, "model.proj_hidden_dim": 512,
-        "optim.epochs": 200, "optim.batch_size": 256, "optim.base_lr": 0.03,
-        "loss.temperature": 0.07, "data.jitter_strength": 1.0, "eval.linear_preset": "paper",
+        "model.width": 1.0,
+        "model.proj_hidden_dim": 512,
+        "optim.epochs": 200,
+        "optim.batch_size": 256,
+        "optim.base_lr": 0.03,
+        "loss.temperature": 0.07,
+        "data.jitter_strength": 1.0,
+        "eval.linear_preset": "paper",
     },
 }
 
@@ -195,9 +216,9 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(key, inner[0], value)
     if tp is bool:
@@ -299,16 +320,41 @@ def validate(cfg: Config) -> None:
         if bad or (isinstance(v, float) and not math.isfinite(v)):
             raise ConfigError(f"{key} must be {'> 0' if strict else '>= 0'}, got {v}")
 
-    for key in ("loss.temperature", "loss.sigma", "loss.delta", "loss.alpha", "loss.uniformity_t",
-                "optim.epochs", "optim.base_lr", "data.image_size", "model.width", "model.proj_hidden_dim",
-                "model.proj_dim", "eval.knn_k", "eval.knn_temperature", "eval.knn_every", "eval.batch_size"):
+    for key in (
+        "loss.temperature",
+        "loss.sigma",
+        "loss.delta",
+        "loss.alpha",
+        "loss.uniformity_t",
+        "optim.epochs",
+        "optim.base_lr",
+        "data.image_size",
+        "model.width",
+        "model.proj_hidden_dim",
+        "model.proj_dim",
+        "eval.knn_k",
+        "eval.knn_temperature",
+        "eval.knn_every",
+        "eval.batch_size",
+    ):
         positive(key)
-    for key in ("loss.num_negatives", "loss.uniformity_weight", "optim.weight_decay", "optim.warmup_epochs",
-                "optim.momentum", "optim.min_lr_ratio", "data.train_per_class", "data.test_per_class",
-                "threads", "seed"):
+    for key in (
+        "loss.num_negatives",
+        "loss.uniformity_weight",
+        "optim.weight_decay",
+        "optim.warmup_epochs",
+        "optim.momentum",
+        "optim.min_lr_ratio",
+        "data.train_per_class",
+        "data.test_per_class",
+        "threads",
+        "seed",
+    ):
         positive(key, strict=False)
     if cfg.optim.batch_size < 2:
-        raise ConfigError(f"optim.batch_size must be >= 2 (negatives come from the batch), got {cfg.optim.batch_size}")
+        raise ConfigError(
+            f"optim.batch_size must be >= 2 (negatives come from the batch), got {cfg.optim.batch_size}"
+        )
     if cfg.loss.num_negatives and cfg.loss.num_negatives > 2 * cfg.optim.batch_size - 2:
         raise ConfigError(
             f"loss.num_negatives={cfg.loss.num_negatives} exceeds the 2N-2={2 * cfg.optim.batch_size - 2} "
@@ -317,7 +363,9 @@ def validate(cfg: Config) -> None:
     if cfg.loss.num_negatives and cfg.loss.name != "eqco":
         raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
     if cfg.optim.warmup_epochs > cfg.optim.epochs:
-        raise ConfigError(f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}")
+        raise ConfigError(
+            f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}"
+        )
     if not 0 < cfg.data.crop_min_scale <= 1:
         raise ConfigError(f"data.crop_min_scale must be in (0, 1], got {cfg.data.crop_min_scale}")
     if cfg.optim.momentum >= 1:

@@ -1,0 +1,64 @@
+"""``python -m dcl_core.train``: help, bad input -> exit 2 with one line before any compute."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args, env=None, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "dcl_core.train", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+def test_help_documents_every_key_with_paper_values():
+    from dcl_core.config import CONFIG_KEYS
+
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for key in CONFIG_KEYS:
+        assert f"--{key}" in out.stdout, key
+    assert "paper: 0.07" in out.stdout  # tau
+    assert "--tau" in out.stdout and "--preset" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tau", "0"], "loss.temperature must be > 0"),
+        (["--tau", "-0.1"], "loss.temperature must be > 0"),
+        (["--loss", "dclw", "--sigma", "0"], "loss.sigma must be > 0"),
+        (["--loss", "eqco", "--alpha", "-1"], "loss.alpha must be > 0"),
+        (["--batch-size", "1"], "batch_size must be >= 2"),
+        (["--loss", "nope"], "loss.name must be one of"),
+        (["--dataset", "mnist"], "data.dataset must be one of"),
+        (["--preset", "huge"], "unknown preset"),
+        (["--set", "loss.tau=0.1"], "unknown config key"),
+        (["--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args, needle, tmp_path):
+    out = run_cli(*args, "--output-dir", str(tmp_path / "o"))
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert not (tmp_path / "o" / "checkpoint.pt").exists()
+
+
+def test_print_config_resolves_preset_and_aliases():
+    out = run_cli("--preset", "cpu", "--loss", "dcl", "--tau", "0.2", "--loss.sigma", "0.7", "--print-config")
+    assert out.returncode == 0, out.stderr
+    assert '"loss.temperature": 0.2' in out.stdout and '"loss.sigma": 0.7' in out.stdout
+    assert '"model.width": 0.25' in out.stdout

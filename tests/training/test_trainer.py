@@ -1,0 +1,107 @@
+"""End-to-end single runs on the embedded CIFAR-10 (smoke preset): metrics, determinism, resume, failures."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from dcl_core.config import apply_overrides, preset
+from dcl_core.data import resolve_data_root
+from dcl_core.training import NonFiniteLossError, train
+from dcl_core.training.checkpoint import load_checkpoint
+from dcl_core.training.schedule import cosine_lr
+
+
+def _embedded_available() -> bool:
+    try:
+        return (resolve_data_root("cifar10", None) / "train").is_dir()
+    except Exception:
+        return False
+
+
+needs_cifar = pytest.mark.skipif(not _embedded_available(), reason="embedded CIFAR-10 not present")
+
+
+def smoke(tmp_path, **overrides):
+    return apply_overrides(preset("smoke"), {"output_dir": str(tmp_path / "run"), "threads": 2, **overrides})
+
+
+def test_cosine_schedule_hand_computed():
+    # 1) warm-up: linear to the peak over 4 steps; 2) cosine from peak to floor over the remaining 10.
+    assert [cosine_lr(s, 14, 1.0, warmup_steps=4) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert cosine_lr(4, 14, 1.0, warmup_steps=4) == pytest.approx(1.0)
+    assert cosine_lr(9, 14, 1.0, warmup_steps=4) == pytest.approx(0.5)  # halfway through the decay
+    assert cosine_lr(14, 14, 1.0, warmup_steps=4, min_ratio=0.1) == pytest.approx(0.1)
+    assert cosine_lr(0, 10, 0.3) == pytest.approx(0.3)
+
+
+@needs_cifar
+@pytest.mark.parametrize("loss", ["dcl", "infonce"])
+def test_smoke_run_reports_every_metric(tmp_path, loss):
+    cfg = smoke(tmp_path, **{"loss.name": loss})
+    result = train(cfg)
+    assert len(result.history) == cfg.optim.epochs
+    final = result.final
+    for key in (
+        "train/loss",
+        "train/q_mean",
+        "train/q_cv",
+        "train/lr",
+        "train/images_per_s",
+        "eval/knn_top1",
+    ):
+        assert math.isfinite(final[key]), key
+    assert 0.0 <= final["eval/knn_top1"] <= 100.0
+    assert 0.0 < final["train/q_mean"] <= 1.0
+    assert ("train/mi_bound" in final) == (loss == "infonce")
+    lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
+    state = load_checkpoint(result.output_dir / "checkpoint.pt")
+    assert state["epoch"] == 2 and state["config"]["loss.name"] == loss
+
+
+@needs_cifar
+def test_deterministic_given_seed_and_resume_is_exact(tmp_path):
+    full = train(smoke(tmp_path / "a", **{"optim.epochs": 2}))
+    again = train(smoke(tmp_path / "b", **{"optim.epochs": 2}))
+    assert full.history[-1]["train/loss"] == again.history[-1]["train/loss"]
+
+    # Train 1 epoch, then resume the same run to 2 epochs: identical weights to the uninterrupted run.
+    first = smoke(tmp_path / "c", **{"optim.epochs": 2})
+    with pytest.raises(KeyboardInterrupt):
+
+        def stop_after_first(epoch, metrics, checkpoint):
+            raise KeyboardInterrupt
+
+        train(first, callbacks=[stop_after_first])
+    assert load_checkpoint(tmp_path / "c" / "run" / "checkpoint.pt")["epoch"] == 1
+    resumed = train(first, resume=True)
+    assert len(resumed.history) == 2
+    a = load_checkpoint(full.output_dir / "checkpoint.pt")["model"]
+    b = load_checkpoint(resumed.output_dir / "checkpoint.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.history[-1]["train/loss"] == full.history[-1]["train/loss"]
+
+
+@needs_cifar
+def test_resume_refuses_a_different_config(tmp_path):
+    train(smoke(tmp_path, **{"optim.epochs": 1}))
+    with pytest.raises(ValueError, match=r"config differs in loss\.temperature"):
+        train(smoke(tmp_path, **{"optim.epochs": 1, "loss.temperature": 0.3}), resume=True)
+
+
+@needs_cifar
+def test_nan_loss_stops_the_run(tmp_path):
+    # An absurd learning rate blows the weights up; the run must stop with a clear error, not train on NaNs.
+    cfg = smoke(tmp_path, **{"optim.base_lr": 1e30, "optim.epochs": 2})
+    with pytest.raises(NonFiniteLossError, match="loss became"):
+        train(cfg)
+
+
+@needs_cifar
+@pytest.mark.parametrize("loss", ["dclw", "dclw_exp", "eqco", "align_uniform"])
+def test_every_loss_trains(tmp_path, loss):
+    extra = {"loss.num_negatives": 16, "loss.alpha": 256.0} if loss == "eqco" else {}
+    result = train(smoke(tmp_path, **{"loss.name": loss, "optim.epochs": 1, **extra}))
+    assert math.isfinite(result.final["train/loss"])
