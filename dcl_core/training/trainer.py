@@ -149,7 +149,8 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
 
     data = build_data(cfg)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    model: nn.Module = build_model(cfg).to(device)
+    # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
+    model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)
     if world > 1:
         if device.type == "cuda" and cfg.model.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -220,6 +221,8 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
             idx = order[step * derived.per_rank_batch : (step + 1) * derived.per_rank_batch]
             batch = images[idx].to(device, non_blocking=True)  # uint8 (n, 3, H, W)
             view1, view2 = data.augment(batch, gen)  # float (n, 3, S, S) each
+            view1 = view1.contiguous(memory_format=torch.channels_last)
+            view2 = view2.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device_type=device.type, enabled=use_amp):
                 out = framework(view1, view2)
             if not torch.isfinite(out.loss):

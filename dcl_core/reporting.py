@@ -1,0 +1,149 @@
+"""Study results: the per-trial table (Parquet + CSV via pyarrow), the paper-shaped summaries, the plot.
+
+Pure functions over a list of row dicts (one per trial), so they are tested without Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+COLUMNS = (
+    "trial_id", "status", "loss", "temperature", "batch_size", "base_lr", "sigma", "alpha", "seed", "epochs",
+    "knn_top1", "best_knn_top1", "train_loss", "q_mean", "q_cv", "mi_bound", "images_per_s", "error",
+)
+
+
+def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
+    """Write the per-trial table as Parquet and CSV; returns both paths."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
+    for c in ("temperature", "base_lr", "sigma", "alpha", "knn_top1", "best_knn_top1", "train_loss", "q_mean",
+              "q_cv", "mi_bound", "images_per_s"):
+        columns[c] = [None if v is None else float(v) for v in columns[c]]
+    table = pa.table(columns)
+    parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
+    pq.write_table(table, parquet)
+    pacsv.write_csv(table, csv)
+    return parquet, csv
+
+
+def read_table(path: Path) -> list[Row]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pylist()
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def cells(rows: Sequence[Row], x_key: str) -> dict[str, dict[Any, dict[str, float]]]:
+    """``{loss: {x: {"mean", "std", "n", "failed"}}}`` of final kNN top-1 over seeds (failed runs excluded)."""
+    groups: dict[tuple[str, Any], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r["loss"], r[x_key])].append(r)
+    out: dict[str, dict[Any, dict[str, float]]] = defaultdict(dict)
+    for (loss, x), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        ok = [m["knn_top1"] for m in members if m["status"] == "ok" and m["knn_top1"] is not None]
+        mean, std = _mean_std(ok)
+        out[loss][x] = {"mean": mean, "std": std, "n": len(ok), "failed": len(members) - len(ok)}
+    return dict(out)
+
+
+def robustness(rows: Sequence[Row], x_key: str) -> dict[str, dict[str, float]]:
+    """Per loss, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
+    out = {}
+    for loss, by_x in cells(rows, x_key).items():
+        means = [c["mean"] for c in by_x.values() if not math.isnan(c["mean"])]
+        mean, std = _mean_std(means)
+        out[loss] = {
+            "mean": mean, "std": std,
+            "range": (max(means) - min(means)) if means else math.nan,
+            "best": max(means) if means else math.nan,
+        }
+    return out
+
+
+def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce") -> dict[Any, float]:
+    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size)."""
+    c = cells(rows, x_key)
+    if better not in c or base not in c:
+        return {}
+    return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
+
+
+def _fmt_x(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness: bool = True,
+                 gap: bool = False) -> str:
+    """A paper-shaped text table: one row per loss, one column per x, ``mean±std`` over seeds per cell."""
+    c = cells(rows, x_key)
+    xs = sorted({x for by_x in c.values() for x in by_x})
+    rob = robustness(rows, x_key)
+    width = 12
+    header = f"{x_label:<10}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
+    if with_robustness:
+        header += f"{'Std':>8}{'Range':>8}"
+    lines = [header]
+    for loss, by_x in c.items():
+        line = f"{loss:<10}"
+        for x in xs:
+            cell = by_x.get(x)
+            if cell is None or math.isnan(cell["mean"]):
+                text = "failed" if cell and cell["failed"] else "-"
+            else:
+                text = f"{cell['mean']:.1f}±{cell['std']:.1f}"
+                if cell["failed"]:
+                    text += "*"
+            line += f"{text:>{width}}"
+        if with_robustness:
+            line += f"{rob[loss]['std']:>8.2f}{rob[loss]['range']:>8.1f}"
+        lines.append(line)
+    if gap:
+        g = gaps(rows, x_key)
+        if g:
+            lines.append(f"{'DCL−base':<10}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
+    if any(cell["failed"] for by_x in c.values() for cell in by_x.values()):
+        lines.append("* some seeds failed (diverged or crashed) and are excluded; 'failed' = every seed failed")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False) -> Path:
+    """kNN top-1 vs x, one line per loss, error bars = std over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for loss, by_x in cells(rows, x_key).items():
+        xs = [x for x in sorted(by_x) if not math.isnan(by_x[x]["mean"])]
+        ax.errorbar(xs, [by_x[x]["mean"] for x in xs], yerr=[by_x[x]["std"] for x in xs], marker="o", capsize=3,
+                    label=loss)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("kNN top-1 (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

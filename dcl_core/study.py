@@ -1,0 +1,419 @@
+"""Run a study: Ray Tune over the core trainer, grids or Optuna searches, MLflow runs, a summary.
+
+A study is a :class:`StudySpec` (base config, grid, optional search space). :func:`run_study` starts (or attaches
+to) Ray, runs one Tune experiment per search group, logs one MLflow run per trial from the driver, then writes
+the results table, the paper-shaped summary and the plot and logs them as the study's summary run.
+
+The trainable runs one configuration of :func:`dcl_core.training.train`: in-process for one worker, or as a
+Ray Train ``TorchTrainer`` with N DDP workers (gloo on CPU, NCCL on GPU) reached from the Tune trial through
+``TuneReportCallback``, as Ray 2.5x+ Train V2 expects.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, from_flat_dict, to_flat_dict
+from dcl_core.reporting import Row, format_table, plot, robustness, write_table
+from search_spaces import Grid, Space, keys_of, to_optuna, to_tune
+
+log = logging.getLogger(__name__)
+
+METRIC = "eval/knn_top1"
+CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"  # fault injection for tests: every trial crashes once at this epoch
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial uses: ``num_workers`` DDP workers, each with these CPUs/GPUs."""
+
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    def trial_resources(self) -> dict[str, float]:
+        if self.num_workers <= 1:
+            return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
+        return {"cpu": 0.01}  # the trial only drives a TorchTrainer; its workers hold the resources
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What to run.
+
+    Attributes:
+        name: study (and MLflow experiment) name.
+        base: the configuration every trial starts from.
+        grid: keys run exhaustively (``Grid``) or fixed; with a search, one Tune experiment per grid point of
+            ``group_by`` keys.
+        search: an Optuna space (``None`` = pure grid).
+        num_samples: trials per Optuna search.
+        x_key / x_label: the swept key for tables and plots (e.g. ``loss.temperature``).
+    """
+
+    name: str
+    base: Config
+    grid: Space
+    x_key: str
+    x_label: str
+    search: Space | None = None
+    num_samples: int = 1
+    log_x: bool = False
+    gap: bool = False
+    title: str = ""
+
+
+@dataclass
+class StudyOutcome:
+    rows: list[Row]
+    table: str
+    summary: dict[str, dict[str, float]]
+    files: list[Path] = field(default_factory=list)
+    experiment: str = ""
+    tracking_uri: str = ""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Validation (before Ray starts)
+
+
+def grid_points(grid: Space) -> list[dict[str, Any]]:
+    """Every combination of the grid's ``Grid`` values (constants included in each)."""
+    points: list[dict[str, Any]] = [{}]
+    for key, value in grid.items():
+        values = value.values if isinstance(value, Grid) else (value,)
+        points = [{**p, key: v} for p in points for v in values]
+    return points
+
+
+def validate_spec(spec: StudySpec) -> None:
+    """Apply every grid point (and each search space's bounds) to the base config; ConfigError if any fails."""
+    for key in keys_of(spec.grid) | (keys_of(spec.search) if spec.search else set()):
+        if key not in CONFIG_KEYS:
+            raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
+    for point in grid_points(spec.grid):
+        apply_overrides(spec.base, point)
+    if spec.search:
+        from search_spaces import LogUniform
+
+        def bounds(space: Space) -> None:
+            for key, dist in space.items():
+                if isinstance(dist, LogUniform):
+                    apply_overrides(spec.base, {key: dist.low})
+                    apply_overrides(spec.base, {key: dist.high})
+                elif hasattr(dist, "params"):
+                    bounds(dist.params)
+
+        bounds(spec.search)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The trainable
+
+
+def _maybe_crash(trial_dir: Path, epoch: int) -> None:
+    at = os.environ.get(CRASH_ENV)
+    marker = trial_dir / ".crashed_once"
+    if at and epoch == int(at) and not marker.exists():
+        marker.write_text("injected")
+        raise RuntimeError(f"injected crash at epoch {epoch} ({CRASH_ENV})")
+
+
+def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
+    flat = {k: v for k, v in config.items() if k in CONFIG_KEYS}
+    flat["output_dir"] = str(output_dir)
+    flat["threads"] = threads
+    return from_flat_dict(flat)
+
+
+def trainable(config: dict[str, Any], resources: Resources = Resources()) -> None:
+    """One study trial: one configuration of the core trainer, reporting every epoch to Tune."""
+    from dcl_core import tracking
+    from dcl_core.training import NonFiniteLossError, train
+
+    trial_id, _, trial_dir = tracking.trial_context()
+    threads = max(1, math.floor(resources.cpus_per_worker))
+    if resources.num_workers <= 1:
+        cfg = _run_config(config, trial_dir / "run", threads)
+        resume = tracking.restore_latest_checkpoint(Path(cfg.output_dir))
+        last: dict[str, float] = {}
+
+        def crash_hook(epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+            last.clear()
+            last.update(metrics)
+            _maybe_crash(trial_dir, epoch)
+
+        try:
+            train(cfg, callbacks=[tracking.TuneReporter(), crash_hook], resume=resume)
+        except NonFiniteLossError as err:
+            tracking.report_diverged(last, str(err))
+        return
+
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
+    if resources.gpus_per_worker:
+        per_worker["GPU"] = resources.gpus_per_worker
+    trainer = TorchTrainer(
+        _worker_loop,
+        train_loop_config={"config": config, "trial_dir": str(trial_dir), "threads": threads},
+        scaling_config=ScalingConfig(
+            num_workers=resources.num_workers,
+            use_gpu=resources.gpus_per_worker > 0,
+            resources_per_worker=per_worker,
+        ),
+        # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2).
+        run_config=RunConfig(
+            name=f"train-{trial_id}", storage_path=str(trial_dir.parent / "_train"),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    trainer.fit()
+
+
+def _worker_loop(loop_config: dict[str, Any]) -> None:
+    """Runs on every Ray Train worker; the process group (gloo/NCCL) is already initialized."""
+    import torch.distributed as dist
+
+    from dcl_core import tracking
+    from dcl_core.training import NonFiniteLossError, train
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    trial_dir = Path(loop_config["trial_dir"])
+    # Rank 0 writes checkpoints; other ranks only need a place to receive one when resuming.
+    out = trial_dir / "run" if rank == 0 else trial_dir / "run" / f"rank{rank}"
+    cfg = _run_config(loop_config["config"], out, loop_config["threads"])
+    resume = tracking.restore_latest_checkpoint(out, in_train_worker=True)
+    try:
+        train(cfg, callbacks=[tracking.TrainReporter()], resume=resume)
+    except NonFiniteLossError as err:
+        import ray.train
+
+        ray.train.report({"diverged": 1.0, "eval/knn_top1": math.nan})
+        log.warning("trial diverged: %s", err)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Ray
+
+
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> None:
+    """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or None, log_to_driver=True)
+        return
+    ray.init(
+        num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+        _node_ip_address="127.0.0.1", log_to_driver=True,
+    )
+
+
+def _trial_name(trial: Any) -> str:
+    c = trial.config
+    parts = [str(c.get("loss.name", "")), f"t{c.get('loss.temperature', 0):g}", f"b{c.get('optim.batch_size')}",
+             f"s{c.get('seed')}"]
+    return "_".join(parts) + f"_{trial.trial_id}"
+
+
+def _experiment_name(spec: StudySpec, group: dict[str, Any]) -> str:
+    suffix = "-".join(f"{v}" for v in group.values())
+    return f"{spec.name}-{suffix}" if suffix else spec.name
+
+
+def run_study(
+    spec: StudySpec,
+    output_dir: Path,
+    *,
+    resources: Resources = Resources(),
+    tracking_uri: str | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    storage: str | None = None,
+    max_concurrent: int | None = None,
+    asha: bool = False,
+    max_failures: int = 2,
+    seed: int = 0,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    save_checkpoint_artifact: bool = False,
+) -> StudyOutcome:
+    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts."""
+    from dcl_core import tracking
+
+    validate_spec(spec)
+    output_dir = output_dir.expanduser().resolve()
+    storage_path = storage or str(output_dir / "ray_results")
+    tracking_uri = tracking_uri or tracking.default_tracking_uri(output_dir)
+    groups = _search_groups(spec)
+    exp_dirs = [Path(storage_path) / _experiment_name(spec, g) for g in groups]
+    if not storage_path.startswith(("s3://", "gs://")):
+        existing = [d for d in exp_dirs if d.exists()]
+        if existing and not (resume or overwrite):
+            raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
+        if resume and not existing:
+            raise ConfigError(f"nothing to resume at {exp_dirs[0]}")
+        if overwrite and not resume:
+            for d in existing:
+                shutil.rmtree(d)
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    init_ray(address, num_cpus)
+    tracking.ensure_experiment(tracking_uri, spec.name, artifact_root=output_dir / "mlartifacts")
+    tags = {"study": spec.name, "git_commit": tracking.git_commit()}
+
+    rows: list[Row] = []
+    for group, exp_dir in zip(groups, exp_dirs, strict=True):
+        results = _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha,
+                             max_failures, seed, save_checkpoint_artifact)
+        rows.extend(_rows(results))
+    return _summarize(spec, rows, output_dir, tracking_uri, tags)
+
+
+def _search_groups(spec: StudySpec) -> list[dict[str, Any]]:
+    """Grid mode: one Tune experiment over the whole grid. Search mode: one Optuna search per grid point."""
+    if spec.search is None:
+        return [{}]
+    return [{k: v for k, v in p.items() if isinstance(spec.grid.get(k), Grid)} for p in grid_points(spec.grid)]
+
+
+def _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha, max_failures,
+               seed, save_artifact):
+    from ray import tune
+
+    from dcl_core import tracking
+
+    base_flat = to_flat_dict(spec.base)
+    searched = keys_of(spec.search) if spec.search else set()
+    if spec.search is None:
+        param_space = {**base_flat, **to_tune(spec.grid)}
+        search_alg = None
+        num_samples = 1
+    else:
+        from optuna.samplers import TPESampler
+        from ray.tune.search.optuna import OptunaSearch
+
+        constants = {k: v for k, v in {**base_flat, **grid_points(spec.grid)[0], **group}.items()
+                     if k not in searched}
+        constants.update({k: v for k, v in group.items()})
+        param_space = {}
+        search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=METRIC, mode="max",
+                                  sampler=TPESampler(seed=seed))
+        num_samples = spec.num_samples
+    scheduler = None
+    if asha:
+        from ray.tune.schedulers import ASHAScheduler
+
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
+                                  grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
+    callback = tracking.StudyMLflowCallback(
+        tracking_uri, spec.name, tags, tag_keys={"loss": "loss.name", "seed": "seed"}, save_artifact=save_artifact
+    )
+    fn = tune.with_resources(tune.with_parameters(trainable, resources=resources), resources.trial_resources())
+    if resume:
+        tuner = tune.Tuner.restore(str(exp_dir), trainable=fn, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            fn,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                metric=METRIC, mode="max", search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+                max_concurrent_trials=max_concurrent, trial_name_creator=_trial_name,
+                trial_dirname_creator=_trial_name,
+            ),
+            run_config=tune.RunConfig(
+                name=exp_dir.name, storage_path=str(exp_dir.parent),
+                failure_config=tune.FailureConfig(max_failures=max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                callbacks=[callback], verbose=1,
+            ),
+        )
+    return tuner.fit()
+
+
+def _rows(results: Any) -> list[Row]:
+    rows = []
+    for result in results:
+        c, m = result.config or {}, result.metrics or {}
+        status = "error" if result.error else ("diverged" if m.get("diverged") else "ok")
+        best = math.nan
+        df = result.metrics_dataframe
+        if df is not None and METRIC in df:
+            best = float(df[METRIC].max())
+        knn = m.get(METRIC)
+        rows.append({
+            "trial_id": m.get("trial_id") or "",
+            "status": status,
+            "loss": c.get("loss.name"),
+            "temperature": c.get("loss.temperature"),
+            "batch_size": c.get("optim.batch_size"),
+            "base_lr": c.get("optim.base_lr"),
+            "sigma": c.get("loss.sigma"),
+            "alpha": c.get("loss.alpha"),
+            "seed": c.get("seed"),
+            "epochs": m.get("epoch"),
+            "knn_top1": None if knn is None or (isinstance(knn, float) and math.isnan(knn)) else knn,
+            "best_knn_top1": None if math.isnan(best) else best,
+            "train_loss": m.get("train/loss"),
+            "q_mean": m.get("train/q_mean"),
+            "q_cv": m.get("train/q_cv"),
+            "mi_bound": m.get("train/mi_bound"),
+            "images_per_s": m.get("train/images_per_s"),
+            "error": str(result.error).splitlines()[0][:300] if result.error else None,
+        })
+    return rows
+
+
+_X_COLUMN = {"loss.temperature": "temperature", "optim.batch_size": "batch_size", "optim.base_lr": "base_lr",
+             "loss.sigma": "sigma", "loss.alpha": "alpha"}
+
+
+def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri: str,
+               tags: dict[str, str]) -> StudyOutcome:
+    from dcl_core import tracking
+
+    x = _X_COLUMN[spec.x_key]
+    summary_dir = output_dir / "summary"
+    parquet, csv = write_table(rows, summary_dir)
+    table = format_table(rows, x, spec.x_label, gap=spec.gap)
+    (summary_dir / "table.txt").write_text(table + "\n")
+    png = plot(rows, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x)
+    rob = robustness(rows, x)
+    metrics = {f"{loss}/{k}": v for loss, stats in rob.items() for k, v in stats.items()}
+    if spec.gap:
+        from dcl_core.reporting import gaps
+
+        metrics |= {f"gap_dcl_minus_infonce/{x}={k}": v for k, v in gaps(rows, x).items()}
+    metrics["trials"] = len(rows)
+    metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
+    tracking.log_summary_run(tracking_uri, spec.name, f"{spec.name}-summary", metrics,
+                             [parquet, csv, png, summary_dir / "table.txt"], tags)
+    return StudyOutcome(rows, table, rob, [parquet, csv, png], spec.name, tracking_uri)
+
+
+def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
+    """The same study with overrides applied to its base config (validated)."""
+    return replace(spec, base=apply_overrides(spec.base, overrides))
+
+
+def summary_lines(outcome: StudyOutcome, output_dir: Path) -> Sequence[str]:
+    return [
+        outcome.table,
+        "",
+        f"results: {outcome.files[0]} (+ .csv)",
+        f"plot:    {outcome.files[2]}",
+        f"MLflow:  experiment {outcome.experiment!r} at {outcome.tracking_uri}",
+        f"         browse: mlflow ui --backend-store-uri {outcome.tracking_uri} --host 127.0.0.1",
+    ]

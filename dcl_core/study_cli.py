@@ -1,0 +1,106 @@
+"""The command line shared by every study script (so ``studies/*.py`` stay thin).
+
+A study script supplies its question (docstring), per-preset study specs, and calls :func:`main`. Everything
+is validated before Ray starts: bad values exit with code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from dcl_core.config import ConfigError
+
+SpecBuilder = Callable[[argparse.Namespace], "object"]
+
+
+def build_parser(doc: str, default_name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                allow_abbrev=False)
+    g = p.add_argument_group("what to run")
+    g.add_argument("--preset", choices=("smoke", "cpu", "paper"), default="cpu",
+                   help="smoke: tests (~1 min); cpu: answers the question on 2 CPU cores (default); "
+                        "paper: the paper's protocol for a GPU cluster")
+    g.add_argument("--smoke", dest="preset", action="store_const", const="smoke", help="same as --preset smoke")
+    g.add_argument("--search", choices=("grid", "optuna"), default="grid",
+                   help="grid: the paper's exact sweep; optuna: TPE search (seeded) per loss")
+    g.add_argument("--num-samples", type=int, default=None, help="trials per Optuna search (default: preset's)")
+    g.add_argument("--asha", action="store_true", help="early-stop poor Optuna trials with ASHA")
+    g.add_argument("--losses", default=None, help="comma-separated losses (default: preset's)")
+    g.add_argument("--seeds", type=int, default=None, help="number of seeds per cell (default: preset's)")
+    g.add_argument("--data-root", default=None, help="dataset root (default: embedded CIFAR-10 / $DCL_DATA_ROOT)")
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a base config key for every trial, e.g. --set optim.epochs=50")
+    o = p.add_argument_group("where results go")
+    o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
+    o.add_argument("--output-dir", default="outputs", help="study folder: Ray results, MLflow store, summary")
+    o.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: sqlite store in OUTPUT_DIR/mlflow.db)")
+    o.add_argument("--storage", default=None, help="Ray storage path or URI (default: OUTPUT_DIR/ray_results)")
+    o.add_argument("--resume", action="store_true", help="continue an interrupted study from its storage")
+    o.add_argument("--overwrite", action="store_true", help="delete an existing study of the same name first")
+    o.add_argument("--save-checkpoints", action="store_true", help="log each trial's final checkpoint to MLflow")
+    r = p.add_argument_group("resources")
+    r.add_argument("--workers", type=int, default=1, help="DDP workers per trial (TorchTrainer when > 1)")
+    r.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs per worker; also its torch threads")
+    r.add_argument("--gpus-per-worker", type=float, default=0.0, help="GPUs per worker (paper preset: 1)")
+    r.add_argument("--max-concurrent", type=int, default=None, help="cap on concurrent trials")
+    r.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial")
+    r.add_argument("--address", default=None, help="Ray cluster address (default: local, or $RAY_ADDRESS)")
+    r.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None) -> int:
+    """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment."""
+    args = build_parser(doc, default_name).parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from dcl_core.data import DataError, resolve_data_root
+    from dcl_core.study import Resources, run_study, summary_lines, validate_spec
+
+    try:
+        if args.num_samples is not None and args.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
+        if args.seeds is not None and args.seeds < 1:
+            raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
+            raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
+        if args.resume and args.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+        spec = build_spec(args)
+        validate_spec(spec)
+        if spec.base.data.root is None and not args.address:
+            resolve_data_root(spec.base.data.dataset, None)
+        data_root = spec.base.data.root or str(resolve_data_root(spec.base.data.dataset, None))
+        from dcl_core.study import with_base
+
+        spec = with_base(spec, {"data.root": str(Path(data_root).expanduser().resolve())})
+        if not args.address and not Path(spec.base.data.root).exists() and not spec.base.data.download:
+            raise DataError(f"{spec.base.data.dataset} not found at {spec.base.data.root}; pass --data-root DIR")
+        resources = Resources(args.workers, args.cpus_per_worker, args.gpus_per_worker)
+        outcome = run_study(
+            spec, Path(args.output_dir), resources=resources, tracking_uri=args.tracking_uri, resume=args.resume,
+            overwrite=args.overwrite, storage=args.storage, max_concurrent=args.max_concurrent, asha=args.asha,
+            max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus,
+            save_checkpoint_artifact=args.save_checkpoints,
+        )
+    except (ConfigError, DataError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\n".join(summary_lines(outcome, Path(args.output_dir))))
+    return 0

@@ -1,0 +1,228 @@
+"""The one module that talks to Ray's reporting API and to MLflow, so their API churn stays here.
+
+- :class:`TuneReporter` / :class:`TrainReporter`: epoch callbacks for the trainer that report metrics and the
+  checkpoint to Ray Tune (in-process trials) or Ray Train (DDP workers under a TorchTrainer).
+- :func:`restore_latest_checkpoint`: put the checkpoint Tune/Train hands back after a failure or a resumed
+  study where the trainer's ``--resume`` finds it.
+- :class:`StudyMLflowCallback`: Ray's ``MLflowLoggerCallback`` (one MLflow run per trial, logged from the
+  driver), which also reuses a trial's run when a study resumes, adds per-trial tags and logs only our metrics.
+- :func:`ensure_experiment`, :func:`log_summary_run`, :func:`default_tracking_uri`: the study summary run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dcl_core.training.checkpoint import CHECKPOINT_NAME
+
+log = logging.getLogger(__name__)
+
+METRIC_PREFIXES = ("train/", "eval/", "time/")
+SUMMARY_TAG = "dcl.summary"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Ray Tune / Ray Train reporting
+
+
+def _report_dir(checkpoint: Path) -> tempfile.TemporaryDirectory:
+    """A temporary directory holding (a hard link to) the checkpoint file, for Checkpoint.from_directory."""
+    tmp = tempfile.TemporaryDirectory(prefix="dcl-ckpt-")
+    target = Path(tmp.name) / CHECKPOINT_NAME
+    try:
+        target.hardlink_to(checkpoint)
+    except OSError:
+        shutil.copy2(checkpoint, target)
+    return tmp
+
+
+class TuneReporter:
+    """Epoch callback for a trainer running inside a Tune function trainable (one process)."""
+
+    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        from ray import tune
+
+        if checkpoint is None:
+            tune.report(dict(metrics))
+            return
+        with _report_dir(checkpoint) as d:
+            tune.report(dict(metrics), checkpoint=tune.Checkpoint.from_directory(d))
+
+
+class TrainReporter:
+    """Epoch callback inside Ray Train workers; rank 0 attaches the checkpoint (forwarded to Tune)."""
+
+    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        import ray.train
+
+        if checkpoint is None:
+            ray.train.report(dict(metrics))
+            return
+        with _report_dir(checkpoint) as d:
+            ray.train.report(dict(metrics), checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+def restore_latest_checkpoint(output_dir: Path, in_train_worker: bool = False) -> bool:
+    """Copy the latest reported checkpoint (if Ray has one for this trial) into ``output_dir``.
+
+    Returns whether a checkpoint was restored, i.e. whether the trainer should resume.
+    """
+    if in_train_worker:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+    else:
+        from ray import tune
+
+        ckpt = tune.get_checkpoint()
+    if ckpt is None:
+        return False
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with ckpt.as_directory() as d:
+        src = Path(d) / CHECKPOINT_NAME
+        if not src.exists():
+            return False
+        shutil.copy2(src, output_dir / CHECKPOINT_NAME)
+    log.info("restored checkpoint from Ray into %s", output_dir)
+    return True
+
+
+def report_diverged(metrics: Mapping[str, float], message: str) -> None:
+    """Final report of a trial whose loss became NaN/inf: it stops, and the table marks it diverged."""
+    from ray import tune
+
+    tune.report({**metrics, "diverged": 1.0, "eval/knn_top1": math.nan})
+    log.warning("trial diverged: %s", message)
+
+
+def trial_context() -> tuple[str, str, Path]:
+    """(trial id, trial name, absolute trial directory) of the current Tune trial."""
+    from ray import tune
+
+    ctx = tune.get_context()
+    return ctx.get_trial_id(), ctx.get_trial_name(), Path(ctx.get_trial_dir()).resolve()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# MLflow
+
+
+def default_tracking_uri(output_dir: Path) -> str:
+    """A local SQLite store under the study output directory (absolute, so Tune's chdir cannot break it)."""
+    return f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"
+
+
+def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path | None = None) -> str:
+    """Get or create the MLflow experiment; local stores get an absolute artifact folder."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if artifact_root is not None and not tracking_uri.startswith(("http://", "https://", "databricks")):
+        location = (artifact_root / name).resolve().as_uri()
+    return client.create_experiment(name, artifact_location=location)
+
+
+def git_commit() -> str:
+    """The repository's HEAD commit (``unknown`` outside a git checkout, e.g. under ``ray job submit``)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _make_logger_callback_class() -> type:
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    class _StudyMLflowCallback(MLflowLoggerCallback):
+        """MLflowLoggerCallback with resume-safe runs, per-trial tags, and only training metrics.
+
+        After a killed driver, Tune restores the trials but this callback starts empty; without the lookup
+        below a resumed trial would get a second MLflow run. The trial id is stored as a tag and reused.
+        """
+
+        def __init__(self, *args: Any, tag_keys: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tag_keys = dict(tag_keys or {})
+
+        def log_trial_start(self, trial: Any) -> None:
+            if trial not in self._trial_runs:
+                client = self.mlflow_util._get_client()
+                found = client.search_runs(
+                    [self.mlflow_util.experiment_id], filter_string=f"tags.trial_id = '{trial.trial_id}'"
+                )
+                if found:
+                    self._trial_runs[trial] = found[0].info.run_id
+                    client.update_run(found[0].info.run_id, status="RUNNING")
+                else:
+                    tags = dict(self.tags)
+                    tags["trial_id"] = trial.trial_id
+                    for tag, key in self.tag_keys.items():
+                        tags[tag] = str(trial.config.get(key))
+                    self._saved_tags, self.tags = self.tags, tags
+                    try:
+                        super().log_trial_start(trial)
+                    finally:
+                        self.tags = self._saved_tags
+                    return
+            super().log_trial_start(trial)
+
+        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
+            metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) or k == "diverged"}
+            metrics = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+            step = int(result.get("epoch", result.get("training_iteration", iteration)))
+            self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
+
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            diverged = bool(trial.last_result.get("diverged")) if trial.last_result else False
+            super().log_trial_end(trial, failed=failed or diverged)
+
+    return _StudyMLflowCallback
+
+
+def StudyMLflowCallback(  # noqa: N802 - a factory standing in for the class (keeps ray import lazy)
+    tracking_uri: str, experiment_name: str, tags: Mapping[str, str], tag_keys: Mapping[str, str],
+    save_artifact: bool = False,
+) -> Any:
+    """One MLflow run per trial: every config value as a param, per-epoch metrics as curves, tags."""
+    cls = _make_logger_callback_class()
+    return cls(
+        tracking_uri=tracking_uri, experiment_name=experiment_name, tags=dict(tags), tag_keys=tag_keys,
+        save_artifact=save_artifact,
+    )
+
+
+def log_summary_run(
+    tracking_uri: str, experiment_name: str, run_name: str, metrics: Mapping[str, float],
+    artifacts: list[Path], tags: Mapping[str, str], params: Mapping[str, Any] | None = None,
+) -> str:
+    """The study summary run: robustness metrics, the results table (Parquet + CSV) and the plot."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment_name)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment_name)
+    run = client.create_run(exp_id, run_name=run_name, tags={SUMMARY_TAG: "true", **tags})
+    rid = run.info.run_id
+    for key, value in (params or {}).items():
+        client.log_param(rid, key, value)
+    for key, value in metrics.items():
+        if isinstance(value, int | float) and math.isfinite(value):
+            client.log_metric(rid, key, float(value))
+    for path in artifacts:
+        client.log_artifact(rid, str(path))
+    client.set_terminated(rid)
+    return rid

@@ -1,0 +1,119 @@
+"""The distributions, the paper's grids, and their translation to Ray Tune and Optuna."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+# DCL Table 18 / A.9: tau in {0.07, 0.1, 0.2, ..., 1.0}, kNN, batch 512, 500 epochs.
+PAPER_TAU_GRID: tuple[float, ...] = (0.07, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# DCL Table 1: batch sizes 32..512.
+PAPER_BATCH_SIZES: tuple[int, ...] = (32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class LogUniform:
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Every value is run (an exact paper sweep), not sampled."""
+
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Conditional:
+    """Parameters that exist only when ``key`` takes one of ``equals``."""
+
+    key: str
+    equals: tuple[Any, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+Distribution = Union[LogUniform, Choice, Grid]  # noqa: UP007 - runtime alias
+Space = Mapping[str, Union[Distribution, Conditional, Any]]  # noqa: UP007
+
+TAU: Space = {"loss.temperature": LogUniform(0.05, 1.0)}
+LR: Space = {"optim.base_lr": LogUniform(0.003, 0.3)}
+SIGMA: Space = {"dclw.sigma": Conditional("loss.name", ("dclw",), {"loss.sigma": LogUniform(0.1, 4.0)})}
+ALPHA: Space = {"eqco.alpha": Conditional("loss.name", ("eqco",), {"loss.alpha": LogUniform(16.0, 65536.0)})}
+
+SPACES: dict[str, Space] = {
+    "tau": TAU,
+    "tau_grid": {"loss.temperature": Grid(PAPER_TAU_GRID)},
+    "lr": LR,
+    "sigma": SIGMA,
+    "alpha": ALPHA,
+    "batch_grid": {"optim.batch_size": Grid(PAPER_BATCH_SIZES)},
+}
+
+
+def keys_of(space: Space) -> set[str]:
+    """Every config key the space can produce (including conditional ones)."""
+    keys: set[str] = set()
+    for key, dist in space.items():
+        if isinstance(dist, Conditional):
+            keys |= keys_of(dist.params)
+        else:
+            keys.add(key)
+    return keys
+
+
+def to_tune(space: Space) -> dict[str, Any]:
+    """A Ray Tune ``param_space`` fragment: Grid -> grid_search, others -> tune domains; constants pass.
+
+    Conditional entries need define-by-run and are rejected here (use :func:`to_optuna`).
+    """
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, dist in space.items():
+        if isinstance(dist, Grid):
+            out[key] = tune.grid_search(list(dist.values))
+        elif isinstance(dist, LogUniform):
+            out[key] = tune.loguniform(dist.low, dist.high)
+        elif isinstance(dist, Choice):
+            out[key] = tune.choice(list(dist.values))
+        elif isinstance(dist, Conditional):
+            raise ValueError(f"{key}: conditional parameters need an Optuna search (--search optuna)")
+        else:
+            out[key] = dist
+    return out
+
+
+def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Callable[[Any], dict[str, Any]]:
+    """An Optuna define-by-run function for ``OptunaSearch(space=...)``.
+
+    ``constants`` are fixed keys (e.g. the loss of this study); they decide conditional branches and are
+    returned so every trial's config is complete.
+    """
+    fixed = dict(constants or {})
+
+    def define(trial: Any) -> dict[str, Any]:
+        chosen: dict[str, Any] = {}
+
+        def visit(sub: Space) -> None:
+            for key, dist in sub.items():
+                if isinstance(dist, Conditional):
+                    if {**fixed, **chosen}.get(dist.key) in dist.equals:
+                        visit(dist.params)
+                elif isinstance(dist, LogUniform):
+                    chosen[key] = trial.suggest_float(key, dist.low, dist.high, log=True)
+                elif isinstance(dist, Choice | Grid):
+                    chosen[key] = trial.suggest_categorical(key, list(dist.values))
+                else:
+                    fixed[key] = dist
+
+        visit(space)
+        return dict(fixed)
+
+    return define
