@@ -43,30 +43,50 @@ def _report_dir(checkpoint: Path) -> tempfile.TemporaryDirectory:
     return tmp
 
 
-class TuneReporter:
+class _Reporter:
+    """Shared by both reporters: Tune needs the study metric in every result.
+
+    With ``eval.knn_every > 1`` the kNN monitor does not run every epoch; the last measurement is carried
+    forward and ``eval/knn_fresh`` says whether this epoch measured it (0 before the first measurement).
+    """
+
+    def __init__(self) -> None:
+        self.last_knn = float("nan")
+
+    def _complete(self, metrics: dict[str, float]) -> dict[str, float]:
+        out = dict(metrics)
+        fresh = "eval/knn_top1" in out
+        if fresh:
+            self.last_knn = out["eval/knn_top1"]
+        out["eval/knn_top1"] = self.last_knn
+        out["eval/knn_fresh"] = float(fresh)
+        return out
+
+
+class TuneReporter(_Reporter):
     """Epoch callback for a trainer running inside a Tune function trainable (one process)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
         from ray import tune
 
         if checkpoint is None:
-            tune.report(dict(metrics))
+            tune.report(self._complete(metrics))
             return
         with _report_dir(checkpoint) as d:
-            tune.report(dict(metrics), checkpoint=tune.Checkpoint.from_directory(d))
+            tune.report(self._complete(metrics), checkpoint=tune.Checkpoint.from_directory(d))
 
 
-class TrainReporter:
+class TrainReporter(_Reporter):
     """Epoch callback inside Ray Train workers; rank 0 attaches the checkpoint (forwarded to Tune)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
         import ray.train
 
         if checkpoint is None:
-            ray.train.report(dict(metrics))
+            ray.train.report(self._complete(metrics))
             return
         with _report_dir(checkpoint) as d:
-            ray.train.report(dict(metrics), checkpoint=ray.train.Checkpoint.from_directory(d))
+            ray.train.report(self._complete(metrics), checkpoint=ray.train.Checkpoint.from_directory(d))
 
 
 def restore_latest_checkpoint(output_dir: Path, in_train_worker: bool = False) -> bool:

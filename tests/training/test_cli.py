@@ -62,3 +62,69 @@ def test_print_config_resolves_preset_and_aliases():
     assert out.returncode == 0, out.stderr
     assert '"loss.temperature": 0.2' in out.stdout and '"loss.sigma": 0.7' in out.stdout
     assert '"model.width": 0.25' in out.stdout
+
+
+def _has_cifar():
+    from dcl_core.data import resolve_data_root
+
+    return (resolve_data_root("cifar10", None) / "train").is_dir()
+
+
+@pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
+def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    train = run_cli("--preset", "smoke", "--epochs", "1", "--output-dir", str(out), "--threads", "2", timeout=300)
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert "epoch 1/1" in train.stderr and "kNN top-1" in train.stderr
+    ev = subprocess.run(
+        [sys.executable, "-m", "dcl_core.eval", str(out / "checkpoint.pt"), "--linear", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert ev.returncode == 0, ev.stderr[-2000:]
+    import json
+
+    result = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert result["epoch"] == 1
+    assert 0 <= result["eval/knn_top1"] <= 100 and 0 <= result["eval/linear_top1"] <= 100
+    # The standalone kNN equals the trainer's last kNN (same backbone, same bank, same k and t).
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert result["eval/knn_top1"] == pytest.approx(metrics[-1]["eval/knn_top1"])
+
+
+@pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
+def test_torchrun_two_process_gloo_ddp(tmp_path):
+    out = tmp_path / "ddp"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "dcl_core.train",
+            "--preset",
+            "smoke",
+            "--epochs",
+            "1",
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "on cpu x2" in proc.stderr  # both ranks joined one gloo group; global batch split in two
+    from dcl_core.training.checkpoint import load_checkpoint
+
+    assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1

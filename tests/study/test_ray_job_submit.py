@@ -1,0 +1,131 @@
+"""The same study command on a Ray cluster: a real head node on 127.0.0.1, ``ray job submit``, and a real
+``mlflow server`` on loopback as the tracking store, read back with MlflowClient."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dcl_core.data import resolve_data_root
+from dcl_core.reporting import read_table
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(url)
+
+
+@pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="no embedded CIFAR-10")
+def test_ray_job_submit_to_local_head_node(tmp_path):
+    data_root = resolve_data_root("cifar10", None)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    gcs, dash, mlflow_port = free_port(), free_port(), free_port()
+    mlflow = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(mlflow_port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "server-artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    subprocess.run(
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={gcs}",
+            "--num-cpus=2",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=180,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{mlflow_port}/health")
+        tracking = f"http://127.0.0.1:{mlflow_port}"
+        out = tmp_path / "job-outputs"
+        job = subprocess.run(
+            [
+                str(BIN / "ray"),
+                "job",
+                "submit",
+                "--address",
+                f"http://127.0.0.1:{dash}",
+                "--working-dir",
+                str(REPO),
+                "--",
+                "python",
+                "studies/temperature_sweep.py",
+                "--smoke",
+                "--losses",
+                "dcl",
+                "--output-dir",
+                str(out),
+                "--data-root",
+                str(data_root),
+                "--tracking-uri",
+                tracking,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
+        assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-2000:]
+        assert "SUCCEEDED" in job.stdout + job.stderr
+        assert len(read_table(out / "summary" / "results.parquet")) == 2
+
+        client = MlflowClient(tracking_uri=tracking)
+        exp = client.get_experiment_by_name("temperature_sweep")
+        runs = client.search_runs([exp.experiment_id])
+        trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+        summary = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
+        assert len(trials) == 2 and len(summary) == 1
+        assert all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics for r in trials)
+        arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
+        assert "results.parquet" in arts and "temperature_sweep.png" in arts
+    finally:
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        mlflow.terminate()
+        mlflow.wait(timeout=30)

@@ -1,0 +1,247 @@
+"""End-to-end studies with real Ray, real Optuna and a real MLflow store, read back with MlflowClient.
+
+Each study runs as its own process (as a user runs it), on the embedded CIFAR-10 at smoke scale.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dcl_core.config import CONFIG_KEYS
+from dcl_core.data import resolve_data_root
+from dcl_core.reporting import read_table
+
+REPO = Path(__file__).resolve().parents[2]
+STUDIES = REPO / "studies"
+
+pytestmark = pytest.mark.skipif(
+    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
+)
+
+
+def study_cmd(script, out, *args):
+    return [sys.executable, str(STUDIES / script), "--output-dir", str(out), "--num-cpus", "2", *args]
+
+
+def run(cmd, timeout=600, env=None):
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})}
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def runs_of(out, name):
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(name)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+    summary = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
+    return client, trials, summary
+
+
+def test_temperature_study_smoke_end_to_end(tmp_path):
+    out = tmp_path / "t"
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke"))
+    # The Table-18-shaped table, the plot and the experiment name are printed.
+    assert "tau" in proc.stdout and "Std" in proc.stdout and "infonce" in proc.stdout and "dcl" in proc.stdout
+    assert "temperature_sweep.png" in proc.stdout and "experiment 'temperature_sweep'" in proc.stdout
+
+    rows = read_table(out / "summary" / "results.parquet")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert {(r["loss"], r["temperature"]) for r in rows} == {(lo, t) for lo in ("infonce", "dcl") for t in (0.1, 0.5)}
+
+    client, trials, summary = runs_of(out, "temperature_sweep")
+    assert len(trials) == 4 and len(summary) == 1
+    for r in trials:
+        assert r.info.status == "FINISHED"
+        assert set(CONFIG_KEYS) <= set(r.data.params)  # every config value, flattened dotted keys
+        assert r.data.tags["study"] == "temperature_sweep" and r.data.tags["loss"] in ("infonce", "dcl")
+        assert r.data.tags["seed"] == "0" and len(r.data.tags["git_commit"]) in (40, 7)
+        for metric in ("train/loss", "eval/knn_top1", "train/q_mean", "train/q_cv", "train/lr", "train/images_per_s"):
+            assert metric in r.data.metrics, metric
+        history = client.get_metric_history(r.info.run_id, "train/loss")
+        assert [m.step for m in history] == [1]
+    arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
+    assert {"results.parquet", "results.csv", "temperature_sweep.png", "table.txt"} <= arts
+    assert "infonce/std" in summary[0].data.metrics and "dcl/std" in summary[0].data.metrics
+
+
+def test_batch_study_with_optuna_search(tmp_path):
+    out = tmp_path / "b"
+    proc = run(
+        study_cmd(
+            "batch_size_sweep.py",
+            out,
+            "--smoke",
+            "--search",
+            "optuna",
+            "--num-samples",
+            "2",
+            "--losses",
+            "dcl",
+            "--set",
+            "optim.epochs=2",
+        )
+    )
+    assert "DCL−base" not in proc.stdout  # only one loss: no gap row
+    rows = read_table(out / "summary" / "results.parquet")
+    # one Optuna search (2 samples) per batch size, tau and lr sampled inside the space's bounds
+    assert len(rows) == 4 and sorted({r["batch_size"] for r in rows}) == [16, 32]
+    assert all(0.05 <= r["temperature"] <= 1.0 and 0.003 <= r["base_lr"] <= 0.3 for r in rows)
+    _, trials, summary = runs_of(out, "batch_size_sweep")
+    assert len(trials) == 4 and len(summary) == 1
+
+
+def test_bad_input_exits_2_before_ray_starts(tmp_path):
+    for args, needle in (
+        (["--set", "loss.temperature=0"], "loss.temperature must be > 0"),
+        (["--losses", "simclr"], "loss.name must be one of"),
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--data-root", str(tmp_path / "missing")], "missing"),
+        (["--set", "optim.batch_size=1"], "batch_size must be >= 2"),
+    ):
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            study_cmd("temperature_sweep.py", tmp_path / "x", "--smoke", *args),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+        assert proc.returncode == 2, (args, proc.stderr[-2000:])
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and needle in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr and "ray" not in proc.stderr.lower().replace("array", "")
+        assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "x" / "ray_results").exists()
+
+
+def _epochs(metrics_file):
+    if not metrics_file.exists():
+        return []
+    return [json.loads(line)["epoch"] for line in metrics_file.read_text().splitlines() if line.strip()]
+
+
+def test_resume_after_killed_driver(tmp_path):
+    out = tmp_path / "r"
+    epochs = 12
+    cmd = study_cmd(
+        "temperature_sweep.py",
+        out,
+        "--smoke",
+        "--losses",
+        "dcl",
+        "--max-concurrent",
+        "1",
+        "--set",
+        f"optim.epochs={epochs}",
+    )
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    exp = out / "ray_results" / "temperature_sweep"
+    deadline = time.monotonic() + 300
+    finished, partial = None, None
+    try:
+        while time.monotonic() < deadline:
+            trials = {d.name: _epochs(d / "run" / "metrics.jsonl") for d in exp.glob("dcl_*")} if exp.exists() else {}
+            done = [n for n, e in trials.items() if e and e[-1] == epochs]
+            running = [n for n, e in trials.items() if e and 2 <= e[-1] < epochs - 3]
+            if done and running:
+                finished, partial = done[0], running[0]
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 the driver (and its session)
+        proc.wait()
+    assert finished and partial, "never saw one finished and one running trial"
+    before_finished = (exp / finished / "run" / "metrics.jsonl").read_text()
+    killed_at = _epochs(exp / partial / "run" / "metrics.jsonl")[-1]
+    time.sleep(2)
+
+    run([*cmd, "--resume"])
+    # The finished trial was not rerun; the interrupted one continued from its checkpoint (no restart at 1).
+    assert (exp / finished / "run" / "metrics.jsonl").read_text() == before_finished
+    resumed = _epochs(exp / partial / "run" / "metrics.jsonl")
+    assert resumed.count(1) == 1 and resumed[-1] == epochs and max(resumed.count(e) for e in resumed) <= 2
+    assert killed_at < epochs
+    rows = read_table(out / "summary" / "results.parquet")
+    assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == epochs for r in rows)
+    client, trials, _ = runs_of(out, "temperature_sweep")
+    assert len(trials) == 2  # one MLflow run per trial, even across the resume
+    for r in trials:
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        assert sorted(set(steps)) == list(range(1, epochs + 1))
+
+
+def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path):
+    out = tmp_path / "c"
+    run(
+        study_cmd("temperature_sweep.py", out, "--smoke", "--losses", "dcl", "--set", "optim.epochs=3"),
+        env={"DCL_CRASH_ONCE_AT_EPOCH": "2"},
+    )
+    rows = read_table(out / "summary" / "results.parquet")
+    assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == 3 for r in rows)
+    for d in (out / "ray_results" / "temperature_sweep").glob("dcl_*"):
+        assert (d / ".crashed_once").exists()
+        assert _epochs(d / "run" / "metrics.jsonl") == [1, 2, 3]  # resumed after epoch 2, not restarted
+    _, trials, _ = runs_of(out, "temperature_sweep")
+    assert len(trials) == 2
+
+
+def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
+    out = tmp_path / "n"
+    # A grid over the learning rate where the huge one diverges.
+    from dcl_core.config import apply_overrides, preset
+    from dcl_core.study import StudySpec, run_study
+    from search_spaces import Grid
+
+    base = apply_overrides(preset("smoke"), {"optim.epochs": 2, "data.train_per_class": 8, "data.test_per_class": 4})
+    spec = StudySpec(
+        name="nan_study", base=base, grid={"optim.base_lr": Grid((0.03, 1e30))}, x_key="optim.base_lr", x_label="lr"
+    )
+    try:
+        outcome = run_study(spec, out, num_cpus=2)
+    finally:
+        import ray
+
+        ray.shutdown()
+    by_lr = {r["base_lr"]: r for r in outcome.rows}
+    assert by_lr[0.03]["status"] == "ok" and by_lr[1e30]["status"] == "diverged"
+    assert "failed" in outcome.table
+    _, trials, summary = runs_of(out, "nan_study")
+    statuses = sorted(r.info.status for r in trials)
+    assert statuses == ["FAILED", "FINISHED"] and len(summary) == 1
+
+
+def test_two_worker_ddp_trainable_on_cpu(tmp_path):
+    out = tmp_path / "d"
+    run(
+        study_cmd(
+            "temperature_sweep.py",
+            out,
+            "--smoke",
+            "--losses",
+            "dcl",
+            "--workers",
+            "2",
+            "--cpus-per-worker",
+            "0.9",
+            "--max-concurrent",
+            "1",
+            "--set",
+            "loss.temperature=0.2",
+        ),
+        timeout=600,
+    )
+    rows = read_table(out / "summary" / "results.parquet")
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    _, trials, _ = runs_of(out, "temperature_sweep")
+    assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
