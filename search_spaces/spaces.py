@@ -90,15 +90,20 @@ def to_tune(space: Space) -> dict[str, Any]:
     return out
 
 
-def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Callable[[Any], dict[str, Any]]:
-    """An Optuna define-by-run function for ``OptunaSearch(space=...)``.
+class OptunaSpace:
+    """An Optuna define-by-run function for ``OptunaSearch(space=...)`` (a picklable callable: Tune saves the
+    searcher with the experiment so a study can resume).
 
     ``constants`` are fixed keys (e.g. the loss of this study); they decide conditional branches and are
     returned so every trial's config is complete.
     """
-    fixed = dict(constants or {})
 
-    def define(trial: Any) -> dict[str, Any]:
+    def __init__(self, space: Space, constants: Mapping[str, Any] | None = None) -> None:
+        self.space = dict(space)
+        self.constants = dict(constants or {})
+
+    def __call__(self, trial: Any) -> dict[str, Any]:
+        fixed = dict(self.constants)
         chosen: dict[str, Any] = {}
 
         def visit(sub: Space) -> None:
@@ -113,7 +118,10 @@ def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Calla
                 else:
                     fixed[key] = dist
 
-        visit(space)
-        return dict(fixed)
+        visit(self.space)
+        return fixed
 
-    return define
+
+def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Callable[[Any], dict[str, Any]]:
+    """The define-by-run function of ``space`` (see :class:`OptunaSpace`)."""
+    return OptunaSpace(space, constants)

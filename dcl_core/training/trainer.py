@@ -33,6 +33,9 @@ from dcl_core.training.schedule import cosine_lr
 log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
+# Where a run writes and how many threads it uses may change between the interrupted and the resumed process
+# (Ray gives a restored trial a new directory); everything else must match the checkpoint.
+RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
 
 
 class NonFiniteLossError(RuntimeError):
@@ -177,14 +180,19 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
     start_epoch = 0
     if resume and ckpt_path.exists():
         state = load_checkpoint(ckpt_path, map_location=device)
-        if state["config"] != to_flat_dict(cfg):
-            changed = sorted(k for k, v in to_flat_dict(cfg).items() if state["config"].get(k) != v)
+        changed = sorted(
+            k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and state["config"].get(k) != v
+        )
+        if changed:
             raise ValueError(f"cannot resume {ckpt_path}: config differs in {', '.join(changed)}")
         _unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
         result.history = list(state["history"])
+        if rank == 0:  # the metrics file matches the checkpoint (drops epochs trained after it, if any)
+            lines = "".join(json.dumps(m) + "\n" for m in result.history)
+            (out_dir / METRICS_NAME).write_text(lines)
         log.info("resumed from %s at epoch %d", ckpt_path, start_epoch)
     elif rank == 0:
         (out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))

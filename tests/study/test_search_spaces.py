@@ -87,3 +87,12 @@ def test_optuna_sampling_is_seeded():
 def test_conditional_space_rejected_for_plain_tune():
     with pytest.raises(ValueError, match="conditional"):
         to_tune(SIGMA)
+
+
+def test_define_by_run_function_pickles():
+    # Tune pickles the searcher (and this function) with the experiment state so studies can resume.
+    import pickle
+
+    define = pickle.loads(pickle.dumps(to_optuna({**TAU, **SIGMA}, {"loss.name": "dclw"})))
+    trial = optuna.create_study().ask()
+    assert define(trial) == {"loss.name": "dclw"} and set(trial.params) == {"loss.temperature", "loss.sigma"}
