@@ -210,6 +210,8 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``)."""
     import ray
 
+    # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):
@@ -395,7 +397,7 @@ def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri:
     if spec.gap:
         from dcl_core.reporting import gaps
 
-        metrics |= {f"gap_dcl_minus_infonce/{x}={k}": v for k, v in gaps(rows, x).items()}
+        metrics |= {f"gap_dcl_minus_infonce/{x}_{k}": v for k, v in gaps(rows, x).items()}
     metrics["trials"] = len(rows)
     metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
     tracking.log_summary_run(tracking_uri, spec.name, f"{spec.name}-summary", metrics,

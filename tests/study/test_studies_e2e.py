@@ -77,28 +77,16 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
 
 def test_batch_study_with_optuna_search(tmp_path):
     out = tmp_path / "b"
-    proc = run(
-        study_cmd(
-            "batch_size_sweep.py",
-            out,
-            "--smoke",
-            "--search",
-            "optuna",
-            "--num-samples",
-            "2",
-            "--losses",
-            "dcl",
-            "--set",
-            "optim.epochs=2",
-        )
-    )
-    assert "DCL−base" not in proc.stdout  # only one loss: no gap row
+    proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--search", "optuna", "--num-samples", "2"))
+    assert "DCL−base" in proc.stdout  # Table 1's gap row
     rows = read_table(out / "summary" / "results.parquet")
-    # one Optuna search (2 samples) per batch size, tau and lr sampled inside the space's bounds
-    assert len(rows) == 4 and sorted({r["batch_size"] for r in rows}) == [16, 32]
+    # one Optuna search (2 samples) per (loss, batch size); tau and lr sampled inside the space's bounds
+    assert len(rows) == 8 and sorted({r["batch_size"] for r in rows}) == [16, 32]
     assert all(0.05 <= r["temperature"] <= 1.0 and 0.003 <= r["base_lr"] <= 0.3 for r in rows)
     _, trials, summary = runs_of(out, "batch_size_sweep")
-    assert len(trials) == 4 and len(summary) == 1
+    assert len(trials) == 8 and len(summary) == 1
+    gaps = {k for k in summary[0].data.metrics if k.startswith("gap_dcl_minus_infonce/")}
+    assert gaps == {"gap_dcl_minus_infonce/batch_size_16", "gap_dcl_minus_infonce/batch_size_32"}
 
 
 def test_bad_input_exits_2_before_ray_starts(tmp_path):
