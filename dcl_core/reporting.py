@@ -147,3 +147,17 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
+    """Any list of flat dicts as Parquet + CSV (columns from the first row)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(list(rows))
+    parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
+    pq.write_table(table, parquet)
+    pacsv.write_csv(table, csv)
+    return parquet, csv

@@ -1,0 +1,68 @@
+"""EqCo's toy MI experiment: the closed forms it relies on, the bounds' ceilings, and the smoke study."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from dcl_core.mi_toy import ToyConfig, critic_similarities, rho_for, run_toy, sample_pairs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("mi", [2.0, 4.0, 10.0])
+def test_rho_gives_the_requested_gaussian_mutual_information(mi):
+    rho = rho_for(mi, 20)
+    assert -(20 / 2) * math.log(1 - rho**2) == pytest.approx(mi)
+    x, y = sample_pairs(20000, 20, rho, torch.Generator().manual_seed(0))
+    corr = ((x - x.mean(0)) * (y - y.mean(0))).mean(0) / (x.std(0) * y.std(0))
+    assert corr.mean().item() == pytest.approx(rho, abs=0.02)
+
+
+def test_critic_similarities_layout():
+    gx, hy = torch.randn(5, 3), torch.randn(5, 3)
+    sims = critic_similarities(gx, hy)
+    scores = gx @ hy.T
+    assert torch.equal(sims.pos, scores.diagonal())
+    assert sims.neg.shape == (5, 4)
+    assert torch.equal(sims.neg[2], torch.cat([scores[2, :2], scores[2, 3:]]))
+
+
+def test_bounds_learn_and_respect_their_ceilings():
+    k, alpha = 32, 512.0
+    nce = run_toy(ToyConfig(true_mi=6.0, k=k, method="infonce", steps=300, eval_repeats=20))
+    eq = run_toy(ToyConfig(true_mi=6.0, k=k, method="eqco", alpha=alpha, steps=300, eval_repeats=20))
+    assert 1.0 < nce["mi_estimate"] <= math.log(k) + 1e-6  # InfoNCE cannot exceed log K
+    assert eq["mi_estimate"] <= math.log1p(alpha) + 1e-6
+    assert eq["mi_estimate"] > nce["mi_estimate"]  # with MI 6 > log 32, EqCo's estimate is not capped at log K
+
+
+def test_smoke_study_logs_table_to_mlflow(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "studies" / "eqco_mi_toy.py"),
+            "--smoke",
+            "--output-dir",
+            str(tmp_path),
+            "--num-cpus",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=os.environ.copy(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "I_NCE" in proc.stdout and "I_EqCo" in proc.stdout and "(1.7)" in proc.stdout  # paper numbers beside
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("eqco_mi_toy")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"mi_toy.parquet", "mi_toy.png", "table.txt"}
+    assert len(run.data.metrics) == 2 * 2 * 2
