@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOSS_NAMES = ("infonce", "dcl", "dclw", "dclw_exp", "eqco", "align_uniform")
-FRAMEWORK_NAMES = ("simclr",)
+FRAMEWORK_NAMES = ("simclr", "moco", "simo", "nnclr")
 DATASET_NAMES = ("cifar10", "cifar100", "stl10", "imagefolder")
 ARCH_NAMES = ("resnet18", "resnet50")
 STEM_NAMES = ("cifar", "imagenet")
@@ -85,7 +85,9 @@ class LossConfig:
     delta: float = _f(3.0, "dclw_exp: weight scale delta in w = delta*exp(-sigma<z1,z2>) (A.8)", 3.0)
     # EqCo: None means alpha = K, i.e. zero margin (plain InfoNCE). SiMo uses 256; EqCo MoCo runs 65536.
     alpha: float | None = _f(None, "EqCo alpha: margin m = tau*log(alpha/K) (EqCo Eq. 5); none = K", 256.0)
-    num_negatives: int = _f(0, "EqCo: K negatives sampled per anchor (0 = all 2N-2 in the batch)", 0)
+    num_negatives: int = _f(
+        0, "EqCo: K negatives sampled per anchor (0 = all: 2N-2 for simclr, N-1 for nnclr); not moco/simo", 0
+    )
     gather_distributed: bool = _f(True, "under DDP, use all ranks' samples as negatives (global batch)")
     uniformity_t: float = _f(2.0, "align_uniform: uniformity kernel scale t (Wang & Isola)", 2.0)
     uniformity_weight: float = _f(1.0, "align_uniform: weight of the uniformity term", 1.0)
@@ -93,7 +95,22 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class FrameworkConfig:
+    """How anchors, positives and negatives are formed (``dcl_core/frameworks``); the loss scores them.
+
+    K (negatives per anchor, :attr:`Derived.num_negatives`, EqCo's K) per framework: simclr 2N−2 (or
+    ``loss.num_negatives``), moco ``queue_size``, simo ``num_negatives`` or N−1, nnclr N−1 (or
+    ``loss.num_negatives``); N is the global batch when ``loss.gather_distributed``, else the per-rank batch.
+    """
+
     name: str = _f("simclr", "how views, keys and negatives are formed", "simclr", FRAMEWORK_NAMES)
+    # MoCo-v2 / SiMo (EqCo App. B.1): 0.999.
+    momentum: float = _f(
+        0.999, "moco/simo: key-encoder momentum beta: theta_k <- beta*theta_k + (1-beta)*theta_q", 0.999
+    )
+    # DCL Table 5 sweeps the MoCo-v2 queue 32..65536 (65536 in MoCo-v2); NNCLR's support set is 98304.
+    queue_size: int = _f(4096, "moco: queue of K negative keys; nnclr: support-set size (FIFO)", 65536)
+    # SiMo: K = 16..256 negatives per query with alpha = 256 (EqCo Table 2).
+    num_negatives: int = _f(0, "simo: K keys of other images sampled per query (0 = all N-1)", 256)
 
 
 @dataclass(frozen=True)
@@ -304,7 +321,23 @@ def from_flat_dict(flat: dict[str, Any]) -> Config:
 
 
 def validate(cfg: Config) -> None:
-    """Range and choice checks; raises :class:`ConfigError` with one line naming the key."""
+    """Range, choice and combination checks; raises :class:`ConfigError` with one line naming the key.
+
+    Framework/loss pairs that are rejected, and why:
+
+    - ``framework.name`` moco/simo/nnclr with ``loss.name=align_uniform``: alignment + uniformity scores whole
+      embeddings (Wang & Isola), not the anchor/positive/negative similarities these frameworks build, so it
+      has no ``from_similarities`` form; it runs with simclr only.
+    - ``loss.num_negatives`` (EqCo's per-anchor sampling of in-batch negatives) with moco: there K *is* the
+      queue (``framework.queue_size``); with simo: SiMo samples its keys itself (``framework.num_negatives``),
+      and sampling twice would make K ambiguous.
+    - ``framework.num_negatives`` with anything but simo (it is SiMo's K).
+
+    Every other pair is meaningful: InfoNCE, DCL, DCLW, DCLW-exp and EqCo all take ``PairSimilarities``.
+    EqCo's α only changes gradients because the positive stays in the denominator (its margin τ·log(α/K)
+    rescales the negatives against the positive, EqCo Eq. 12-13); EqCo is InfoNCE-form, so it keeps that
+    property under every framework, with K = :attr:`Derived.num_negatives` of that framework.
+    """
     for key, (_, f) in field_specs().items():
         choices = f.metadata.get("choices")
         if choices is not None:
@@ -340,6 +373,7 @@ def validate(cfg: Config) -> None:
         positive(key)
     for key in (
         "loss.num_negatives",
+        "framework.num_negatives",
         "loss.uniformity_weight",
         "optim.weight_decay",
         "optim.warmup_epochs",
@@ -355,13 +389,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"optim.batch_size must be >= 2 (negatives come from the batch), got {cfg.optim.batch_size}"
         )
-    if cfg.loss.num_negatives and cfg.loss.num_negatives > 2 * cfg.optim.batch_size - 2:
-        raise ConfigError(
-            f"loss.num_negatives={cfg.loss.num_negatives} exceeds the 2N-2={2 * cfg.optim.batch_size - 2} "
-            "negatives a batch of optim.batch_size offers"
-        )
     if cfg.loss.num_negatives and cfg.loss.name != "eqco":
         raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
+    _validate_framework(cfg)
     if cfg.optim.warmup_epochs > cfg.optim.epochs:
         raise ConfigError(
             f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}"
@@ -370,6 +400,50 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.crop_min_scale must be in (0, 1], got {cfg.data.crop_min_scale}")
     if cfg.optim.momentum >= 1:
         raise ConfigError(f"optim.momentum must be < 1, got {cfg.optim.momentum}")
+
+
+def _validate_framework(cfg: Config) -> None:
+    """Framework ranges, framework/loss pairs and K against the batch (see :func:`validate`)."""
+    fc, lc, big_n = cfg.framework, cfg.loss, cfg.optim.batch_size
+    if not 0.0 <= fc.momentum < 1.0:  # also rejects NaN
+        raise ConfigError(f"framework.momentum must be in [0, 1), got {fc.momentum}")
+    if fc.queue_size < 1:
+        raise ConfigError(f"framework.queue_size must be >= 1, got {fc.queue_size}")
+    if fc.name != "simclr" and lc.name == "align_uniform":
+        raise ConfigError(
+            f"loss.name=align_uniform cannot be used with framework.name={fc.name}: it scores whole embeddings, "
+            "not the anchor/positive/negative similarities the framework builds; use framework.name=simclr"
+        )
+    if fc.num_negatives and fc.name != "simo":
+        raise ConfigError(
+            f"framework.num_negatives (SiMo's K keys per query) is only defined for framework.name=simo, "
+            f"not {fc.name}"
+        )
+    if lc.num_negatives and fc.name == "moco":
+        raise ConfigError(
+            "loss.num_negatives (EqCo's in-batch K sampling) does not apply to framework.name=moco: "
+            "its K is the queue, set framework.queue_size"
+        )
+    if lc.num_negatives and fc.name == "simo":
+        raise ConfigError(
+            "loss.num_negatives does not apply to framework.name=simo: SiMo samples its K keys per query, "
+            "set framework.num_negatives"
+        )
+    if fc.name == "simo" and fc.num_negatives > big_n - 1:
+        raise ConfigError(
+            f"framework.num_negatives={fc.num_negatives} exceeds the N-1={big_n - 1} other images' keys "
+            "a batch of optim.batch_size offers"
+        )
+    if fc.name == "nnclr" and lc.num_negatives > big_n - 1:
+        raise ConfigError(
+            f"loss.num_negatives={lc.num_negatives} exceeds the N-1={big_n - 1} negatives nnclr forms "
+            "from a batch of optim.batch_size"
+        )
+    if fc.name == "simclr" and lc.num_negatives > 2 * big_n - 2:
+        raise ConfigError(
+            f"loss.num_negatives={lc.num_negatives} exceeds the 2N-2={2 * big_n - 2} "
+            "negatives a batch of optim.batch_size offers"
+        )
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -385,20 +459,43 @@ class Derived:
 
     lr: float  # peak lr = base_lr * global batch / 256 (linear scaling rule; DCL Sec. 4.1, EqCo Sec. 2.2)
     per_rank_batch: int  # global batch / world size
-    num_negatives: int  # K: negatives per anchor seen by the loss (2N-2 in-batch, or the EqCo sample)
+    num_negatives: int  # K: negatives per anchor seen by the loss, per framework (see derive)
     eqco_alpha: float  # alpha actually used (alpha = K when unset: zero margin)
 
 
 def derive(cfg: Config, world_size: int = 1) -> Derived:
-    """Compute derived values; ``world_size`` is the number of DDP ranks sharing the global batch."""
+    """Compute derived values; ``world_size`` is the number of DDP ranks sharing the global batch.
+
+    K, the number of negatives per anchor (the K of EqCo's margin τ·log(α/K); α = None means α = K), with N the
+    batch the negatives come from (global with ``loss.gather_distributed``, else per rank):
+
+    - simclr: ``loss.num_negatives`` or all 2N−2 other views;
+    - moco: ``framework.queue_size`` (every query is scored against the whole queue);
+    - simo: ``framework.num_negatives`` or all N−1 other images' keys;
+    - nnclr: ``loss.num_negatives`` or all N−1 other images (NNCLR contrasts against the other view only).
+    """
     if cfg.optim.batch_size % world_size:
         raise ConfigError(
             f"optim.batch_size={cfg.optim.batch_size} is not divisible by the {world_size} DDP workers"
         )
-    in_batch = 2 * cfg.optim.batch_size - 2
-    if not cfg.loss.gather_distributed:
-        in_batch = 2 * (cfg.optim.batch_size // world_size) - 2
-    k = cfg.loss.num_negatives or in_batch
+    big_n = cfg.optim.batch_size if cfg.loss.gather_distributed else cfg.optim.batch_size // world_size
+    name = cfg.framework.name
+    if name == "moco":
+        k, available = cfg.framework.queue_size, cfg.framework.queue_size
+    elif name == "simo":
+        available = big_n - 1
+        k = cfg.framework.num_negatives or available
+    elif name == "nnclr":
+        available = big_n - 1
+        k = cfg.loss.num_negatives or available
+    else:
+        available = 2 * big_n - 2
+        k = cfg.loss.num_negatives or available
+    if available < 1 or k > available:
+        raise ConfigError(
+            f"{name} with a per-rank batch of {cfg.optim.batch_size // world_size} (gather_distributed="
+            f"{cfg.loss.gather_distributed}) offers {available} negatives per anchor, fewer than K={k}"
+        )
     alpha = float(k) if cfg.loss.alpha is None else cfg.loss.alpha
     return Derived(
         lr=cfg.optim.base_lr * cfg.optim.batch_size / 256,

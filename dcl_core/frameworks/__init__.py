@@ -1,13 +1,29 @@
 """Frameworks decide how views, keys and negatives are formed; losses decide how they are scored.
 
-SimCLR is here. MoCo-v2 (momentum key encoder + queue), SiMo (momentum encoder, in-batch negatives) and NNCLR
-(nearest-neighbour positives from a support queue) plug in the same way: a module whose ``forward(v1, v2)``
-builds :class:`~dcl_core.losses.PairSimilarities` and hands them to any loss's ``from_similarities``, plus an
-``after_step()`` hook for momentum/queue updates.
+A framework is a module whose ``forward(view1, view2)`` builds :class:`~dcl_core.losses.PairSimilarities`
+(one positive and a row of negatives per anchor) and hands them to the loss — ``loss(z1, z2)`` for SimCLR,
+``loss.from_similarities(sims)`` for the others — so any framework combines with any pair-similarity loss
+(InfoNCE, DCL, DCLW, DCLW-exp, EqCo). ``after_step()`` runs after every optimizer step (momentum update,
+queue update).
+
+Conventions the trainer relies on: the trained encoder is the attribute ``model`` (evaluated by the kNN monitor
+and saved as the checkpoint's ``model``); everything else in the framework's ``state_dict()`` (momentum
+encoder, queues, their pointers) is the framework's own state, saved as the checkpoint's ``framework`` and
+restored on resume.
+
+| name | paper | positive | negatives |
+| --- | --- | --- | --- |
+| ``simclr`` | Chen et al. 2020 | other view | the 2N − 2 other views in the batch |
+| ``moco`` | MoCo-v2 (Chen et al. 2020) | momentum key of the other view | a FIFO queue of K momentum keys |
+| ``simo`` | EqCo Sec. 3 | momentum key of the other view | K of the other N − 1 images' momentum keys |
+| ``nnclr`` | Dwibedi et al. 2021 | other view, anchored at NN(z) in a support queue | the other N − 1 images |
 """
 
+from dcl_core.frameworks.moco import MoCo
+from dcl_core.frameworks.nnclr import NNCLR
 from dcl_core.frameworks.simclr import SimCLR
+from dcl_core.frameworks.simo import SiMo
 
-FRAMEWORKS = {"simclr": SimCLR}
+FRAMEWORKS = {"simclr": SimCLR, "moco": MoCo, "simo": SiMo, "nnclr": NNCLR}
 
-__all__ = ["FRAMEWORKS", "SimCLR"]
+__all__ = ["FRAMEWORKS", "NNCLR", "MoCo", "SiMo", "SimCLR"]

@@ -50,7 +50,27 @@ def build_model(cfg: Config) -> SSLModel:
 
 
 def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> nn.Module:
-    return FRAMEWORKS[cfg.framework.name](model, loss)
+    """The configured framework around ``model`` (already on its device) and ``loss``, with explicit values.
+
+    MoCo/NNCLR queues hold ``model.proj_dim``-dimensional projections. MoCo always gathers keys over DDP ranks
+    before enqueuing; SiMo's keys and NNCLR's in-batch negatives follow ``loss.gather_distributed``.
+    """
+    fc = cfg.framework
+    extra: dict[str, object] = {
+        "simclr": {},
+        "moco": {"dim": cfg.model.proj_dim, "queue_size": fc.queue_size, "momentum": fc.momentum},
+        "simo": {
+            "momentum": fc.momentum,
+            "num_negatives": fc.num_negatives,
+            "gather_distributed": cfg.loss.gather_distributed,
+        },
+        "nnclr": {
+            "dim": cfg.model.proj_dim,
+            "queue_size": fc.queue_size,
+            "gather_distributed": cfg.loss.gather_distributed,
+        },
+    }[fc.name]
+    return FRAMEWORKS[fc.name](model, loss, **extra)
 
 
 def build_optimizer(cfg: Config, derived: Derived, model: nn.Module) -> torch.optim.Optimizer:

@@ -105,6 +105,25 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
+def framework_state(framework: nn.Module) -> dict[str, torch.Tensor]:
+    """The framework's own state: its ``state_dict()`` minus the trained model (momentum encoder, queues).
+
+    Frameworks hold the trained encoder as ``framework.model`` (saved separately as the checkpoint's
+    ``model``); SimCLR has no other state, so this is empty for it.
+    """
+    return {k: v for k, v in framework.state_dict().items() if not k.startswith("model.")}
+
+
+def load_framework_state(framework: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Restore :func:`framework_state`; every non-model entry must be present and known (exact resume)."""
+    result = framework.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith("model.")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint framework state does not match: missing {missing}, unexpected {result.unexpected_keys}"
+        )
+
+
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 101 + rank) % (2**63 - 1)
 
@@ -180,12 +199,13 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
     start_epoch = 0
     if resume and ckpt_path.exists():
         state = load_checkpoint(ckpt_path, map_location=device)
-        changed = sorted(
-            k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and state["config"].get(k) != v
-        )
+        # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
+        saved = to_flat_dict(Config()) | state["config"]
+        changed = sorted(k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and saved.get(k) != v)
         if changed:
             raise ValueError(f"cannot resume {ckpt_path}: config differs in {', '.join(changed)}")
         _unwrap(model).load_state_dict(state["model"])
+        load_framework_state(framework, state.get("framework", {}))  # momentum encoder, queues (none: SimCLR)
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         start_epoch = state["epoch"]
@@ -276,6 +296,7 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
                 {
                     "epoch": epoch + 1,
                     "model": _unwrap(model).state_dict(),
+                    "framework": framework_state(framework),
                     "optimizer": optimizer.state_dict(),
                     "scaler": scaler.state_dict(),
                     "config": to_flat_dict(cfg),
