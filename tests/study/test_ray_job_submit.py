@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def wait_http(url: str, timeout: float = 90) -> None:
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
+        except urllib.error.HTTPError:
+            return  # any HTTP answer (e.g. 401 under token auth) means the server is up
         except OSError:
             time.sleep(0.5)
     raise TimeoutError(url)
@@ -68,11 +71,14 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
         stderr=subprocess.DEVNULL,
         env=env,
     )
-    subprocess.run(
+    # --block keeps `ray start` in the foreground; terminating it stops exactly this head node (`ray stop`
+    # would stop every Ray instance on the machine).
+    head = subprocess.Popen(
         [
             str(BIN / "ray"),
             "start",
             "--head",
+            "--block",
             "--node-ip-address=127.0.0.1",
             f"--port={gcs}",
             "--num-cpus=2",
@@ -81,42 +87,41 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
             f"--dashboard-port={dash}",
             "--disable-usage-stats",
         ],
-        check=True,
         env=env,
-        capture_output=True,
-        timeout=180,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
+        wait_http(f"http://127.0.0.1:{dash}/api/version", timeout=180)
         wait_http(f"http://127.0.0.1:{mlflow_port}/health")
         tracking = f"http://127.0.0.1:{mlflow_port}"
         out = tmp_path / "job-outputs"
-        job = subprocess.run(
-            [
-                str(BIN / "ray"),
-                "job",
-                "submit",
-                "--address",
-                f"http://127.0.0.1:{dash}",
-                "--working-dir",
-                str(REPO),
-                "--",
-                "python",
-                "studies/temperature_sweep.py",
-                "--smoke",
-                "--losses",
-                "dcl",
-                "--output-dir",
-                str(out),
-                "--data-root",
-                str(data_root),
-                "--tracking-uri",
-                tracking,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
-        )
+        cmd = [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            f"http://127.0.0.1:{dash}",
+            "--working-dir",
+            str(REPO),
+            "--",
+            "python",
+            "studies/temperature_sweep.py",
+            "--smoke",
+            "--losses",
+            "dcl",
+            "--output-dir",
+            str(out),
+            "--data-root",
+            str(data_root),
+            "--tracking-uri",
+            tracking,
+        ]
+        for _ in range(10):  # the head's job agent may need a few more seconds than its HTTP server
+            job = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            if "No available agent" not in job.stdout + job.stderr:
+                break
+            time.sleep(5)
         assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-2000:]
         assert "succeeded" in (job.stdout + job.stderr).lower()
         assert len(read_table(out / "summary" / "results.parquet")) == 2
@@ -131,6 +136,7 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
         arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
         assert "results.parquet" in arts and "temperature_sweep.png" in arts
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        head.terminate()
+        head.wait(timeout=120)
         mlflow.terminate()
         mlflow.wait(timeout=30)
