@@ -217,8 +217,10 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address or None, log_to_driver=True)
         return
+    # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
+    # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
     ray.init(
-        num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+        address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
         _node_ip_address="127.0.0.1", log_to_driver=True,
     )
 

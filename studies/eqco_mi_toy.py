@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     import ray
 
     from dcl_core import tracking
+    from dcl_core.study import init_ray
     from dcl_core.mi_toy import format_table5, plot_table5
     from dcl_core.reporting import write_rows
 
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     uri = args.tracking_uri or tracking.default_tracking_uri(out)
     configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
                for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1")
+    init_ray(None, args.num_cpus)
     task = ray.remote(num_cpus=1)(_run_one)
     rows = ray.get([task.remote(c) for c in configs])
     ray.shutdown()

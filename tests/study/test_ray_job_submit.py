@@ -135,6 +135,17 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
         assert all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics for r in trials)
         arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
         assert "results.parquet" in arts and "temperature_sweep.png" in arts
+
+        # With a cluster running on the machine, a study without --address still gets its own local Ray
+        # (plain ray.init() would attach to that cluster and then reject num_cpus).
+        probe = subprocess.run(
+            [sys.executable, "-c", "from dcl_core.study import init_ray; import ray; init_ray(None, 1); "
+             "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU'])"],
+            capture_output=True, text=True, env=env, timeout=180, cwd=REPO,
+        )
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        gcs_address, cpus = probe.stdout.split()[-2:]
+        assert not gcs_address.endswith(f":{gcs}") and float(cpus) == 1.0
     finally:
         head.terminate()
         head.wait(timeout=120)
