@@ -15,8 +15,14 @@ from typing import Any
 Row = dict[str, Any]
 
 COLUMNS = (
-    "trial_id", "status", "loss", "temperature", "batch_size", "base_lr", "sigma", "alpha", "seed", "epochs",
-    "knn_top1", "best_knn_top1", "train_loss", "q_mean", "q_cv", "mi_bound", "images_per_s", "error",
+    "trial_id", "status", "series", "loss", "framework", "method", "temperature", "batch_size", "base_lr", "sigma",
+    "alpha", "alpha_used", "num_negatives", "queue_size", "seed", "epoch_budget", "epochs", "knn_top1",
+    "best_knn_top1", "train_loss", "q_mean", "q_cv", "mi_bound", "grad_norm_mean", "grad_norm_cv", "images_per_s",
+    "error",
+)
+_FLOAT_COLUMNS = (
+    "temperature", "base_lr", "sigma", "alpha", "alpha_used", "knn_top1", "best_knn_top1", "train_loss", "q_mean",
+    "q_cv", "mi_bound", "grad_norm_mean", "grad_norm_cv", "images_per_s",
 )
 
 
@@ -28,8 +34,7 @@ def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tu
 
     out_dir.mkdir(parents=True, exist_ok=True)
     columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
-    for c in ("temperature", "base_lr", "sigma", "alpha", "knn_top1", "best_knn_top1", "train_loss", "q_mean",
-              "q_cv", "mi_bound", "images_per_s"):
+    for c in _FLOAT_COLUMNS:
         columns[c] = [None if v is None else float(v) for v in columns[c]]
     table = pa.table(columns)
     parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
@@ -50,11 +55,13 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def cells(rows: Sequence[Row], x_key: str) -> dict[str, dict[Any, dict[str, float]]]:
-    """``{loss: {x: {"mean", "std", "n", "failed"}}}`` of final kNN top-1 over seeds (failed runs excluded)."""
+def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[Any, dict[str, float]]]:
+    """``{series: {x: {"mean", "std", "n", "failed"}}}`` of final kNN top-1 over seeds (failed runs excluded).
+
+    ``series`` is the column naming a line of the table (the loss, or e.g. ``framework+method``)."""
     groups: dict[tuple[str, Any], list[Row]] = defaultdict(list)
     for r in rows:
-        groups[(r["loss"], r[x_key])].append(r)
+        groups[(r[series], r[x_key])].append(r)
     out: dict[str, dict[Any, dict[str, float]]] = defaultdict(dict)
     for (loss, x), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         ok = [m["knn_top1"] for m in members if m["status"] == "ok" and m["knn_top1"] is not None]
@@ -63,10 +70,10 @@ def cells(rows: Sequence[Row], x_key: str) -> dict[str, dict[Any, dict[str, floa
     return dict(out)
 
 
-def robustness(rows: Sequence[Row], x_key: str) -> dict[str, dict[str, float]]:
-    """Per loss, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
+def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[str, float]]:
+    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
     out = {}
-    for loss, by_x in cells(rows, x_key).items():
+    for loss, by_x in cells(rows, x_key, series).items():
         means = [c["mean"] for c in by_x.values() if not math.isnan(c["mean"])]
         mean, std = _mean_std(means)
         out[loss] = {
@@ -77,9 +84,10 @@ def robustness(rows: Sequence[Row], x_key: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce") -> dict[Any, float]:
+def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce",
+         series: str = "loss") -> dict[Any, float]:
     """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size)."""
-    c = cells(rows, x_key)
+    c = cells(rows, x_key, series)
     if better not in c or base not in c:
         return {}
     return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
@@ -90,18 +98,19 @@ def _fmt_x(x: Any) -> str:
 
 
 def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness: bool = True,
-                 gap: bool = False) -> str:
-    """A paper-shaped text table: one row per loss, one column per x, ``mean±std`` over seeds per cell."""
-    c = cells(rows, x_key)
+                 gap: bool = False, series: str = "loss") -> str:
+    """A paper-shaped text table: one row per series, one column per x, ``mean±std`` over seeds per cell."""
+    c = cells(rows, x_key, series)
     xs = sorted({x for by_x in c.values() for x in by_x})
-    rob = robustness(rows, x_key)
+    rob = robustness(rows, x_key, series)
     width = 12
-    header = f"{x_label:<10}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
+    lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in c)])
+    header = f"{x_label:<{lw}}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
     if with_robustness:
         header += f"{'Std':>8}{'Range':>8}"
     lines = [header]
     for loss, by_x in c.items():
-        line = f"{loss:<10}"
+        line = f"{loss:<{lw}}"
         for x in xs:
             cell = by_x.get(x)
             if cell is None or math.isnan(cell["mean"]):
@@ -115,23 +124,24 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
             line += f"{rob[loss]['std']:>8.2f}{rob[loss]['range']:>8.1f}"
         lines.append(line)
     if gap:
-        g = gaps(rows, x_key)
+        g = gaps(rows, x_key, series=series)
         if g:
-            lines.append(f"{'DCL−base':<10}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
+            lines.append(f"{'DCL−base':<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
     if any(cell["failed"] for by_x in c.values() for cell in by_x.values()):
         lines.append("* some seeds failed (diverged or crashed) and are excluded; 'failed' = every seed failed")
     return "\n".join(lines)
 
 
-def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False) -> Path:
-    """kNN top-1 vs x, one line per loss, error bars = std over seeds."""
+def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
+         series: str = "loss") -> Path:
+    """kNN top-1 vs x, one line per series, error bars = std over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    for loss, by_x in cells(rows, x_key).items():
+    for loss, by_x in cells(rows, x_key, series).items():
         xs = [x for x in sorted(by_x) if not math.isnan(by_x[x]["mean"])]
         ax.errorbar(xs, [by_x[x]["mean"] for x in xs], yerr=[by_x[x]["std"] for x in xs], marker="o", capsize=3,
                     label=loss)
@@ -161,3 +171,68 @@ def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Pat
     pq.write_table(table, parquet)
     pacsv.write_csv(table, csv)
     return parquet, csv
+
+
+def q_hist_edges(bins: int) -> list[float]:
+    return [i / bins for i in range(bins + 1)]
+
+
+def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str) -> Path:
+    """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    epochs = sorted(hists)
+    shown = epochs if len(epochs) <= 6 else [epochs[round(i * (len(epochs) - 1) / 5)] for i in range(6)]
+    for epoch in shown:
+        h = list(hists[epoch])
+        centers = [(i + 0.5) / len(h) for i in range(len(h))]
+        ax.plot(centers, h, marker=".", label=f"epoch {epoch}")
+    ax.set_xlabel("NPC multiplier q_B")
+    ax.set_ylabel("fraction of anchors")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, series: str = "loss") -> Path | None:
+    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged).
+
+    Returns ``None`` when no row carries a histogram (``q_hist``)."""
+    groups: dict[str, dict[Any, list[Sequence[float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("q_hist") and r["status"] == "ok":
+            groups[r[series]][r[x_key]].append(r["q_hist"])
+    if not groups:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(groups)
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), dpi=120, sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for x in sorted(groups[name]):
+            hs = groups[name][x]
+            mean = [statistics.fmean(col) for col in zip(*hs, strict=True)]
+            centers = [(i + 0.5) / len(mean) for i in range(len(mean))]
+            ax.plot(centers, mean, marker=".", label=f"{x_label} {_fmt_x(x)}")
+        ax.set_title(str(name))
+        ax.set_xlabel("NPC multiplier q_B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("fraction of anchors (last epoch)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -11,6 +11,7 @@ Ray Train ``TorchTrainer`` with N DDP workers (gloo on CPU, NCCL on GPU) reached
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -20,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, from_flat_dict, to_flat_dict
-from dcl_core.reporting import Row, format_table, plot, robustness, write_table
+from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, derive, from_flat_dict, to_flat_dict
+from dcl_core.reporting import Row, format_table, plot, plot_q_hists, robustness, write_table
 from search_spaces import Grid, Space, keys_of, to_optuna, to_tune
 
 log = logging.getLogger(__name__)
@@ -51,16 +52,21 @@ class StudySpec:
     Attributes:
         name: study (and MLflow experiment) name.
         base: the configuration every trial starts from.
-        grid: keys run exhaustively (``Grid``) or fixed; with a search, one Tune experiment per grid point of
-            ``group_by`` keys.
+        grid: keys run exhaustively (``Grid``) or fixed. A sequence of such spaces runs each as its own
+            Tune experiment (e.g. SimCLR's and SiMo's K live in different keys). With a search, one Optuna
+            search per grid point.
         search: an Optuna space (``None`` = pure grid).
         num_samples: trials per Optuna search.
-        x_key / x_label: the swept key for tables and plots (e.g. ``loss.temperature``).
+        x_key / x_label: the swept quantity for tables and plots: a config key (``loss.temperature``) or a
+            results-table column (``num_negatives``, the derived K).
+        series: results-table columns whose values name one line of the table/plot (``framework`` +
+            ``method`` gives e.g. ``simo+eqco(α=256)``).
+        gap: add the DCL − InfoNCE row (Table 1 style) to the table and summary.
     """
 
     name: str
     base: Config
-    grid: Space
+    grid: Space | Sequence[Space]
     x_key: str
     x_label: str
     search: Space | None = None
@@ -68,6 +74,11 @@ class StudySpec:
     log_x: bool = False
     gap: bool = False
     title: str = ""
+    series: tuple[str, ...] = ("loss",)
+
+    @property
+    def grids(self) -> list[Space]:
+        return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
 
 
 @dataclass
@@ -95,11 +106,12 @@ def grid_points(grid: Space) -> list[dict[str, Any]]:
 
 def validate_spec(spec: StudySpec) -> None:
     """Apply every grid point (and each search space's bounds) to the base config; ConfigError if any fails."""
-    for key in keys_of(spec.grid) | (keys_of(spec.search) if spec.search else set()):
+    for key in set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set()):
         if key not in CONFIG_KEYS:
             raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
-    for point in grid_points(spec.grid):
-        apply_overrides(spec.base, point)
+    for grid in spec.grids:
+        for point in grid_points(grid):
+            apply_overrides(spec.base, point)
     if spec.search:
         from search_spaces import LogUniform
 
@@ -225,11 +237,26 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     )
 
 
-def _trial_name(trial: Any) -> str:
+_SHORT = {"loss.name": "", "framework.name": "", "loss.temperature": "t", "optim.batch_size": "b", "seed": "s",
+          "loss.num_negatives": "K", "framework.num_negatives": "K", "framework.queue_size": "Q", "loss.alpha": "a",
+          "loss.sigma": "sig", "optim.epochs": "ep", "optim.base_lr": "lr"}
+
+
+def _trial_name(trial: Any, keys: tuple[str, ...] = ("loss.name", "loss.temperature", "optim.batch_size",
+                                                      "seed")) -> str:
+    """``dcl_t0.1_b32_s0_<id>``: the values of the keys the study varies (and the trial id)."""
     c = trial.config
-    parts = [str(c.get("loss.name", "")), f"t{c.get('loss.temperature', 0):g}", f"b{c.get('optim.batch_size')}",
-             f"s{c.get('seed')}"]
+    parts = [f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}{c.get(k):g}" if isinstance(c.get(k), float)
+             else f"{_SHORT.get(k, k.rsplit('.', 1)[-1])}{c.get(k)}" for k in keys]
     return "_".join(parts) + f"_{trial.trial_id}"
+
+
+def _varied_keys(spec: StudySpec) -> tuple[str, ...]:
+    keys = ["loss.name"]
+    for grid in spec.grids:
+        keys += [k for k, v in grid.items() if isinstance(v, Grid) or k == "framework.name"]
+    keys += sorted(keys_of(spec.search)) if spec.search else []
+    return tuple(dict.fromkeys(keys))
 
 
 def _experiment_name(spec: StudySpec, group: dict[str, Any]) -> str:
@@ -262,7 +289,7 @@ def run_study(
     storage_path = storage or str(output_dir / "ray_results")
     tracking_uri = tracking_uri or tracking.default_tracking_uri(output_dir)
     groups = _search_groups(spec)
-    exp_dirs = [Path(storage_path) / _experiment_name(spec, g) for g in groups]
+    exp_dirs = [Path(storage_path) / _experiment_name(spec, g) for _, g in groups]
     if not storage_path.startswith(("s3://", "gs://")):
         existing = [d for d in exp_dirs if d.exists()]
         if existing and not (resume or overwrite):
@@ -279,22 +306,27 @@ def run_study(
     tags = {"study": spec.name, "git_commit": tracking.git_commit()}
 
     rows: list[Row] = []
-    for group, exp_dir in zip(groups, exp_dirs, strict=True):
-        results = _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha,
-                             max_failures, seed, save_checkpoint_artifact)
+    for (grid, group), exp_dir in zip(groups, exp_dirs, strict=True):
+        results = _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent,
+                             asha, max_failures, seed, save_checkpoint_artifact)
         rows.extend(_rows(results))
     return _summarize(spec, rows, output_dir, tracking_uri, tags)
 
 
-def _search_groups(spec: StudySpec) -> list[dict[str, Any]]:
-    """Grid mode: one Tune experiment over the whole grid. Search mode: one Optuna search per grid point."""
+def _search_groups(spec: StudySpec) -> list[tuple[Space, dict[str, Any]]]:
+    """(sub-grid, group) per Tune experiment. Grid mode: one experiment per sub-grid, named by its constants
+    when there are several. Search mode: one Optuna search per grid point."""
     if spec.search is None:
-        return [{}]
-    return [{k: v for k, v in p.items() if isinstance(spec.grid.get(k), Grid)} for p in grid_points(spec.grid)]
+        if len(spec.grids) == 1:
+            return [(spec.grids[0], {})]
+        return [(g, {k: v for k, v in g.items() if not isinstance(v, Grid)} or {"part": i})
+                for i, g in enumerate(spec.grids)]
+    return [(g, {k: v for k, v in p.items() if isinstance(g.get(k), Grid)}) for g in spec.grids
+            for p in grid_points(g)]
 
 
-def _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha, max_failures,
-               seed, save_artifact):
+def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha,
+               max_failures, seed, save_artifact):
     from ray import tune
 
     from dcl_core import tracking
@@ -302,14 +334,14 @@ def _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_
     base_flat = to_flat_dict(spec.base)
     searched = keys_of(spec.search) if spec.search else set()
     if spec.search is None:
-        param_space = {**base_flat, **to_tune(spec.grid)}
+        param_space = {**base_flat, **to_tune(grid)}
         search_alg = None
         num_samples = 1
     else:
         from optuna.samplers import TPESampler
         from ray.tune.search.optuna import OptunaSearch
 
-        constants = {k: v for k, v in {**base_flat, **grid_points(spec.grid)[0], **group}.items()
+        constants = {k: v for k, v in {**base_flat, **grid_points(grid)[0], **group}.items()
                      if k not in searched}
         constants.update({k: v for k, v in group.items()})
         param_space = {}
@@ -334,8 +366,9 @@ def _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_
             param_space=param_space,
             tune_config=tune.TuneConfig(
                 metric=METRIC, mode="max", search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-                max_concurrent_trials=max_concurrent, trial_name_creator=_trial_name,
-                trial_dirname_creator=_trial_name,
+                max_concurrent_trials=max_concurrent,
+                trial_name_creator=functools.partial(_trial_name, keys=_varied_keys(spec)),
+                trial_dirname_creator=functools.partial(_trial_name, keys=_varied_keys(spec)),
             ),
             run_config=tune.RunConfig(
                 name=exp_dir.name, storage_path=str(exp_dir.parent),
@@ -347,10 +380,29 @@ def _run_group(spec, group, exp_dir, resources, tracking_uri, tags, resume, max_
     return tuner.fit()
 
 
+def _derived(c: dict[str, Any]) -> tuple[int | None, float | None]:
+    """(K, α actually used) of a trial's configuration, from the one place that derives them."""
+    try:
+        d = derive(from_flat_dict({k: v for k, v in c.items() if k in CONFIG_KEYS}))
+    except (ConfigError, TypeError, ValueError):
+        return None, None
+    return d.num_negatives, d.eqco_alpha
+
+
+def _method(c: dict[str, Any]) -> str | None:
+    """The loss as a table label; EqCo names its α (``eqco(α=K)`` is InfoNCE over the same K negatives)."""
+    loss = c.get("loss.name")
+    if loss != "eqco":
+        return loss
+    alpha = c.get("loss.alpha")
+    return f"eqco(α={'K' if alpha is None else format(alpha, 'g')})"
+
+
 def _rows(results: Any) -> list[Row]:
     rows = []
     for result in results:
         c, m = result.config or {}, result.metrics or {}
+        k, alpha_used = _derived(c)
         status = "error" if result.error else ("diverged" if m.get("diverged") else "ok")
         best = math.nan
         df = result.metrics_dataframe
@@ -361,12 +413,18 @@ def _rows(results: Any) -> list[Row]:
             "trial_id": m.get("trial_id") or "",
             "status": status,
             "loss": c.get("loss.name"),
+            "framework": c.get("framework.name"),
+            "method": _method(c),
             "temperature": c.get("loss.temperature"),
             "batch_size": c.get("optim.batch_size"),
             "base_lr": c.get("optim.base_lr"),
             "sigma": c.get("loss.sigma"),
             "alpha": c.get("loss.alpha"),
+            "alpha_used": alpha_used,
+            "num_negatives": k,
+            "queue_size": c.get("framework.queue_size"),
             "seed": c.get("seed"),
+            "epoch_budget": c.get("optim.epochs"),
             "epochs": m.get("epoch"),
             "knn_top1": None if knn is None or (isinstance(knn, float) and math.isnan(knn)) else knn,
             "best_knn_top1": None if math.isnan(best) else best,
@@ -374,6 +432,9 @@ def _rows(results: Any) -> list[Row]:
             "q_mean": m.get("train/q_mean"),
             "q_cv": m.get("train/q_cv"),
             "mi_bound": m.get("train/mi_bound"),
+            "grad_norm_mean": m.get("train/grad_norm_mean"),
+            "grad_norm_cv": m.get("train/grad_norm_cv"),
+            "q_hist": m.get("train/q_hist"),
             "images_per_s": m.get("train/images_per_s"),
             "error": str(result.error).splitlines()[0][:300] if result.error else None,
         })
@@ -381,30 +442,38 @@ def _rows(results: Any) -> list[Row]:
 
 
 _X_COLUMN = {"loss.temperature": "temperature", "optim.batch_size": "batch_size", "optim.base_lr": "base_lr",
-             "loss.sigma": "sigma", "loss.alpha": "alpha"}
+             "loss.sigma": "sigma", "loss.alpha": "alpha", "optim.epochs": "epoch_budget",
+             "framework.queue_size": "queue_size", "loss.num_negatives": "num_negatives",
+             "framework.num_negatives": "num_negatives"}
 
 
 def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri: str,
                tags: dict[str, str]) -> StudyOutcome:
     from dcl_core import tracking
 
-    x = _X_COLUMN[spec.x_key]
+    x = _X_COLUMN.get(spec.x_key, spec.x_key)
+    for r in rows:
+        r["series"] = "+".join(str(r.get(c)) for c in spec.series)
     summary_dir = output_dir / "summary"
     parquet, csv = write_table(rows, summary_dir)
-    table = format_table(rows, x, spec.x_label, gap=spec.gap)
+    table = format_table(rows, x, spec.x_label, gap=spec.gap, series="series")
     (summary_dir / "table.txt").write_text(table + "\n")
-    png = plot(rows, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x)
-    rob = robustness(rows, x)
-    metrics = {f"{loss}/{k}": v for loss, stats in rob.items() for k, v in stats.items()}
+    png = plot(rows, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x,
+               series="series")
+    files = [parquet, csv, png, summary_dir / "table.txt"]
+    q_png = plot_q_hists(rows, x, spec.x_label, summary_dir / "npc_q_hist.png", series="series")
+    if q_png is not None:
+        files.append(q_png)
+    rob = robustness(rows, x, series="series")
+    metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
     if spec.gap:
         from dcl_core.reporting import gaps
 
-        metrics |= {f"gap_dcl_minus_infonce/{x}_{k}": v for k, v in gaps(rows, x).items()}
+        metrics |= {f"gap_dcl_minus_infonce/{x}_{k}": v for k, v in gaps(rows, x, series="series").items()}
     metrics["trials"] = len(rows)
     metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
-    tracking.log_summary_run(tracking_uri, spec.name, f"{spec.name}-summary", metrics,
-                             [parquet, csv, png, summary_dir / "table.txt"], tags)
-    return StudyOutcome(rows, table, rob, [parquet, csv, png], spec.name, tracking_uri)
+    tracking.log_summary_run(tracking_uri, spec.name, f"{spec.name}-summary", metrics, files, tags)
+    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracking_uri)
 
 
 def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,12 @@ log = logging.getLogger(__name__)
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
 SUMMARY_TAG = "dcl.summary"
+Q_HIST_KEY = "train/q_hist"  # a list (fractions per bin): logged as an artifact, not a metric
+
+
+def metric_name(name: str) -> str:
+    """An MLflow-valid metric name: characters MLflow rejects (``+ ( ) =`` …) become ``_``."""
+    return re.sub(r"[^/\w.\- :]", "_", name)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,6 +184,7 @@ def _make_logger_callback_class() -> type:
         def __init__(self, *args: Any, tag_keys: Mapping[str, str] | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.tag_keys = dict(tag_keys or {})
+            self.q_hists: dict[str, dict[int, list[float]]] = {}
 
         def log_trial_start(self, trial: Any) -> None:
             if trial not in self._trial_runs:
@@ -204,10 +212,28 @@ def _make_logger_callback_class() -> type:
             metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) or k == "diverged"}
             metrics = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
             step = int(result.get("epoch", result.get("training_iteration", iteration)))
-            self.mlflow_util.log_metrics(run_id=self._trial_runs[trial], metrics_to_log=metrics, step=step)
+            run_id = self._trial_runs[trial]
+            self.mlflow_util.log_metrics(run_id=run_id, metrics_to_log=metrics, step=step)
+            hist = result.get(Q_HIST_KEY)
+            if isinstance(hist, list) and hist:
+                # DCL Fig. 1: the NPC multiplier's distribution this epoch, one small JSON per epoch.
+                from dcl_core.reporting import q_hist_edges
+
+                self.q_hists.setdefault(trial.trial_id, {})[step] = hist
+                self.mlflow_util._get_client().log_dict(
+                    run_id, {"epoch": step, "bin_edges": q_hist_edges(len(hist)), "fraction": hist},
+                    f"npc/q_hist_epoch{step:04d}.json",
+                )
 
         def log_trial_end(self, trial: Any, failed: bool = False) -> None:
             diverged = bool(trial.last_result.get("diverged")) if trial.last_result else False
+            hists = self.q_hists.pop(trial.trial_id, None)
+            if hists and trial in self._trial_runs:
+                from dcl_core.reporting import plot_q_hist_epochs
+
+                with tempfile.TemporaryDirectory() as d:
+                    png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
+                    self.mlflow_util._get_client().log_artifact(self._trial_runs[trial], str(png), "npc")
             super().log_trial_end(trial, failed=failed or diverged)
 
     return _StudyMLflowCallback
@@ -241,7 +267,7 @@ def log_summary_run(
         client.log_param(rid, key, value)
     for key, value in metrics.items():
         if isinstance(value, int | float) and math.isfinite(value):
-            client.log_metric(rid, key, float(value))
+            client.log_metric(rid, metric_name(key), float(value))
     for path in artifacts:
         client.log_artifact(rid, str(path))
     client.set_terminated(rid)

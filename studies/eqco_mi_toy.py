@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     import ray
 
     from dcl_core import tracking
-    from dcl_core.study import init_ray
     from dcl_core.mi_toy import format_table5, plot_table5
     from dcl_core.reporting import write_rows
+    from dcl_core.study import init_ray
 
     pr = PRESETS[args.preset]
     out = Path(args.output_dir).expanduser().resolve()

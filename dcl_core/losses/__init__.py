@@ -10,6 +10,7 @@ from dcl_core.losses.base import (
     PairSimilarities,
     gather_with_grad,
     npc_diagnostics,
+    npc_multiplier,
     two_view_similarities,
 )
 from dcl_core.losses.dcl import DCLLoss
@@ -40,6 +41,7 @@ __all__ = [
     "PairSimilarities",
     "gather_with_grad",
     "npc_diagnostics",
+    "npc_multiplier",
     "sample_negatives",
     "two_view_similarities",
     "vmf_weights",

@@ -14,6 +14,7 @@ from dcl_core.losses.base import (
     distributed_world,
     gather_with_grad,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
     two_view_similarities,
 )
@@ -82,7 +83,7 @@ class AlignUniformLoss(ContrastiveLoss):
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["align"] = align.detach()
         diagnostics["uniform"] = uniform.detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, t={self.uniformity_t}, weight={self.uniformity_weight}"

@@ -39,10 +39,15 @@ class PairSimilarities:
 
 @dataclass
 class LossOutput:
-    """A scalar loss and per-batch diagnostics (detached 0-d tensors, computed from the same logits)."""
+    """A scalar loss and per-batch diagnostics (detached 0-d tensors, computed from the same logits).
+
+    ``npc`` holds the per-anchor NPC multipliers q_B (A,), detached, for distributions (DCL Fig. 1); ``None``
+    for losses without one.
+    """
 
     loss: Tensor
     diagnostics: dict[str, Tensor] = field(default_factory=dict)
+    npc: Tensor | None = None
 
 
 def distributed_world() -> tuple[int, int]:
@@ -108,6 +113,12 @@ def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = Fal
     return PairSimilarities(pos=pos, neg=neg, pos_batch=pos_batch)
 
 
+def npc_multiplier(pos_logit: Tensor, log_u: Tensor) -> Tensor:
+    """Per-anchor q_B = U / (e^{s⁺} + U) = sigmoid(log U − s⁺) (DCL Eq. 4), detached; stable for any τ."""
+    with torch.no_grad():
+        return torch.sigmoid(log_u - pos_logit)  # (A,)
+
+
 def npc_diagnostics(pos_logit: Tensor, log_u: Tensor) -> dict[str, Tensor]:
     """NPC multiplier q_B (DCL Eq. 4) statistics from logits: mean, std and coefficient of variation.
 
@@ -116,7 +127,7 @@ def npc_diagnostics(pos_logit: Tensor, log_u: Tensor) -> dict[str, Tensor]:
         log_u: (A,) log U, the log-sum-exp of the negative logits (EqCo: including its log(α/K) shift).
     """
     with torch.no_grad():
-        q = torch.sigmoid(log_u - pos_logit)  # (A,) = U / (e^{s⁺} + U), stable for any τ
+        q = npc_multiplier(pos_logit, log_u)  # (A,)
         mean = q.mean()
         std = q.std(unbiased=False)
         return {"q_mean": mean, "q_std": std, "q_cv": std / mean.clamp_min(1e-12)}

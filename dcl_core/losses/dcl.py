@@ -9,6 +9,7 @@ from dcl_core.losses.base import (
     LossOutput,
     PairSimilarities,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
 )
 
@@ -42,4 +43,4 @@ class DCLLoss(ContrastiveLoss):
         log_u = torch.logsumexp(neg, dim=1)  # (A,)
         loss = (log_u - pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))

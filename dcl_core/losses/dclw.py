@@ -12,6 +12,7 @@ from dcl_core.losses.base import (
     LossOutput,
     PairSimilarities,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
 )
 
@@ -71,7 +72,7 @@ class DCLWLoss(ContrastiveLoss):
         loss = (log_u - w * pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["weight_std"] = w.std(unbiased=False)
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}"

@@ -9,6 +9,7 @@ from dcl_core.losses.base import (
     LossOutput,
     PairSimilarities,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
 )
 
@@ -59,7 +60,7 @@ class DCLWExpLoss(ContrastiveLoss):
         loss = (log_u - w * pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["weight_mean"] = w.mean().detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}, delta={self.delta}"

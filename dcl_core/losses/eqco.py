@@ -12,6 +12,7 @@ from dcl_core.losses.base import (
     LossOutput,
     PairSimilarities,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
 )
 
@@ -89,7 +90,7 @@ class EqCoLoss(ContrastiveLoss):
         loss = (log_denominator - pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["mi_bound"] = (math.log1p(alpha) - loss).detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}, num_negatives={self.num_negatives}"

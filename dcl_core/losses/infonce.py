@@ -11,6 +11,7 @@ from dcl_core.losses.base import (
     LossOutput,
     PairSimilarities,
     npc_diagnostics,
+    npc_multiplier,
     similarity_diagnostics,
 )
 
@@ -53,4 +54,4 @@ class InfoNCELoss(ContrastiveLoss):
         k = neg.shape[1]
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["mi_bound"] = (math.log1p(k) - loss).detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics)
+        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))

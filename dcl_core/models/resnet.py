@@ -158,3 +158,15 @@ def build_backbone(
         sum(p.numel() for p in backbone.parameters()),
     )
     return backbone, backbone.feature_dim
+
+
+def last_block_convs(backbone: nn.Module, blocks: int = 2) -> list[nn.Conv2d]:
+    """The last convolution of each of the final ``blocks`` residual blocks (DCL Fig. 5's gradient probes).
+
+    For ResNet-18 these are ``layer4[0].conv2`` and ``layer4[1].conv2``; for ResNet-50 the ``conv3`` of the
+    last two bottlenecks.
+    """
+    found = [m for m in backbone.modules() if isinstance(m, BasicBlock | Bottleneck)]
+    if not found:
+        raise ValueError("backbone has no residual blocks")
+    return [b.conv3 if isinstance(b, Bottleneck) else b.conv2 for b in found[-blocks:]]

@@ -26,6 +26,7 @@ from torch.utils.data import DistributedSampler
 from dcl_core.config import Config, derive, to_flat_dict
 from dcl_core.eval import extract_features, knn_top1, linear_probe
 from dcl_core.eval.linear import LINEAR_PRESETS
+from dcl_core.models import last_block_convs
 from dcl_core.training.builders import build_data, build_framework, build_loss, build_model, build_optimizer
 from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from dcl_core.training.schedule import cosine_lr
@@ -33,6 +34,7 @@ from dcl_core.training.schedule import cosine_lr
 log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
+Q_HIST_BINS = 40  # bins of the per-epoch NPC multiplier histogram over [0, 1] (DCL Fig. 1)
 # Where a run writes and how many threads it uses may change between the interrupted and the resumed process
 # (Ray gives a restored trial a new directory); everything else must match the checkpoint.
 RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
@@ -179,6 +181,8 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     loss_fn = build_loss(cfg, derived)
     framework = build_framework(cfg, model, loss_fn)
+    # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
+    probes = [conv.weight for conv in last_block_convs(_unwrap(model).backbone)]
     optimizer = build_optimizer(cfg, derived, model)
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
 
@@ -239,6 +243,9 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         gen = torch.Generator(device="cpu").manual_seed(_epoch_seed(cfg.seed, epoch, rank))
         framework.train()
         sums: dict[str, torch.Tensor] = {}
+        grad_sum = torch.zeros((), dtype=torch.float64, device=device)
+        grad_sq = torch.zeros((), dtype=torch.float64, device=device)
+        q_hist = torch.zeros(Q_HIST_BINS, dtype=torch.float64, device=device)
         t0 = time.perf_counter()
         for step in range(steps_per_epoch):
             lr = cosine_lr(
@@ -260,6 +267,12 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
                 )
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(out.loss).backward()
+            scaler.unscale_(optimizer)  # true gradients for the probe below (no-op without AMP)
+            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in probes])).double()
+            grad_sum += grad_norm
+            grad_sq += grad_norm**2
+            if out.npc is not None:
+                q_hist += torch.histc(out.npc.float(), bins=Q_HIST_BINS, min=0.0, max=1.0).double()
             scaler.step(optimizer)
             scaler.update()
             framework.after_step()
@@ -269,8 +282,16 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
 
         metrics = {f"train/{k}": float(v) / steps_per_epoch for k, v in sums.items()}
         metrics["train/images_per_s"] = steps_per_epoch * derived.per_rank_batch / train_time
+        grad_mean = float(grad_sum) / steps_per_epoch
+        grad_std = math.sqrt(max(float(grad_sq) / steps_per_epoch - grad_mean**2, 0.0))
+        metrics |= {"train/grad_norm_mean": grad_mean, "train/grad_norm_std": grad_std,
+                    "train/grad_norm_cv": grad_std / grad_mean if grad_mean > 0 else math.nan}
         metrics = _average(metrics, runtime)
         metrics["train/images_per_s"] *= world
+        if world > 1:
+            dist.all_reduce(q_hist)  # counts over every rank's anchors
+        if q_hist.sum() > 0:  # fraction of anchors per bin of q_B over [0, 1]
+            metrics["train/q_hist"] = (q_hist / q_hist.sum()).tolist()  # type: ignore[assignment]
         metrics["train/lr"] = lr
         metrics["epoch"] = epoch + 1
         last = epoch + 1 == cfg.optim.epochs

@@ -169,6 +169,10 @@ def test_output_contract(name):
         assert value.dim() == 0, key
         assert not value.requires_grad, key
         assert torch.isfinite(value), key
+    # Per-anchor q_B for the histogram (Fig. 1): one per anchor, detached, in (0, 1), mean = q_mean.
+    assert out.npc is not None and out.npc.shape == (12,) and not out.npc.requires_grad
+    assert ((out.npc > 0) & (out.npc < 1)).all()
+    assert out.npc.mean().item() == pytest.approx(out.diagnostics["q_mean"].item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("name", LOSS_NAMES)

@@ -60,7 +60,7 @@ def test_parquet_and_csv_round_trip(tmp_path):
     assert len(back) == len(ROWS)
     assert [r["knn_top1"] for r in back] == [r["knn_top1"] for r in ROWS]
     assert back[-1]["status"] == "diverged" and math.isnan(back[-1]["q_mean"] or math.nan)
-    assert csv.read_text().splitlines()[0].startswith('"trial_id","status","loss"')
+    assert csv.read_text().splitlines()[0].startswith('"trial_id","status","series","loss"')
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -70,8 +70,15 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
             assert metric in r.data.metrics, metric
         history = client.get_metric_history(r.info.run_id, "train/loss")
         assert [m.step for m in history] == [1]
+        # Diagnostics: gradient norms (DCL Fig. 5) as metrics, the q_B distribution (Fig. 1) as artifacts.
+        assert {"train/grad_norm_mean", "train/grad_norm_std", "train/grad_norm_cv"} <= set(r.data.metrics)
+        npc = {a.path for a in client.list_artifacts(r.info.run_id, "npc")}
+        assert npc == {"npc/q_hist_epoch0001.json", "npc/q_hist.png"}
+        hist = json.loads(Path(client.download_artifacts(r.info.run_id, "npc/q_hist_epoch0001.json", str(tmp_path)))
+                          .read_text())
+        assert len(hist["fraction"]) == 40 and abs(sum(hist["fraction"]) - 1) < 1e-6
     arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
-    assert {"results.parquet", "results.csv", "temperature_sweep.png", "table.txt"} <= arts
+    assert {"results.parquet", "results.csv", "temperature_sweep.png", "table.txt", "npc_q_hist.png"} <= arts
     assert "infonce/std" in summary[0].data.metrics and "dcl/std" in summary[0].data.metrics
 
 

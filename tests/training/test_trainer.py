@@ -55,6 +55,14 @@ def test_smoke_run_reports_every_metric(tmp_path, loss):
     assert 0.0 <= final["eval/knn_top1"] <= 100.0
     assert 0.0 < final["train/q_mean"] <= 1.0
     assert ("train/mi_bound" in final) == (loss == "infonce")
+    # DCL Fig. 5: gradient-norm statistics of the last residual blocks' last convolutions.
+    assert final["train/grad_norm_mean"] > 0 and final["train/grad_norm_std"] >= 0
+    assert final["train/grad_norm_cv"] == pytest.approx(final["train/grad_norm_std"] / final["train/grad_norm_mean"])
+    # DCL Fig. 1: the q_B histogram is a distribution whose binned mean is the epoch's q_mean (to half a bin).
+    hist = final["train/q_hist"]
+    assert len(hist) == 40 and sum(hist) == pytest.approx(1.0) and min(hist) >= 0
+    binned_mean = sum((i + 0.5) / 40 * h for i, h in enumerate(hist))
+    assert binned_mean == pytest.approx(final["train/q_mean"], abs=1 / 80 + 1e-6)
     lines = (result.output_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["epoch"] for line in lines] == [1, 2]
     state = load_checkpoint(result.output_dir / "checkpoint.pt")
