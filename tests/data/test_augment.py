@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import colorsys
-import time
 from dataclasses import replace
 
 import pytest
@@ -344,20 +343,6 @@ def test_eval_transform_resizes_and_center_crops() -> None:
 # ----------------------------------------------------------------------------------------------------
 # Speed and devices
 # ----------------------------------------------------------------------------------------------------
-
-
-def test_speed_cifar_batch() -> None:
-    # Measured on the 2-core development machine: about 30-50 ms for 256 images into two views.
-    x = _images(256, seed=5)
-    aug = ViewAugmentation(32, jitter_strength=1.0)
-    gen = _gen(0)
-    aug(x, gen)  # warm-up
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        aug(x, gen)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.25  # generous bound against noisy CI machines; the spec target is well under 0.1 s
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
