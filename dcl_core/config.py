@@ -190,11 +190,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "data.jitter_strength": 1.0,
         "eval.linear_preset": "paper",
     },
+    # The ImageNet-style protocol (DCL Tables 3, 5, 6; EqCo Figs. 3-4): ResNet-50, 224 px ImageFolder root
+    # (ImageNet-100 or -1K, pass --data-root), batch 256, 200 epochs, base lr 0.3, tau 0.1.
+    "paper_imagenet": {
+        "data.dataset": "imagefolder",
+        "data.image_size": 224,
+        "data.jitter_strength": 1.0,
+        "model.arch": "resnet50",
+        "model.stem": "imagenet",
+        "model.proj_hidden_dim": 2048,
+        "optim.epochs": 200,
+        "optim.batch_size": 256,
+        "optim.base_lr": 0.3,
+        "loss.temperature": 0.1,
+        "eval.knn_every": 10,
+        "eval.linear_preset": "paper",
+    },
 }
 
 
 def preset(name: str) -> Config:
-    """The config of a named preset (``smoke``, ``cpu``, ``paper``)."""
+    """The config of a named preset (``smoke``, ``cpu``, ``paper``, ``paper_imagenet``)."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     return apply_overrides(Config(), PRESETS[name])

@@ -93,6 +93,24 @@ def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "info
     return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
 
 
+def gap_pairs(names: Sequence[str], better: str = "dcl", base: str = "infonce") -> list[tuple[str, str, str]]:
+    """``(prefix, better_name, base_name)`` for every series pair that differs only in its last part being
+    ``better`` vs ``base``: ``dcl``/``infonce``, or ``moco+dcl``/``moco+infonce`` (prefix ``moco``)."""
+    pairs = []
+    for name in sorted(names):
+        prefix, _, last = str(name).rpartition("+")
+        other = f"{prefix}+{base}" if prefix else base
+        if last == better and other in names:
+            pairs.append((prefix, str(name), other))
+    return pairs
+
+
+def all_gaps(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[Any, float]]:
+    """``{prefix: {x: dcl − infonce}}`` for every DCL/InfoNCE pair of series (prefix ``""`` for plain losses)."""
+    names = list(cells(rows, x_key, series))
+    return {prefix: gaps(rows, x_key, better, base, series) for prefix, better, base in gap_pairs(names)}
+
+
 def _fmt_x(x: Any) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
@@ -124,9 +142,9 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
             line += f"{rob[loss]['std']:>8.2f}{rob[loss]['range']:>8.1f}"
         lines.append(line)
     if gap:
-        g = gaps(rows, x_key, series=series)
-        if g:
-            lines.append(f"{'DCL−base':<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
+        for prefix, g in all_gaps(rows, x_key, series).items():
+            label = f"DCL−base {prefix}".strip()
+            lines.append(f"{label:<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
     if any(cell["failed"] for by_x in c.values() for cell in by_x.values()):
         lines.append("* some seeds failed (diverged or crashed) and are excluded; 'failed' = every seed failed")
     return "\n".join(lines)

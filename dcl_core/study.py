@@ -345,8 +345,11 @@ def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume
                      if k not in searched}
         constants.update({k: v for k, v in group.items()})
         param_space = {}
+        # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up
+        # phase (Optuna's default: 10) would be the whole search.
+        sampler = TPESampler(seed=seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
         search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=METRIC, mode="max",
-                                  sampler=TPESampler(seed=seed))
+                                  sampler=sampler)
         num_samples = spec.num_samples
     scheduler = None
     if asha:
@@ -437,6 +440,7 @@ def _rows(results: Any) -> list[Row]:
             "q_hist": m.get("train/q_hist"),
             "images_per_s": m.get("train/images_per_s"),
             "error": str(result.error).splitlines()[0][:300] if result.error else None,
+            "config": c,  # not a table column: the search report reads the sampled values from it
         })
     return rows
 
@@ -456,20 +460,37 @@ def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri:
         r["series"] = "+".join(str(r.get(c)) for c in spec.series)
     summary_dir = output_dir / "summary"
     parquet, csv = write_table(rows, summary_dir)
-    table = format_table(rows, x, spec.x_label, gap=spec.gap, series="series")
-    (summary_dir / "table.txt").write_text(table + "\n")
-    png = plot(rows, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x,
+    shown = rows
+    if spec.search:
+        from dcl_core.search_report import best_per_cell, format_trials
+
+        searched = {_X_COLUMN.get(k, k) for k in keys_of(spec.search)}
+        if x in searched:  # every trial has its own x: list the trials instead of a cell table
+            table = format_trials(rows, spec.search)
+        else:  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
+            shown = best_per_cell(rows, x)
+            table = format_table(shown, x, spec.x_label, gap=spec.gap, series="series")
+    else:
+        table = format_table(rows, x, spec.x_label, gap=spec.gap, series="series")
+    png = plot(shown, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x,
                series="series")
     files = [parquet, csv, png, summary_dir / "table.txt"]
     q_png = plot_q_hists(rows, x, spec.x_label, summary_dir / "npc_q_hist.png", series="series")
     if q_png is not None:
         files.append(q_png)
-    rob = robustness(rows, x, series="series")
+    if spec.search:
+        from dcl_core.search_report import format_best, write_search_plots
+
+        table += "\n\n" + format_best(rows, spec.search)
+        files += write_search_plots(rows, spec.search, summary_dir)
+    (summary_dir / "table.txt").write_text(table + "\n")
+    rob = robustness(shown, x, series="series")
     metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
     if spec.gap:
-        from dcl_core.reporting import gaps
+        from dcl_core.reporting import all_gaps
 
-        metrics |= {f"gap_dcl_minus_infonce/{x}_{k}": v for k, v in gaps(rows, x, series="series").items()}
+        for prefix, g in all_gaps(shown, x, series="series").items():
+            metrics |= {f"gap_dcl_minus_infonce/{prefix + '_' if prefix else ''}{x}_{k}": v for k, v in g.items()}
     metrics["trials"] = len(rows)
     metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
     tracking.log_summary_run(tracking_uri, spec.name, f"{spec.name}-summary", metrics, files, tags)

@@ -11,6 +11,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from dcl_core.config import ConfigError
 
@@ -65,9 +66,27 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
-def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None) -> int:
-    """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment."""
-    args = build_parser(doc, default_name).parse_args(argv)
+def base_config(args: argparse.Namespace, base: tuple[str, dict[str, Any]]) -> Any:
+    """A study preset's base config: ``(core preset, overrides)``, then ``--data-root``, then ``--set``."""
+    from dcl_core.config import apply_overrides, preset
+
+    name, overrides = base
+    overrides = {**overrides, **({"data.root": args.data_root} if args.data_root else {})}
+    return apply_overrides(apply_overrides(preset(name), overrides), parse_overrides(args.set))
+
+
+def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(x.strip() for x in args.losses.split(",")) if args.losses else default
+
+
+def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
+         defaults: dict[str, Any] | None = None) -> int:
+    """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment.
+
+    ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``)."""
+    parser = build_parser(doc, default_name)
+    parser.set_defaults(**(defaults or {}))
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from dcl_core.data import DataError, resolve_data_root

@@ -10,6 +10,12 @@ from typing import Any, Union
 PAPER_TAU_GRID: tuple[float, ...] = (0.07, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # DCL Table 1: batch sizes 32..512.
 PAPER_BATCH_SIZES: tuple[int, ...] = (32, 64, 128, 256, 512)
+# DCL Table 5: MoCo-v2 queue sizes (ImageNet-100 columns; ImageNet-1K uses 64, 256, 65536).
+PAPER_QUEUE_SIZES: tuple[int, ...] = (32, 64, 128, 256, 8192)
+# EqCo Fig. 3 (SimCLR, alpha = 256) / Fig. 4 (SiMo, alpha = 256): negatives per query.
+PAPER_EQCO_KS: tuple[int, ...] = (16, 32, 64, 128, 256)
+# DCL Eq. 7 / Table 2: sigma = 0.5; a very large sigma is DCL (w -> 1).
+PAPER_SIGMA_GRID: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 1000.0)
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,8 @@ SPACES: dict[str, Space] = {
     "sigma": SIGMA,
     "alpha": ALPHA,
     "batch_grid": {"optim.batch_size": Grid(PAPER_BATCH_SIZES)},
+    "queue_grid": {"framework.queue_size": Grid(PAPER_QUEUE_SIZES)},
+    "sigma_grid": {"loss.sigma": Grid(PAPER_SIGMA_GRID)},
 }
 
 
@@ -125,3 +133,18 @@ class OptunaSpace:
 def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Callable[[Any], dict[str, Any]]:
     """The define-by-run function of ``space`` (see :class:`OptunaSpace`)."""
     return OptunaSpace(space, constants)
+
+
+def optuna_distributions(space: Space) -> dict[str, Any]:
+    """Optuna distributions of every sampled key (conditional ones included), e.g. to rebuild a study."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    out: dict[str, Any] = {}
+    for key, dist in space.items():
+        if isinstance(dist, Conditional):
+            out |= optuna_distributions(dist.params)
+        elif isinstance(dist, LogUniform):
+            out[key] = FloatDistribution(dist.low, dist.high, log=True)
+        elif isinstance(dist, Choice | Grid):
+            out[key] = CategoricalDistribution(list(dist.values))
+    return out

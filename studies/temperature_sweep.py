@@ -20,9 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.config import apply_overrides, preset
 from dcl_core.study import StudySpec
-from dcl_core.study_cli import main, parse_overrides
+from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 
 # Per preset: base config, τ grid, losses, seeds, Optuna trials per loss.
@@ -50,10 +49,8 @@ PRESETS = {
 
 def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
-    name, overrides = p["base"]
-    overrides = {**overrides, **({"data.root": args.data_root} if args.data_root else {})}
-    base = apply_overrides(apply_overrides(preset(name), overrides), parse_overrides(args.set))
-    losses = tuple(args.losses.split(",")) if args.losses else p["losses"]
+    base = base_config(args, p["base"])
+    losses = losses_arg(args, p["losses"])
     seeds = tuple(range(args.seeds or p["seeds"]))
     grid = {"loss.name": Grid(losses)}
     if args.search == "grid":  # an Optuna search runs once per loss (seed 0)

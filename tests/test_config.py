@@ -75,7 +75,10 @@ def test_numpy_and_optuna_style_values_are_accepted():
 
 
 def test_presets():
-    assert set(PRESETS) == {"smoke", "cpu", "paper"}
+    assert set(PRESETS) == {"smoke", "cpu", "paper", "paper_imagenet"}
+    imagenet = preset("paper_imagenet")
+    assert (imagenet.model.arch, imagenet.model.stem, imagenet.data.image_size) == ("resnet50", "imagenet", 224)
+    assert (imagenet.data.dataset, imagenet.optim.batch_size, imagenet.optim.epochs) == ("imagefolder", 256, 200)
     paper = preset("paper")
     # DCL Sec. 4.1: ResNet-18, 200 epochs, base lr 0.03 * bs/256, tau 0.07 on CIFAR; kNN k=200 t=0.1.
     assert (paper.model.arch, paper.model.width, paper.model.stem) == ("resnet18", 1.0, "cifar")
