@@ -1,0 +1,68 @@
+"""Does EqCo keep accuracy steady as the number of negatives K shrinks? (EqCo Fig. 3 SimCLR, Fig. 4 SiMo)
+
+EqCo scales the negatives' sum by α/K (margin τ·log(α/K)), so training with K negatives "mimics" α of them;
+without it (α = K, i.e. InfoNCE over the same K negatives) accuracy drops at small K. This study trains SimCLR
+(K in-batch negatives sampled per anchor) and SiMo (momentum keys, K sampled per query) at several K, each
+with α = K and with α fixed (256, the paper's value), and prints kNN top-1 per (framework, α) across K.
+``eqco(α=K)`` is exactly InfoNCE with K negatives (tested identity). One MLflow run per trial plus a summary.
+
+    python studies/eqco_negatives_sweep.py                  # CPU default: 2 cores, ~10 min
+    python studies/eqco_negatives_sweep.py --smoke          # ~1-2 min, for tests
+    python studies/eqco_negatives_sweep.py --search optuna  # TPE over α per (framework, K)
+    ray job submit --working-dir . -- python studies/eqco_negatives_sweep.py --preset paper \\
+        --data-root /data/imagenet --gpus-per-worker 1 --workers 8
+
+Cost: cpu = 2 frameworks × 3 K × 2 α, 6 epochs each on 2,500 CIFAR-10 images; paper = ImageNet, ResNet-50,
+batch 256, 200 epochs, K ∈ {16, 32, 64, 128, 256} (SiMo's largest K is the N−1 = 255 other keys).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dcl_core.config import ConfigError
+from dcl_core.study import StudySpec
+from dcl_core.study_cli import base_config, main
+from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
+
+PRESETS = {
+    "smoke": dict(base=("smoke", {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
+                                  "loss.temperature": 0.2}),
+                  ks=(4, 16), alpha=256.0, seeds=1, samples=2),
+    # 2 frameworks x 3 K x 2 alpha on 2,500 images; batch 64 so SiMo has up to 63 keys per query.
+    "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
+                              "data.test_per_class": 100, "optim.epochs": 6, "optim.batch_size": 64,
+                              "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0, "loss.temperature": 0.2,
+                              "framework.momentum": 0.99, "eval.knn_every": 6}),
+                ks=(4, 16, 63), alpha=256.0, seeds=1, samples=6),
+    # EqCo Figs. 3-4: ImageNet, ResNet-50, N = 256 queries, 200 epochs, tau 0.2, alpha 256.
+    "paper": dict(base=("paper_imagenet", {"loss.temperature": 0.2, "optim.base_lr": 0.03}),
+                  ks=PAPER_EQCO_KS, alpha=256.0, seeds=1, samples=8),
+}
+
+
+def build_spec(args) -> StudySpec:
+    if args.losses:
+        raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
+    p = PRESETS[args.preset]
+    base = base_config(args, p["base"])
+    n = base.optim.batch_size
+    common = {"loss.name": "eqco"}
+    if args.search == "grid":  # an Optuna search runs once per (framework, K), seed 0, over α
+        common |= {"loss.alpha": Grid((None, p["alpha"])), "seed": Grid(tuple(range(args.seeds or p["seeds"])))}
+    grids = [
+        {"framework.name": "simclr", "loss.num_negatives": Grid(tuple(min(k, 2 * n - 2) for k in p["ks"])),
+         **common},
+        {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in p["ks"])),
+         **common},
+    ]
+    return StudySpec(
+        name=args.name, base=base, grid=grids, x_key="num_negatives", x_label="K", log_x=True,
+        series=("framework", "method"), search=ALPHA if args.search == "optuna" else None,
+        num_samples=args.num_samples or p["samples"], title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(__doc__, "eqco_negatives_sweep", build_spec))

@@ -1,0 +1,77 @@
+"""Every study script, at every preset and search mode, builds a spec whose every trial is a valid config
+(checked before Ray would start), and its CLI rejects what the study does not support with exit code 2."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcl_core.config import ConfigError, apply_overrides
+from dcl_core.study import grid_points, validate_spec
+from dcl_core.study_cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+STUDIES = sorted(p.stem for p in (REPO / "studies").glob("*.py") if p.stem != "eqco_mi_toy")
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"study_{name}", REPO / "studies" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def args_for(name, *argv):
+    return build_parser("", name).parse_args(list(argv))
+
+
+def test_every_study_is_covered():
+    assert set(STUDIES) >= {"temperature_sweep", "batch_size_sweep", "eqco_negatives_sweep", "queue_size_sweep",
+                            "dclw_sigma_sweep", "tau_lr_search", "few_epochs"}
+
+
+@pytest.mark.parametrize("name", STUDIES)
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
+@pytest.mark.parametrize("search", ["grid", "optuna"])
+def test_presets_build_valid_specs(name, preset, search):
+    module = load(name)
+    args = args_for(name, "--preset", preset, "--search", search)
+    if name == "tau_lr_search" and search == "grid":
+        with pytest.raises(ConfigError, match="Optuna search"):
+            module.build_spec(args)
+        return
+    spec = module.build_spec(args)
+    validate_spec(spec)
+    assert (spec.search is not None) == (search == "optuna")
+    for grid in spec.grids:
+        for point in grid_points(grid):
+            apply_overrides(spec.base, point)
+
+
+def test_eqco_study_pairs_each_k_with_and_without_eqco():
+    spec = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep"))
+    simclr, simo = spec.grids
+    points = grid_points(simclr)
+    assert {(p["loss.num_negatives"], p["loss.alpha"]) for p in points} == {
+        (k, a) for k in (4, 16, 63) for a in (None, 256.0)
+    }
+    assert {p["framework.num_negatives"] for p in grid_points(simo)} == {4, 16, 63}
+    # The paper preset caps SiMo's K at the N-1 = 255 other keys of a 256-image batch.
+    paper = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep", "--preset", "paper"))
+    assert max(p["framework.num_negatives"] for p in grid_points(paper.grids[1])) == 255
+
+
+@pytest.mark.parametrize(("name", "argv", "needle"), [
+    ("eqco_negatives_sweep", ["--losses", "dcl"], "fixes the loss"),
+    ("dclw_sigma_sweep", ["--losses", "dcl"], "dclw only"),
+    ("tau_lr_search", ["--search", "grid"], "Optuna search"),
+    ("queue_size_sweep", ["--losses", "align_uniform"], "align_uniform"),
+])
+def test_unsupported_options_exit_2_with_one_line(tmp_path, name, argv, needle):
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir",
+                           str(tmp_path), *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr
