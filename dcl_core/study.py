@@ -383,6 +383,12 @@ def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume
     return tuner.fit()
 
 
+def summary_dir(output_dir: Path, study: str) -> Path:
+    """Where a study's table, plots and Parquet go: one folder per study, so studies sharing an output
+    directory (and its MLflow store) never overwrite each other's summaries."""
+    return output_dir / "summary" / study
+
+
 def _derived(c: dict[str, Any]) -> tuple[int | None, float | None]:
     """(K, α actually used) of a trial's configuration, from the one place that derives them."""
     try:
@@ -458,8 +464,8 @@ def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri:
     x = _X_COLUMN.get(spec.x_key, spec.x_key)
     for r in rows:
         r["series"] = "+".join(str(r.get(c)) for c in spec.series)
-    summary_dir = output_dir / "summary"
-    parquet, csv = write_table(rows, summary_dir)
+    out_dir = summary_dir(output_dir, spec.name)
+    parquet, csv = write_table(rows, out_dir)
     shown = rows
     if spec.search:
         from dcl_core.search_report import best_per_cell, format_trials
@@ -472,18 +478,18 @@ def _summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracking_uri:
             table = format_table(shown, x, spec.x_label, gap=spec.gap, series="series")
     else:
         table = format_table(rows, x, spec.x_label, gap=spec.gap, series="series")
-    png = plot(shown, x, spec.x_label, summary_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x,
+    png = plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name, log_x=spec.log_x,
                series="series")
-    files = [parquet, csv, png, summary_dir / "table.txt"]
-    q_png = plot_q_hists(rows, x, spec.x_label, summary_dir / "npc_q_hist.png", series="series")
+    files = [parquet, csv, png, out_dir / "table.txt"]
+    q_png = plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series="series")
     if q_png is not None:
         files.append(q_png)
     if spec.search:
         from dcl_core.search_report import format_best, write_search_plots
 
         table += "\n\n" + format_best(rows, spec.search)
-        files += write_search_plots(rows, spec.search, summary_dir)
-    (summary_dir / "table.txt").write_text(table + "\n")
+        files += write_search_plots(rows, spec.search, out_dir)
+    (out_dir / "table.txt").write_text(table + "\n")
     rob = robustness(shown, x, series="series")
     metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
     if spec.gap:

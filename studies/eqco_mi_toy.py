@@ -37,7 +37,8 @@ def main(argv=None) -> int:
     p.add_argument("--preset", choices=tuple(PRESETS), default="paper", help="paper (default, CPU-sized) or smoke")
     p.add_argument("--smoke", dest="preset", action="store_const", const="smoke")
     p.add_argument("--alpha", type=float, default=512.0, help="EqCo alpha (paper: 512)")
-    p.add_argument("--output-dir", default="outputs/eqco_mi_toy")
+    p.add_argument("--output-dir", default="outputs",
+                   help="study folder shared with the other studies: MLflow store, summary/eqco_mi_toy/")
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in OUTPUT_DIR)")
     p.add_argument("--num-cpus", type=int, default=None)
     args = p.parse_args(argv)
@@ -50,11 +51,12 @@ def main(argv=None) -> int:
     from dcl_core import tracking
     from dcl_core.mi_toy import format_table5, plot_table5
     from dcl_core.reporting import write_rows
-    from dcl_core.study import init_ray
+    from dcl_core.study import init_ray, summary_dir
 
     pr = PRESETS[args.preset]
-    out = Path(args.output_dir).expanduser().resolve()
-    uri = args.tracking_uri or tracking.default_tracking_uri(out)
+    root = Path(args.output_dir).expanduser().resolve()
+    out = summary_dir(root, "eqco_mi_toy")
+    uri = args.tracking_uri or tracking.default_tracking_uri(root)
     configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
                for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
     init_ray(None, args.num_cpus)
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
     table = format_table5(rows, pr["ks"])
     files = [*write_rows(rows, out, "mi_toy"), plot_table5(rows, out / "mi_toy.png")]
     (out / "table.txt").write_text(table + "\n")
-    tracking.ensure_experiment(uri, "eqco_mi_toy", artifact_root=out / "mlartifacts")
+    tracking.ensure_experiment(uri, "eqco_mi_toy", artifact_root=root / "mlartifacts")
     tracking.log_summary_run(uri, "eqco_mi_toy", "eqco_mi_toy-summary",
                              {f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
                              [*files, out / "table.txt"], {"study": "eqco_mi_toy", "git_commit": tracking.git_commit()},

@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.data import resolve_data_root
 from dcl_core.reporting import read_table
+from dcl_core.study import summary_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def run_study(name, out, *args):
         capture_output=True, text=True, timeout=900, cwd=REPO, env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, name) / "results.parquet")
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name(name)
     runs = client.search_runs([exp.experiment_id], max_results=1000)

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.data import resolve_data_root
 from dcl_core.reporting import read_table
+from dcl_core.study import summary_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -124,7 +125,7 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
             time.sleep(5)
         assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-2000:]
         assert "succeeded" in (job.stdout + job.stderr).lower()
-        assert len(read_table(out / "summary" / "results.parquet")) == 2
+        assert len(read_table(summary_dir(out, "temperature_sweep") / "results.parquet")) == 2
 
         client = MlflowClient(tracking_uri=tracking)
         exp = client.get_experiment_by_name("temperature_sweep")

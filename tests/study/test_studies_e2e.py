@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
 from dcl_core.reporting import read_table
+from dcl_core.study import summary_dir
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -55,7 +56,7 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert "tau" in proc.stdout and "Std" in proc.stdout and "infonce" in proc.stdout and "dcl" in proc.stdout
     assert "temperature_sweep.png" in proc.stdout and "experiment 'temperature_sweep'" in proc.stdout
 
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
     assert {(r["loss"], r["temperature"]) for r in rows} == {(lo, t) for lo in ("infonce", "dcl") for t in (0.1, 0.5)}
 
@@ -86,7 +87,7 @@ def test_batch_study_with_optuna_search(tmp_path):
     out = tmp_path / "b"
     proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--search", "optuna", "--num-samples", "2"))
     assert "DCL−base" in proc.stdout  # Table 1's gap row
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, "batch_size_sweep") / "results.parquet")
     # one Optuna search (2 samples) per (loss, batch size); tau and lr sampled inside the space's bounds
     assert len(rows) == 8 and sorted({r["batch_size"] for r in rows}) == [16, 32]
     assert all(0.05 <= r["temperature"] <= 1.0 and 0.003 <= r["base_lr"] <= 0.3 for r in rows)
@@ -167,7 +168,7 @@ def test_resume_after_killed_driver(tmp_path):
     resumed = _epochs(exp / partial / "run" / "metrics.jsonl")
     assert resumed.count(1) == 1 and resumed[-1] == epochs and max(resumed.count(e) for e in resumed) <= 2
     assert killed_at < epochs
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == epochs for r in rows)
     client, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2  # one MLflow run per trial, even across the resume
@@ -182,7 +183,7 @@ def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path):
         study_cmd("temperature_sweep.py", out, "--smoke", "--losses", "dcl", "--set", "optim.epochs=3"),
         env={"DCL_CRASH_ONCE_AT_EPOCH": "2"},
     )
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == 3 for r in rows)
     for d in (out / "ray_results" / "temperature_sweep").glob("dcl_*"):
         assert (d / ".crashed_once").exists()
@@ -236,7 +237,7 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
         ),
         timeout=600,
     )
-    rows = read_table(out / "summary" / "results.parquet")
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     _, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
