@@ -348,6 +348,9 @@ def validate(cfg: Config) -> None:
       queue (``framework.queue_size``); with simo: SiMo samples its keys itself (``framework.num_negatives``),
       and sampling twice would make K ambiguous.
     - ``framework.num_negatives`` with anything but simo (it is SiMo's K).
+    - ``loss.alpha`` with any loss but eqco. Scaling the negatives' sum by α/K matters only while the positive
+      is in the denominator: in DCL/DCLW it adds the constant log(α/K) to the loss and changes no gradient
+      (and InfoNCE would silently ignore it), so a study that sets α on another loss is a mistake.
 
     Every other pair is meaningful: InfoNCE, DCL, DCLW, DCLW-exp and EqCo all take ``PairSimilarities``.
     EqCo's α only changes gradients because the positive stays in the denominator (its margin τ·log(α/K)
@@ -407,6 +410,11 @@ def validate(cfg: Config) -> None:
         )
     if cfg.loss.num_negatives and cfg.loss.name != "eqco":
         raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
+    if cfg.loss.alpha is not None and cfg.loss.name != "eqco":
+        raise ConfigError(
+            f"loss.alpha is EqCo's and has no effect with loss.name={cfg.loss.name}: scaling the negatives by "
+            "alpha/K only changes gradients while the positive is in the denominator; use loss.name=eqco"
+        )
     _validate_framework(cfg)
     if cfg.optim.warmup_epochs > cfg.optim.epochs:
         raise ConfigError(

@@ -105,25 +105,35 @@ def grid_points(grid: Space) -> list[dict[str, Any]]:
 
 
 def validate_spec(spec: StudySpec) -> None:
-    """Apply every grid point (and each search space's bounds) to the base config; ConfigError if any fails."""
+    """Apply every grid point, and at each point both ends of every range its search can sample, to the base
+    config; ConfigError (one line) if any trial the study could run is invalid."""
     for key in set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set()):
         if key not in CONFIG_KEYS:
             raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
-    for grid in spec.grids:
-        for point in grid_points(grid):
-            apply_overrides(spec.base, point)
+    points = [apply_overrides(spec.base, point) for grid in spec.grids for point in grid_points(grid)]
     if spec.search:
-        from search_spaces import LogUniform
+        for cfg in points:
+            _validate_search(cfg, spec.search, sampled=keys_of(spec.search))
 
-        def bounds(space: Space) -> None:
-            for key, dist in space.items():
-                if isinstance(dist, LogUniform):
-                    apply_overrides(spec.base, {key: dist.low})
-                    apply_overrides(spec.base, {key: dist.high})
-                elif hasattr(dist, "params"):
-                    bounds(dist.params)
 
-        bounds(spec.search)
+def _validate_search(cfg: Config, space: Space, sampled: set[str]) -> None:
+    """Every extreme value ``space`` can give a trial starting from ``cfg``. A conditional branch is checked
+    where a trial can enter it: its key is fixed to a matching value, or sampled (then for each match)."""
+    from search_spaces import Choice, Conditional, LogUniform
+
+    for key, dist in space.items():
+        if isinstance(dist, LogUniform):
+            for value in (dist.low, dist.high):
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Choice | Grid):
+            for value in dist.values:
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Conditional):
+            if dist.key in sampled:
+                for value in dist.equals:
+                    _validate_search(apply_overrides(cfg, {dist.key: value}), dist.params, sampled)
+            elif to_flat_dict(cfg)[dist.key] in dist.equals:
+                _validate_search(cfg, dist.params, sampled)
 
 
 # ------------------------------------------------------------------------------------------------------------

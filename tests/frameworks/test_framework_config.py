@@ -52,6 +52,10 @@ def test_defaults_and_names():
         ({"framework.name": "nnclr", "loss.name": "eqco", "loss.num_negatives": 32}, "exceeds the N-1=31"),
         ({"loss.name": "eqco", "loss.num_negatives": 63}, "exceeds the 2N-2=62"),
         ({"loss.name": "dcl", "loss.num_negatives": 8, "framework.name": "moco"}, "only defined for loss.name=eqco"),
+        # EqCo's alpha is meaningless once the positive leaves the denominator (and ignored by the others).
+        ({"loss.name": "dcl", "loss.alpha": 256.0}, "no effect with loss.name=dcl"),
+        ({"framework.name": "moco", "loss.name": "dclw", "loss.alpha": 256.0}, "no effect with loss.name=dclw"),
+        ({"framework.name": "simo", "loss.name": "infonce", "loss.alpha": 256.0}, "use loss.name=eqco"),
     ],
 )
 def test_bad_values_and_pairs_raise_one_line(overrides, match):

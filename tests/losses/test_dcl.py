@@ -158,3 +158,33 @@ def test_library_gradient_is_mean_of_decoupled_gradients(n, d, tau):
     # ... and it is not the coupled (InfoNCE) gradient.
     coupled = torch.stack(prop1_view_gradients(views, tau, coupled=True))
     assert not torch.allclose(g1, project_to_tangent(coupled[:n], z1), **grad_tol(tau))
+
+
+@pytest.mark.parametrize("ratio", [1 / 64, 4.0, 256.0])
+def test_eqco_scaling_of_negatives_is_a_constant_for_dcl_but_not_for_infonce(ratio):
+    """Why the config rejects loss.alpha outside EqCo: with the positive out of the denominator, scaling the
+    negatives' sum by α/K (EqCo Eq. 12) adds log(α/K) to every anchor's loss and leaves the gradient alone."""
+    tau = 0.2
+    z1, z2 = random_pair(6, 8, seed=11)  # the library's similarities are fp32: compare at fp32 tolerance
+
+    def value_and_grads(loss_fn, shift):
+        a = z1.clone().requires_grad_(True)
+        b = z2.clone().requires_grad_(True)
+        sims = two_view_similarities(a, b)
+        # + τ·log(α/K) on each negative similarity = the negatives' exp-sum scaled by α/K.
+        scaled = PairSimilarities(pos=sims.pos, neg=sims.neg + tau * shift, pos_batch=sims.pos_batch)
+        loss = loss_fn.from_similarities(scaled).loss
+        loss.backward()
+        return loss.detach(), a.grad, b.grad
+
+    shift = math.log(ratio)
+    dcl_plain, *dcl_grads = value_and_grads(DCLLoss(tau), 0.0)
+    dcl_scaled, *dcl_scaled_grads = value_and_grads(DCLLoss(tau), shift)
+    torch.testing.assert_close(dcl_scaled, dcl_plain + shift)
+    for g, h in zip(dcl_grads, dcl_scaled_grads, strict=True):
+        torch.testing.assert_close(g, h, atol=1e-6, rtol=1e-5)
+    # InfoNCE's positive competes with the scaled sum, so the same scaling moves its gradient substantially.
+    _, *nce_grads = value_and_grads(InfoNCELoss(tau), 0.0)
+    _, *nce_scaled_grads = value_and_grads(InfoNCELoss(tau), shift)
+    for g, h in zip(nce_grads, nce_scaled_grads, strict=True):
+        assert (g - h).abs().max() > 0.1 * g.abs().max()

@@ -75,3 +75,26 @@ def test_unsupported_options_exit_2_with_one_line(tmp_path, name, argv, needle):
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr
+
+
+def test_search_bounds_are_checked_where_a_trial_can_reach_them():
+    from dcl_core.config import preset
+    from dcl_core.study import StudySpec
+    from search_spaces import ALPHA, Choice, Conditional, Grid, LogUniform
+
+    base = preset("smoke")
+    bad_sigma = {"dclw.sigma": Conditional("loss.name", ("dclw",), {"loss.sigma": LogUniform(-1.0, 4.0)})}
+
+    def spec(losses, search):
+        return StudySpec(name="s", base=base, grid={"loss.name": Grid(losses)}, x_key="loss.temperature",
+                         x_label="tau", search=search)
+
+    # EqCo's alpha is checked with loss.name=eqco (the base's dcl would reject any alpha).
+    validate_spec(spec(("dcl", "eqco"), ALPHA))
+    # A bad range behind a condition no grid point meets is never sampled ...
+    validate_spec(spec(("dcl", "infonce"), bad_sigma))
+    # ... but is an error as soon as one point (or a sampled condition) can enter it.
+    with pytest.raises(ConfigError, match=r"loss\.sigma must be > 0"):
+        validate_spec(spec(("dcl", "dclw"), bad_sigma))
+    with pytest.raises(ConfigError, match=r"loss\.sigma must be > 0"):
+        validate_spec(spec(("dcl",), {"loss.name": Choice(("dcl", "dclw")), **bad_sigma}))
