@@ -470,6 +470,15 @@ def _validate_framework(cfg: Config) -> None:
         )
 
 
+def check_device(device: str) -> None:
+    """ConfigError (one line, before any compute) if ``device=cuda`` is asked for on a machine without CUDA."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but this machine has no usable CUDA device; use device=auto or cpu")
+
+
 def _get(cfg: Config, key: str) -> Any:
     obj: Any = cfg
     for part in key.split("."):

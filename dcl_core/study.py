@@ -15,7 +15,6 @@ import functools
 import logging
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -155,8 +154,12 @@ def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Confi
     return from_flat_dict(flat)
 
 
-def trainable(config: dict[str, Any], resources: Resources = Resources()) -> None:
-    """One study trial: one configuration of the core trainer, reporting every epoch to Tune."""
+def trainable(config: dict[str, Any], resources: Resources = Resources(), train_storage: str | None = None) -> None:
+    """One study trial: one configuration of the core trainer, reporting every epoch to Tune.
+
+    ``train_storage`` (a path or URI every node reaches, e.g. under the study's Ray storage) holds a DDP
+    trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes.
+    """
     from dcl_core import tracking
     from dcl_core.training import NonFiniteLossError, train
 
@@ -195,7 +198,7 @@ def trainable(config: dict[str, Any], resources: Resources = Resources()) -> Non
         ),
         # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2).
         run_config=RunConfig(
-            name=f"train-{trial_id}", storage_path=str(trial_dir.parent / "_train"),
+            name=f"train-{trial_id}", storage_path=train_storage or str(trial_dir.parent / "_train"),
             callbacks=[TuneReportCallback()],
         ),
     )
@@ -269,6 +272,31 @@ def _varied_keys(spec: StudySpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
+def storage_join(storage: str, name: str) -> str:
+    """``storage/name`` for a local path or a URI (``s3://``, ``gs://``, ``file://``); pathlib would fold the
+    URI's ``//`` into a local directory named ``s3:``."""
+    return f"{storage.rstrip('/')}/{name}"
+
+
+def _absolute_storage(storage: str) -> str:
+    """A URI as given; a local path made absolute (Tune runs each trial in its own working directory)."""
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+
+
+def _storage_exists(uri: str) -> bool:
+    import pyarrow.fs
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+    return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+
+
+def _storage_delete(uri: str) -> None:
+    import pyarrow.fs
+
+    fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+    fs.delete_dir(path)
+
+
 def _experiment_name(spec: StudySpec, group: dict[str, Any]) -> str:
     suffix = "-".join(f"{v}" for v in group.values())
     return f"{spec.name}-{suffix}" if suffix else spec.name
@@ -296,19 +324,18 @@ def run_study(
 
     validate_spec(spec)
     output_dir = output_dir.expanduser().resolve()
-    storage_path = storage or str(output_dir / "ray_results")
+    storage_path = _absolute_storage(storage) if storage else str(output_dir / "ray_results")
     tracking_uri = tracking_uri or tracking.default_tracking_uri(output_dir)
     groups = _search_groups(spec)
-    exp_dirs = [Path(storage_path) / _experiment_name(spec, g) for _, g in groups]
-    if not storage_path.startswith(("s3://", "gs://")):
-        existing = [d for d in exp_dirs if d.exists()]
-        if existing and not (resume or overwrite):
-            raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
-        if resume and not existing:
-            raise ConfigError(f"nothing to resume at {exp_dirs[0]}")
-        if overwrite and not resume:
-            for d in existing:
-                shutil.rmtree(d)
+    exp_uris = [storage_join(storage_path, _experiment_name(spec, g)) for _, g in groups]
+    existing = [u for u in exp_uris if _storage_exists(u)]
+    if existing and not (resume or overwrite):
+        raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
+    if resume and not existing:
+        raise ConfigError(f"nothing to resume at {exp_uris[0]}")
+    if overwrite and not resume:
+        for uri in existing:
+            _storage_delete(uri)
 
     output_dir.mkdir(parents=True, exist_ok=True)
     init_ray(address, num_cpus)
@@ -316,9 +343,9 @@ def run_study(
     tags = {"study": spec.name, "git_commit": tracking.git_commit()}
 
     rows: list[Row] = []
-    for (grid, group), exp_dir in zip(groups, exp_dirs, strict=True):
-        results = _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent,
-                             asha, max_failures, seed, save_checkpoint_artifact)
+    for (grid, group), exp_uri in zip(groups, exp_uris, strict=True):
+        results = _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri, tags, resume,
+                             max_concurrent, asha, max_failures, seed, save_checkpoint_artifact)
         rows.extend(_rows(results))
     return _summarize(spec, rows, output_dir, tracking_uri, tags)
 
@@ -335,8 +362,8 @@ def _search_groups(spec: StudySpec) -> list[tuple[Space, dict[str, Any]]]:
             for p in grid_points(g)]
 
 
-def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume, max_concurrent, asha,
-               max_failures, seed, save_artifact):
+def _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri, tags, resume, max_concurrent,
+               asha, max_failures, seed, save_artifact):
     from ray import tune
 
     from dcl_core import tracking
@@ -370,9 +397,13 @@ def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume
     callback = tracking.StudyMLflowCallback(
         tracking_uri, spec.name, tags, tag_keys={"loss": "loss.name", "seed": "seed"}, save_artifact=save_artifact
     )
-    fn = tune.with_resources(tune.with_parameters(trainable, resources=resources), resources.trial_resources())
-    if resume:
-        tuner = tune.Tuner.restore(str(exp_dir), trainable=fn, resume_unfinished=True, resume_errored=True)
+    fn = tune.with_resources(
+        tune.with_parameters(trainable, resources=resources, train_storage=storage_join(exp_uri, "_train")),
+        resources.trial_resources(),
+    )
+    # A study of several experiments may have been killed before its later ones started: those start afresh.
+    if resume and tune.Tuner.can_restore(exp_uri):
+        tuner = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True)
     else:
         tuner = tune.Tuner(
             fn,
@@ -384,7 +415,7 @@ def _run_group(spec, grid, group, exp_dir, resources, tracking_uri, tags, resume
                 trial_dirname_creator=functools.partial(_trial_name, keys=_varied_keys(spec)),
             ),
             run_config=tune.RunConfig(
-                name=exp_dir.name, storage_path=str(exp_dir.parent),
+                name=exp_uri.rsplit("/", 1)[1], storage_path=storage_path,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[callback], verbose=1,

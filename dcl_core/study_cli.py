@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -89,7 +90,7 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    from dcl_core.data import DataError, resolve_data_root
+    from dcl_core.data import DataError, check_dataset, resolve_data_root
     from dcl_core.study import Resources, run_study, summary_lines, validate_spec
 
     try:
@@ -103,14 +104,21 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
             raise ConfigError("--resume and --overwrite exclude each other")
         spec = build_spec(args)
         validate_spec(spec)
-        if spec.base.data.root is None and not args.address:
-            resolve_data_root(spec.base.data.dataset, None)
-        data_root = spec.base.data.root or str(resolve_data_root(spec.base.data.dataset, None))
+        data = spec.base.data
+        on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+        if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
+            root = data.root or str(resolve_data_root(data.dataset, None, data.download))
+        else:
+            root = str(check_dataset(data.dataset, data.root, data.download))
+            if args.gpus_per_worker > 0:
+                import torch
+
+                if not torch.cuda.is_available():
+                    raise ConfigError("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device "
+                                      "here); submit to a GPU cluster (--address or ray job submit)")
         from dcl_core.study import with_base
 
-        spec = with_base(spec, {"data.root": str(Path(data_root).expanduser().resolve())})
-        if not args.address and not Path(spec.base.data.root).exists() and not spec.base.data.download:
-            raise DataError(f"{spec.base.data.dataset} not found at {spec.base.data.root}; pass --data-root DIR")
+        spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
         resources = Resources(args.workers, args.cpus_per_worker, args.gpus_per_worker)
         outcome = run_study(
             spec, Path(args.output_dir), resources=resources, tracking_uri=args.tracking_uri, resume=args.resume,

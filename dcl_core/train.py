@@ -14,7 +14,16 @@ import sys
 import typing
 from typing import Any
 
-from dcl_core.config import PRESETS, Config, ConfigError, apply_overrides, field_specs, preset, to_flat_dict
+from dcl_core.config import (
+    PRESETS,
+    Config,
+    ConfigError,
+    apply_overrides,
+    check_device,
+    field_specs,
+    preset,
+    to_flat_dict,
+)
 
 log = logging.getLogger("dcl_core.train")
 
@@ -113,14 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    from dcl_core.data import DataError, resolve_data_root
+    from dcl_core.data import DataError, check_dataset
 
     try:
         cfg = config_from_args(args)
         if args.print_config:
             print(json.dumps(to_flat_dict(cfg), indent=1))
             return 0
-        resolve_data_root(cfg.data.dataset, cfg.data.root)  # unknown dataset -> DataError, before any compute
+        check_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before any compute
+        check_device(cfg.device)
         from dcl_core.training import train
 
         result = train(cfg, resume=args.resume)

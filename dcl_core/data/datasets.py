@@ -144,16 +144,18 @@ def _default_cache_dir(name: str) -> Path:
     return (Path(base).expanduser() / "dcl_core" / name).resolve()
 
 
-def resolve_data_root(name: str, root: str | None) -> Path:
+def resolve_data_root(name: str, root: str | None, download: bool = False) -> Path:
     """Decides where a dataset is read from (or downloaded to).
 
     Order: the explicit ``root``; the ``DCL_DATA_ROOT`` environment variable; for ``cifar10`` the
     embedded copy if present (see :data:`EMBEDDED_CIFAR10`, also looked up relative to the current
-    directory); otherwise ``~/.cache/dcl_core/<name>`` (only useful together with ``download``).
+    directory) unless ``download`` asks for torchvision's original binary release; otherwise
+    ``~/.cache/dcl_core/<name>`` (only useful together with ``download``).
 
     Args:
         name: Dataset name, one of :data:`DATASETS`.
         root: Explicit data directory, or ``None``.
+        download: The caller will download if missing: skip the embedded (JPEG re-encoded) copy.
 
     Returns:
         An absolute path. It is not checked for existence.
@@ -167,7 +169,7 @@ def resolve_data_root(name: str, root: str | None) -> Path:
     env_root = os.environ.get(DATA_ROOT_ENV)
     if env_root:
         return Path(env_root).expanduser().resolve()
-    if name == "cifar10":
+    if name == "cifar10" and not download:
         embedded = _find_embedded_cifar10()
         if embedded is not None:
             return embedded
@@ -474,6 +476,51 @@ def _not_found(name: str, looked: Sequence[Path], download_possible: bool) -> Da
 # ----------------------------------------------------------------------------------------------------
 
 
+def _locate(name: str, split: str, base: Path, explicit: bool, download: bool) -> tuple[str, Path]:
+    """Where and in which format :func:`load_dataset` reads ``split`` under ``base``: ``("folder", dir)`` for an
+    ImageFolder layout, ``("torchvision", dir)`` for torchvision's format (present, or to be downloaded).
+
+    Raises:
+        DataError: the split is not there (one line naming every place looked at), or cannot be downloaded.
+    """
+    if name == "imagefolder":
+        if download:
+            raise DataError("the imagefolder dataset cannot be downloaded; point --data-root at it")
+        looked = [base / "train"] if split in ("pretrain", "train") else [base / "val", base / "test"]
+        split_dir = next((p for p in looked if p.is_dir()), None)
+        if split_dir is None:
+            raise _not_found(name, looked, download_possible=False)
+        return "folder", split_dir
+    tv_dir = base / _TV_BASE_FOLDERS[name]
+    if name == "stl10":
+        if not tv_dir.is_dir() and not download:
+            raise _not_found(name, [tv_dir], download_possible=True)
+        return "torchvision", tv_dir
+    folder_split = base / ("test" if split == "test" else "train")
+    if tv_dir.is_dir() or (download and not _is_image_folder_root(base)):
+        return "torchvision", tv_dir
+    if _is_image_folder_root(base):
+        return "folder", folder_split
+    looked = [tv_dir, folder_split]
+    if name == "cifar10" and not explicit and not os.environ.get(DATA_ROOT_ENV) and not download:
+        looked = [*_embedded_candidates(), *looked]
+    raise _not_found(name, looked, download_possible=True)
+
+
+def check_dataset(name: str, root: str | None = None, download: bool = False) -> Path:
+    """The resolved root, after checking that :func:`load_dataset` will find its train and test splits there
+    (or may download them). Nothing is decoded: a pre-flight check for CLIs, before any compute starts.
+
+    Raises:
+        DataError: unknown dataset, or a split missing (one line saying where it looked and how to get it).
+    """
+    _check_name(name)
+    base = resolve_data_root(name, root, download)
+    for split in ("train", "test"):
+        _locate(name, split, base, explicit=bool(root), download=download)
+    return base
+
+
 def load_dataset(
     name: str,
     split: str,
@@ -513,48 +560,20 @@ def load_dataset(
     if image_size is not None and image_size <= 0:
         raise DataError(f"image size must be positive, got {image_size}")
     pretty = _PRETTY_NAMES[name]
-    base = resolve_data_root(name, root)
+    base = resolve_data_root(name, root, download)
     start = time.perf_counter()
-
-    if name == "imagefolder":
-        if image_size is None:
-            raise DataError("the imagefolder dataset needs an image size (images are resized to it)")
-        if download:
-            raise DataError("the imagefolder dataset cannot be downloaded; point --data-root at it")
-        if split in ("pretrain", "train"):
-            split_dir = base / "train"
-            looked = [split_dir]
+    if name == "imagefolder" and image_size is None:
+        raise DataError("the imagefolder dataset needs an image size (images are resized to it)")
+    kind, source = _locate(name, split, base, explicit=bool(root), download=download)
+    if kind == "folder":
+        result = _load_image_folder(source, base / "train", image_size, per_class, seed, pretty)
+    else:
+        if name == "stl10":
+            images, labels, classes = _load_torchvision_stl10(base, split, download)
         else:
-            looked = [base / "val", base / "test"]
-            split_dir = next((p for p in looked if p.is_dir()), looked[0])
-        if not split_dir.is_dir():
-            raise _not_found(name, looked, download_possible=False)
-        result = _load_image_folder(split_dir, base / "train", image_size, per_class, seed, pretty)
-        source = split_dir
-    elif name == "stl10":
-        tv_dir = base / _TV_BASE_FOLDERS[name]
-        if not tv_dir.is_dir() and not download:
-            raise _not_found(name, [tv_dir], download_possible=True)
-        images, labels, classes = _load_torchvision_stl10(base, split, download)
+            images, labels, classes = _load_torchvision_cifar(name, base, split != "test", download)
         images, labels = _subset(images, labels, per_class, seed)
         result = _finish(images, labels, classes, image_size, pretty)
-        source = tv_dir
-    else:  # cifar10 / cifar100
-        tv_dir = base / _TV_BASE_FOLDERS[name]
-        folder_split = base / ("test" if split == "test" else "train")
-        if tv_dir.is_dir() or (download and not _is_image_folder_root(base)):
-            images, labels, classes = _load_torchvision_cifar(name, base, split != "test", download)
-            images, labels = _subset(images, labels, per_class, seed)
-            result = _finish(images, labels, classes, image_size, pretty)
-            source = tv_dir
-        elif _is_image_folder_root(base):
-            result = _load_image_folder(folder_split, base / "train", image_size, per_class, seed, pretty)
-            source = folder_split
-        else:
-            looked = [tv_dir, folder_split]
-            if name == "cifar10" and not root and not os.environ.get(DATA_ROOT_ENV):
-                looked = [*_embedded_candidates(), *looked]
-            raise _not_found(name, looked, download_possible=True)
 
     expected = _EXPECTED_CLASSES.get(name)
     if expected is not None and result.num_classes != expected:

@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from dcl_core.config import ConfigError, apply_overrides, from_flat_dict
+from dcl_core.config import ConfigError, apply_overrides, check_device, from_flat_dict
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,15 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     from dcl_core.training.trainer import _linear_eval, evaluate_knn
 
     try:
-        state = load_checkpoint(args.checkpoint)
-        overrides = dict(item.split("=", 1) for item in args.set)
+        from dcl_core.study_cli import parse_overrides
+
+        overrides: dict[str, str] = parse_overrides(args.set)
         overrides["device"] = args.device
         if args.linear_preset:
             overrides["eval.linear_preset"] = args.linear_preset
+        check_device(args.device)
+        state = load_checkpoint(args.checkpoint)
         cfg = apply_overrides(from_flat_dict(state["config"]), overrides)
         device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
         model = build_model(cfg)
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as err:  # e.g. --set model.width=... against the trained encoder
+            first = str(err).splitlines()[0]
+            raise ConfigError(f"the checkpoint's weights do not fit the configured model: {first}") from None
         model.to(device)
         data = build_data(cfg)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as err:

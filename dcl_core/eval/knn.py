@@ -43,6 +43,11 @@ def _validate(
         raise ValueError("bank must not be empty")
     if bank_labels.shape != (bank.shape[0],):
         raise ValueError(f"bank_labels must have shape ({bank.shape[0]},), got {tuple(bank_labels.shape)}")
+    if not 0 <= int(bank_labels.min()) <= int(bank_labels.max()) < num_classes:
+        raise ValueError(
+            f"bank_labels must lie in [0, {num_classes}) (unlabeled images cannot vote), got "
+            f"[{int(bank_labels.min())}, {int(bank_labels.max())}]"
+        )
 
 
 @torch.no_grad()

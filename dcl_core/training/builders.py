@@ -96,7 +96,9 @@ class TrainingData:
 def build_data(cfg: Config) -> TrainingData:
     """Load (and subset) the datasets; raises DataError with one line if they are missing."""
     dc = cfg.data
-    size = dc.image_size if dc.dataset == "imagefolder" else None
+    # Stored at the training size: a larger stored image (STL-10's 96 px at image_size 32) would be shrunk by
+    # the view augmentation's crop without antialiasing, while the eval transform antialiases.
+    size = dc.image_size
     # Seeded class-balanced subsets; for ImageFolder layouts only the chosen files are decoded.
     bank = load_dataset(
         dc.dataset, "train", dc.root, dc.download, size, per_class=dc.train_per_class, seed=cfg.seed

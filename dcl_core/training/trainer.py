@@ -171,7 +171,13 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
     ckpt_path = out_dir / CHECKPOINT_NAME
     use_amp = cfg.amp and device.type == "cuda"
 
+    # A download happens once: rank 0 fetches, the other ranks read what it wrote.
+    fetch_first = cfg.data.download and world > 1
+    if fetch_first and rank != 0:
+        dist.barrier()
     data = build_data(cfg)
+    if fetch_first and rank == 0:
+        dist.barrier()
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
     model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)

@@ -516,3 +516,58 @@ def test_image_tensors_validation() -> None:
         ImageTensors(torch.zeros(2, 3, 4, 4), torch.tensor([0, 1]), ("a",))
     with pytest.raises(ValueError, match="labels"):
         ImageTensors(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.tensor([0, 1, 2]), ("a",))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pre-flight checks and where data is read from
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_check_dataset_locates_splits_without_decoding(tmp_path: Path) -> None:
+    from dcl_core.data import check_dataset
+
+    # An existing folder without the dataset is an error naming where it looked, not a later crash.
+    with pytest.raises(DataError) as info:
+        check_dataset("cifar10", str(tmp_path))
+    assert "\n" not in str(info.value) and str(tmp_path / "cifar-10-batches-py") in str(info.value)
+    with pytest.raises(DataError, match="ImageFolder not found"):
+        (tmp_path / "inet" / "train").mkdir(parents=True)  # an ImageFolder root without val/ or test/
+        check_dataset("imagefolder", str(tmp_path / "inet"))
+    # Present in torchvision's format: found (nothing decoded), and a download target is accepted as such.
+    _write_cifar10_batches(tmp_path / "tv" / "cifar-10-batches-py")
+    assert check_dataset("cifar10", str(tmp_path / "tv")) == tmp_path / "tv"
+    assert check_dataset("cifar100", str(tmp_path / "empty"), download=True) == tmp_path / "empty"
+
+
+def test_download_skips_the_embedded_jpeg_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    embedded = tmp_path / "embedded"
+    for split in ("train", "test"):
+        (embedded / split / "airplane").mkdir(parents=True)
+    monkeypatch.setattr(datasets_module, "EMBEDDED_CIFAR10", embedded)
+    monkeypatch.delenv("DCL_DATA_ROOT", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert resolve_data_root("cifar10", None) == embedded
+    # --download asks for torchvision's original release, not the re-encoded JPEG copy.
+    assert resolve_data_root("cifar10", None, download=True) == tmp_path / "cache" / "dcl_core" / "cifar10"
+
+
+def test_stl10_is_stored_at_the_training_size_with_antialiasing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchvision.transforms.v2 import functional as TF
+
+    from dcl_core.config import apply_overrides, preset
+    from dcl_core.training.builders import build_data
+
+    arrays = _write_stl10(tmp_path / "stl10_binary")
+    _patch_md5s(monkeypatch, STL10, tmp_path / "stl10_binary")
+    cfg = apply_overrides(preset("smoke"), {"data.dataset": "stl10", "data.root": str(tmp_path),
+                                            "data.image_size": 32, "data.train_per_class": 0,
+                                            "data.test_per_class": 0})
+    data = build_data(cfg)
+    assert data.pretrain.images.shape == (7, 3, 32, 32) and data.test.images.shape == (2, 3, 32, 32)
+    full = torch.from_numpy(arrays["train"])  # (3, 3, 96, 96)
+    reference = TF.resize(full, [32, 32], antialias=True)
+    assert (data.bank.images.int() - reference.int()).abs().max() <= 1
+    # Not every third pixel, which is what cropping-and-resizing the 96 px images without antialiasing gave.
+    assert (data.bank.images.int() - full[..., 1::3, 1::3].int()).abs().float().mean() > 5

@@ -115,7 +115,7 @@ def test_num_classes_is_explicit() -> None:
     bank_labels = torch.full((30,), 7)  # only class 7 present, out of 10
     preds = knn_predict(query, bank, bank_labels, num_classes=10, k=5)
     assert torch.equal(preds, torch.full((10,), 7))
-    with pytest.raises((RuntimeError, IndexError)):
+    with pytest.raises(ValueError, match=r"bank_labels must lie in \[0, 5\)"):  # caught before indexing
         knn_predict(query, bank, bank_labels, num_classes=5, k=5)
 
 
@@ -143,3 +143,10 @@ def test_invalid_arguments(kwargs: dict[str, float], match: str) -> None:
         knn_predict(query, bank, bank_labels, 2, **kwargs)
     with pytest.raises(ValueError, match=match):
         knn_top1(query, torch.zeros(4, dtype=torch.long), bank, bank_labels, 2, **kwargs)
+
+
+def test_bank_labels_must_be_in_range() -> None:
+    bank = F.normalize(torch.randn(6, 4), dim=1)
+    for bad in (torch.tensor([0, 1, 2, 0, 1, -1]), torch.tensor([0, 1, 3, 0, 1, 2])):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 3\)"):
+            knn_predict(bank[:2], bank, bad, num_classes=3, k=2)

@@ -124,7 +124,10 @@ def test_batch_of_one_is_folded_for_batchnorm() -> None:
 
 
 def test_presets() -> None:
-    assert LINEAR_PRESETS["paper"] == {"epochs": 100, "lr": 30.0, "batch_size": 256, "milestones": (60, 80)}
+    # DCL A.4 (OpenSelfSup): a bare linear layer, SGD lr 30, batch 256, 100 epochs, /10 at 60 and 80.
+    assert LINEAR_PRESETS["paper"] == {
+        "epochs": 100, "lr": 30.0, "batch_size": 256, "milestones": (60, 80), "batch_norm": False
+    }
     for name, preset in LINEAR_PRESETS.items():
         assert all(0 < m < preset["epochs"] for m in preset["milestones"]), name
     x, y = _clusters(10, 2, 4, seed=0)
@@ -210,3 +213,15 @@ def test_extract_features_invalid_input(small_backbone: nn.Module) -> None:
         extract_features(small_backbone, torch.zeros(0, 3, 8, 8, dtype=torch.uint8), _to_float)
     with pytest.raises(ValueError):
         extract_features(small_backbone, torch.zeros(2, 3, 8, 8, dtype=torch.uint8), _to_float, batch_size=0)
+
+
+def test_batch_norm_needs_two_samples_per_batch_and_labels_must_be_in_range() -> None:
+    x, y = _clusters(5, 2, 4, seed=0)
+    with pytest.raises(ValueError, match="2 training samples per batch"):
+        linear_probe(x, y, x, y, 2, epochs=1, batch_size=1)
+    linear_probe(x, y, x, y, 2, epochs=1, batch_size=1, batch_norm=False)  # a bare layer trains on single samples
+    for bad in (y - 1, y + 1):  # -1 (unlabeled) or == num_classes
+        with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+            linear_probe(x, bad, x, y, 2, epochs=1)
+        with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+            linear_probe(x, y, x, bad, 2, epochs=1)

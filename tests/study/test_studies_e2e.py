@@ -98,13 +98,21 @@ def test_batch_study_with_optuna_search(tmp_path):
 
 
 def test_bad_input_exits_2_before_ray_starts(tmp_path):
-    for args, needle in (
+    (tmp_path / "empty").mkdir()
+    cases = [
         (["--set", "loss.temperature=0"], "loss.temperature must be > 0"),
         (["--losses", "simclr"], "loss.name must be one of"),
         (["--seeds", "0"], "--seeds must be >= 1"),
         (["--data-root", str(tmp_path / "missing")], "missing"),
+        (["--data-root", str(tmp_path / "empty")], "CIFAR-10 not found"),  # exists, but holds no dataset
         (["--set", "optim.batch_size=1"], "batch_size must be >= 2"),
-    ):
+        (["--set", "loss.alpha=256"], "no effect with loss.name=infonce"),
+    ]
+    import torch
+
+    if not torch.cuda.is_available():  # a local Ray without GPUs would leave every trial pending forever
+        cases.append((["--gpus-per-worker", "1"], "--gpus-per-worker needs GPUs"))
+    for args, needle in cases:
         t0 = time.monotonic()
         proc = subprocess.run(
             study_cmd("temperature_sweep.py", tmp_path / "x", "--smoke", *args),
@@ -241,3 +249,40 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     _, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
+
+
+def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):
+    """Ray storage given as a URI (as s3://... on a cluster; file:// here) and a two-experiment study (SimCLR's
+    and SiMo's K live in different keys) killed before its second experiment began: --resume keeps the first
+    experiment's finished trial and starts the second afresh."""
+    import pyarrow.fs
+
+    from dcl_core.config import ConfigError, apply_overrides, preset
+    from dcl_core.study import StudySpec, run_study, storage_join
+    from search_spaces import Grid
+
+    base = apply_overrides(preset("smoke"), {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
+                                             "loss.name": "eqco", "optim.batch_size": 16})
+    spec = StudySpec(name="two_part", base=base, x_key="num_negatives", x_label="K", series=("framework", "method"),
+                     grid=[{"framework.name": "simclr", "loss.num_negatives": Grid((8,))},
+                           {"framework.name": "simo", "framework.num_negatives": Grid((8,))}])
+    storage = (tmp_path / "ray").as_uri()  # file:///...: resolved by pyarrow exactly like s3:// or gs://
+    out = tmp_path / "out"
+    try:
+        first = run_study(spec, out, storage=storage, num_cpus=2)
+        ids = {r["framework"]: r["trial_id"] for r in first.rows}
+        experiments = sorted(p.name for p in (tmp_path / "ray").iterdir())
+        assert experiments == ["two_part-simclr", "two_part-simo"]  # at the URI's path, not in a folder "file:"
+        with pytest.raises(ConfigError, match="study output exists at file://"):
+            run_study(spec, out, storage=storage, num_cpus=2)
+        # As if the driver had died before the SiMo experiment started.
+        fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part-simo"))
+        fs.delete_dir(path)
+        resumed = run_study(spec, out, storage=storage, num_cpus=2, resume=True)
+    finally:
+        import ray
+
+        ray.shutdown()
+    again = {r["framework"]: r["trial_id"] for r in resumed.rows}
+    assert all(r["status"] == "ok" for r in resumed.rows) and set(again) == {"simclr", "simo"}
+    assert again["simclr"] == ids["simclr"] and again["simo"] != ids["simo"]  # kept, and started afresh

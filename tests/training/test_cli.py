@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,6 +46,9 @@ def test_help_documents_every_key_with_paper_values():
         (["--preset", "huge"], "unknown preset"),
         (["--set", "loss.tau=0.1"], "unknown config key"),
         (["--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
+        (["--data-root", "/"], "CIFAR-10 not found (looked in /cifar-10-batches-py, /train)"),  # exists, no data
+        pytest.param(["--device", "cuda"], "no usable CUDA device",
+                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle, tmp_path):
@@ -92,6 +96,17 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     # The standalone kNN equals the trainer's last kNN (same backbone, same bank, same k and t).
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert result["eval/knn_top1"] == pytest.approx(metrics[-1]["eval/knn_top1"])
+    # Bad evaluation input: one line, exit 2, no traceback.
+    bad = [(["--set", "model.width=0.5"], "do not fit the configured model"),
+           (["--set", "data.root"], "--set expects KEY=VALUE")]
+    if not torch.cuda.is_available():
+        bad.append((["--device", "cuda"], "no usable CUDA device"))
+    for extra, needle in bad:
+        ev = subprocess.run([sys.executable, "-m", "dcl_core.eval", str(out / "checkpoint.pt"), *extra],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+        errors = [line for line in ev.stderr.splitlines() if line.startswith("error:")]
+        assert ev.returncode == 2 and len(errors) == 1 and needle in errors[0], ev.stderr[-2000:]
+        assert "Traceback" not in ev.stderr
 
 
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
