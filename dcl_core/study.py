@@ -12,6 +12,7 @@ Ray Train ``TorchTrainer`` with N DDP workers (gloo on CPU, NCCL on GPU) reached
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
@@ -163,25 +164,19 @@ def trainable(config: dict[str, Any], resources: Resources = Resources(), train_
     from dcl_core import tracking
     from dcl_core.training import NonFiniteLossError, train
 
-    trial_id, _, trial_dir = tracking.trial_context()
+    trial_id, trial_dir, work_dir = tracking.trial_context()
     threads = max(1, math.floor(resources.cpus_per_worker))
     if resources.num_workers <= 1:
-        cfg = _run_config(config, trial_dir / "run", threads)
+        cfg = _run_config(config, work_dir / "run", threads)
         resume = tracking.restore_latest_checkpoint(Path(cfg.output_dir))
-        last: dict[str, float] = {}
-
-        def crash_hook(epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
-            last.clear()
-            last.update(metrics)
-            _maybe_crash(trial_dir, epoch)
-
+        last = _LastMetrics(crash_marker=trial_dir)
         try:
-            train(cfg, callbacks=[tracking.TuneReporter(), crash_hook], resume=resume)
+            train(cfg, callbacks=[tracking.TuneReporter(), last], resume=resume)
         except NonFiniteLossError as err:
-            tracking.report_diverged(last, str(err))
+            tracking.report_diverged(last.metrics, str(err))
         return
 
-    from ray.train import RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -190,7 +185,7 @@ def trainable(config: dict[str, Any], resources: Resources = Resources(), train_
         per_worker["GPU"] = resources.gpus_per_worker
     trainer = TorchTrainer(
         _worker_loop,
-        train_loop_config={"config": config, "trial_dir": str(trial_dir), "threads": threads},
+        train_loop_config={"config": config, "work_dir": str(work_dir), "threads": threads},
         scaling_config=ScalingConfig(
             num_workers=resources.num_workers,
             use_gpu=resources.gpus_per_worker > 0,
@@ -200,6 +195,9 @@ def trainable(config: dict[str, Any], resources: Resources = Resources(), train_
         run_config=RunConfig(
             name=f"train-{trial_id}", storage_path=train_storage or str(trial_dir.parent / "_train"),
             callbacks=[TuneReportCallback()],
+            # Train V2 keeps every checkpoint by default (Tune's num_to_keep does not reach it); resuming needs
+            # only the latest.
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
         ),
     )
     trainer.fit()
@@ -213,18 +211,32 @@ def _worker_loop(loop_config: dict[str, Any]) -> None:
     from dcl_core.training import NonFiniteLossError, train
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    trial_dir = Path(loop_config["trial_dir"])
-    # Rank 0 writes checkpoints; other ranks only need a place to receive one when resuming.
-    out = trial_dir / "run" if rank == 0 else trial_dir / "run" / f"rank{rank}"
+    # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes
+    # checkpoints, which reach the Train run's storage through the report; other ranks only need a place to
+    # receive one when resuming.
+    work_dir = Path(loop_config["work_dir"])
+    out = work_dir / "run" if rank == 0 else work_dir / "run" / f"rank{rank}"
     cfg = _run_config(loop_config["config"], out, loop_config["threads"])
     resume = tracking.restore_latest_checkpoint(out, in_train_worker=True)
+    last = _LastMetrics()
     try:
-        train(cfg, callbacks=[tracking.TrainReporter()], resume=resume)
-    except NonFiniteLossError as err:
-        import ray.train
+        train(cfg, callbacks=[tracking.TrainReporter(), last], resume=resume)
+    except NonFiniteLossError as err:  # raised on every rank at once (the trainer agrees on it first)
+        tracking.report_diverged(last.metrics, str(err), in_train_worker=True)
 
-        ray.train.report({"diverged": 1.0, "eval/knn_top1": math.nan})
-        log.warning("trial diverged: %s", err)
+
+class _LastMetrics:
+    """Epoch callback keeping the last metrics (a diverged trial's final report carries them), and the hook
+    of the crash-injection test (:data:`CRASH_ENV`) when given the trial directory to mark."""
+
+    def __init__(self, crash_marker: Path | None = None) -> None:
+        self.metrics: dict[str, float] = {}
+        self.crash_marker = crash_marker
+
+    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        self.metrics = dict(metrics)
+        if self.crash_marker is not None:
+            _maybe_crash(self.crash_marker, epoch)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -273,9 +285,14 @@ def _varied_keys(spec: StudySpec) -> tuple[str, ...]:
 
 
 def storage_join(storage: str, name: str) -> str:
-    """``storage/name`` for a local path or a URI (``s3://``, ``gs://``, ``file://``); pathlib would fold the
-    URI's ``//`` into a local directory named ``s3:``."""
-    return f"{storage.rstrip('/')}/{name}"
+    """``storage/name`` for a local path or a URI (``s3://``, ``gs://``, ``file://``), keeping a URI's query
+    (``s3://b/p?region=x`` -> ``s3://b/p/name?region=x``); pathlib would fold ``s3://`` into a folder ``s3:``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in storage:
+        return f"{storage.rstrip('/')}/{name}"
+    parts = urlsplit(storage)
+    return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}/{name}"))
 
 
 def _absolute_storage(storage: str) -> str:
@@ -297,9 +314,36 @@ def _storage_delete(uri: str) -> None:
     fs.delete_dir(path)
 
 
-def _experiment_name(spec: StudySpec, group: dict[str, Any]) -> str:
-    suffix = "-".join(f"{v}" for v in group.values())
-    return f"{spec.name}-{suffix}" if suffix else spec.name
+@dataclass(frozen=True)
+class _Experiment:
+    """One Tune experiment of a study: a sub-grid, the grid point an Optuna search is pinned to (``{}`` for a
+    grid experiment, which runs the whole sub-grid), and its name."""
+
+    grid: Space
+    point: dict[str, Any]
+    name: str
+
+
+def _experiments(spec: StudySpec) -> list[_Experiment]:
+    """Grid mode: one experiment per sub-grid. Search mode: one Optuna search per grid point. With several
+    sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``)."""
+    grids = spec.grids
+    labels = []
+    for i, g in enumerate(grids):
+        constants = {k: v for k, v in g.items() if not isinstance(v, Grid)}
+        distinct = {k: v for k, v in constants.items() if any(o.get(k) != v for o in grids if o is not g)}
+        labels.append(distinct or ({"part": i} if len(grids) > 1 else {}))
+    out = []
+    for g, label in zip(grids, labels, strict=True):
+        points = [{}] if spec.search is None else [
+            {k: v for k, v in p.items() if isinstance(g.get(k), Grid)} for p in grid_points(g)]
+        for point in points:
+            suffix = "-".join(str(v) for v in {**label, **point}.values())
+            out.append(_Experiment(g, point, f"{spec.name}-{suffix}" if suffix else spec.name))
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
+        raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")
+    return out
 
 
 def run_study(
@@ -323,46 +367,80 @@ def run_study(
     from dcl_core import tracking
 
     validate_spec(spec)
+    if asha and spec.search is None:
+        raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
+                          "--search optuna")
+    if asha and spec.base.eval.knn_every != 1:
+        # ASHA compares trials at intermediate epochs: they need a fresh kNN accuracy every epoch.
+        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", spec.base.eval.knn_every)
+        spec = with_base(spec, {"eval.knn_every": 1})
     output_dir = output_dir.expanduser().resolve()
     storage_path = _absolute_storage(storage) if storage else str(output_dir / "ray_results")
     tracking_uri = tracking_uri or tracking.default_tracking_uri(output_dir)
-    groups = _search_groups(spec)
-    exp_uris = [storage_join(storage_path, _experiment_name(spec, g)) for _, g in groups]
+    experiments = _experiments(spec)
+    exp_uris = [storage_join(storage_path, e.name) for e in experiments]
     existing = [u for u in exp_uris if _storage_exists(u)]
     if existing and not (resume or overwrite):
         raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
     if resume and not existing:
         raise ConfigError(f"nothing to resume at {exp_uris[0]}")
+    options = {"tracking_uri": tracking_uri, "storage": storage_path, "asha": asha, "workers": resources.num_workers,
+               "save_checkpoints": save_checkpoint_artifact}
+    options_file = summary_dir(output_dir, spec.name) / "study_options.json"
+    if resume:
+        _check_resume_options(options_file, options)
+    output_dir.mkdir(parents=True, exist_ok=True)
     if overwrite and not resume:
         for uri in existing:
             _storage_delete(uri)
+        tracking.delete_runs(tracking_uri, spec.name)  # the old trials' runs would mix with the new ones
+    options_file.parent.mkdir(parents=True, exist_ok=True)
+    options_file.write_text(json.dumps(options, indent=1))
 
-    output_dir.mkdir(parents=True, exist_ok=True)
     init_ray(address, num_cpus)
+    if resources.num_workers > 1 and max_concurrent is None:
+        max_concurrent = _ddp_concurrency(resources)
     tracking.ensure_experiment(tracking_uri, spec.name, artifact_root=output_dir / "mlartifacts")
     tags = {"study": spec.name, "git_commit": tracking.git_commit()}
 
     rows: list[Row] = []
-    for (grid, group), exp_uri in zip(groups, exp_uris, strict=True):
-        results = _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri, tags, resume,
-                             max_concurrent, asha, max_failures, seed, save_checkpoint_artifact)
+    for experiment, exp_uri in zip(experiments, exp_uris, strict=True):
+        results = _run_group(spec, experiment.grid, experiment.point, storage_path, exp_uri, resources,
+                             tracking_uri, tags, resume, max_concurrent, asha, max_failures, seed,
+                             save_checkpoint_artifact)
         rows.extend(_rows(results))
     return _summarize(spec, rows, output_dir, tracking_uri, tags)
 
 
-def _search_groups(spec: StudySpec) -> list[tuple[Space, dict[str, Any]]]:
-    """(sub-grid, group) per Tune experiment. Grid mode: one experiment per sub-grid, named by its constants
-    when there are several. Search mode: one Optuna search per grid point."""
-    if spec.search is None:
-        if len(spec.grids) == 1:
-            return [(spec.grids[0], {})]
-        return [(g, {k: v for k, v in g.items() if not isinstance(v, Grid)} or {"part": i})
-                for i, g in enumerate(spec.grids)]
-    return [(g, {k: v for k, v in p.items() if isinstance(g.get(k), Grid)}) for g in spec.grids
-            for p in grid_points(g)]
+def _check_resume_options(path: Path, options: dict[str, Any]) -> None:
+    """A resumed Tune experiment keeps the callbacks and scheduler it was pickled with, so a resume must not
+    change where results go or how trials are stopped; ConfigError naming the first difference."""
+    if not path.exists():
+        return
+    before = json.loads(path.read_text())
+    for key, value in options.items():
+        if key in before and before[key] != value:
+            raise ConfigError(f"--resume must use the options the study started with: {key} was "
+                              f"{before[key]!r}, now {value!r}")
 
 
-def _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri, tags, resume, max_concurrent,
+def _ddp_concurrency(resources: Resources) -> int:
+    """How many DDP trials fit the cluster at once. A DDP trial reserves almost nothing itself (its
+    TorchTrainer's workers hold the resources), so without this cap Tune would start every trial, each
+    TorchTrainer would wait for workers, and an Optuna search would suggest all its trials blind."""
+    import ray
+
+    total = ray.cluster_resources()
+    fits = total.get("CPU", 0.0) // (resources.num_workers * resources.cpus_per_worker)
+    if resources.gpus_per_worker:
+        fits = min(fits, total.get("GPU", 0.0) // (resources.num_workers * resources.gpus_per_worker))
+    concurrent = max(1, int(fits))
+    log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)", concurrent,
+             resources.num_workers)
+    return concurrent
+
+
+def _run_group(spec, grid, point, storage_path, exp_uri, resources, tracking_uri, tags, resume, max_concurrent,
                asha, max_failures, seed, save_artifact):
     from ray import tune
 
@@ -378,9 +456,8 @@ def _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri
         from optuna.samplers import TPESampler
         from ray.tune.search.optuna import OptunaSearch
 
-        constants = {k: v for k, v in {**base_flat, **grid_points(grid)[0], **group}.items()
+        constants = {k: v for k, v in {**base_flat, **grid_points(grid)[0], **point}.items()
                      if k not in searched}
-        constants.update({k: v for k, v in group.items()})
         param_space = {}
         # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up
         # phase (Optuna's default: 10) would be the whole search.
@@ -395,7 +472,8 @@ def _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
                                   grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
     callback = tracking.StudyMLflowCallback(
-        tracking_uri, spec.name, tags, tag_keys={"loss": "loss.name", "seed": "seed"}, save_artifact=save_artifact
+        tracking_uri, spec.name, tags, tag_keys={"loss": "loss.name", "seed": "seed"}, save_artifact=save_artifact,
+        storage=storage_path,
     )
     fn = tune.with_resources(
         tune.with_parameters(trainable, resources=resources, train_storage=storage_join(exp_uri, "_train")),
@@ -415,7 +493,7 @@ def _run_group(spec, grid, group, storage_path, exp_uri, resources, tracking_uri
                 trial_dirname_creator=functools.partial(_trial_name, keys=_varied_keys(spec)),
             ),
             run_config=tune.RunConfig(
-                name=exp_uri.rsplit("/", 1)[1], storage_path=storage_path,
+                name=exp_uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[1], storage_path=storage_path,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[callback], verbose=1,

@@ -108,6 +108,14 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
         on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
         if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
             root = data.root or str(resolve_data_root(data.dataset, None, data.download))
+            if not Path(args.output_dir).expanduser().is_absolute():
+                # Under `ray job submit --working-dir .` a relative folder is inside the job's temporary copy.
+                raise ConfigError("on a cluster, pass an absolute --output-dir on storage that outlives the job "
+                                  "(a relative one lands in the job's temporary working directory)")
+            if not args.storage:
+                logging.getLogger(__name__).warning(
+                    "no --storage: Ray results go to %s/ray_results; with trials on several nodes it must be "
+                    "shared storage (NFS, s3://, gs://)", args.output_dir)
         else:
             root = str(check_dataset(data.dataset, data.root, data.download))
             if args.gpus_per_worker > 0:
@@ -127,7 +135,7 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
             save_checkpoint_artifact=args.save_checkpoints,
         )
     except (ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     print("\n".join(summary_lines(outcome, Path(args.output_dir))))
     return 0

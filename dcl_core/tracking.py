@@ -121,20 +121,40 @@ def restore_latest_checkpoint(output_dir: Path, in_train_worker: bool = False) -
     return True
 
 
-def report_diverged(metrics: Mapping[str, float], message: str) -> None:
-    """Final report of a trial whose loss became NaN/inf: it stops, and the table marks it diverged."""
-    from ray import tune
+def report_diverged(metrics: Mapping[str, float], message: str, in_train_worker: bool = False) -> None:
+    """Final report of a trial whose loss became NaN/inf: it stops, and the table marks it diverged.
 
-    tune.report({**metrics, "diverged": 1.0, "eval/knn_top1": math.nan})
+    It carries the last epoch's metrics (so the row and the MLflow curves end where training did); inside Ray
+    Train every worker calls it, as every ``ray.train.report``."""
+    final = {**metrics, "diverged": 1.0, "eval/knn_top1": math.nan}
+    if in_train_worker:
+        import ray.train
+
+        ray.train.report(final)
+    else:
+        from ray import tune
+
+        tune.report(final)
     log.warning("trial diverged: %s", message)
 
 
-def trial_context() -> tuple[str, str, Path]:
-    """(trial id, trial name, absolute trial directory) of the current Tune trial."""
+def trial_context() -> tuple[str, Path, Path]:
+    """(trial id, trial directory, working directory) of the current Tune trial, both absolute.
+
+    The trial directory is Tune's driver-side staging folder, uploaded to the study's storage at every
+    experiment snapshot (every epoch here); the working directory is the trial's local scratch space, never
+    uploaded. The trainer's own files (its checkpoint copy, metrics.jsonl) go to the scratch space: the
+    checkpoint already reaches storage through ``tune.report``, and would otherwise be uploaded twice.
+    """
     from ray import tune
 
     ctx = tune.get_context()
-    return ctx.get_trial_id(), ctx.get_trial_name(), Path(ctx.get_trial_dir()).resolve()
+    trial_dir = Path(ctx.get_trial_dir()).resolve()
+    try:
+        work_dir = Path(ctx.get_storage().trial_working_directory).resolve()
+    except (AttributeError, RuntimeError):  # an older or newer Ray without this storage context
+        work_dir = trial_dir
+    return ctx.get_trial_id(), trial_dir, work_dir
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -160,6 +180,23 @@ def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path | None =
     return client.create_experiment(name, artifact_location=location)
 
 
+def delete_runs(tracking_uri: str, experiment_name: str) -> int:
+    """Soft-delete every run of an experiment (``--overwrite``: the new study's trials replace the old ones);
+    returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run`` brings one back."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment_name)
+    if exp is None:
+        return 0
+    runs = client.search_runs([exp.experiment_id], max_results=50_000)
+    for run in runs:
+        client.delete_run(run.info.run_id)
+    if runs:
+        log.info("--overwrite: deleted %d earlier MLflow runs of %s", len(runs), experiment_name)
+    return len(runs)
+
+
 def git_commit() -> str:
     """The repository's HEAD commit (``unknown`` outside a git checkout, e.g. under ``ray job submit``)."""
     try:
@@ -181,9 +218,12 @@ def _make_logger_callback_class() -> type:
         below a resumed trial would get a second MLflow run. The trial id is stored as a tag and reused.
         """
 
-        def __init__(self, *args: Any, tag_keys: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        def __init__(self, *args: Any, tag_keys: Mapping[str, str] | None = None, save_checkpoint: bool = False,
+                     storage: str | None = None, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.tag_keys = dict(tag_keys or {})
+            self.save_checkpoint = save_checkpoint
+            self.storage = storage
             self.q_hists: dict[str, dict[int, list[float]]] = {}
 
         def log_trial_start(self, trial: Any) -> None:
@@ -228,26 +268,48 @@ def _make_logger_callback_class() -> type:
         def log_trial_end(self, trial: Any, failed: bool = False) -> None:
             diverged = bool(trial.last_result.get("diverged")) if trial.last_result else False
             hists = self.q_hists.pop(trial.trial_id, None)
+            client = self.mlflow_util._get_client()
             if hists and trial in self._trial_runs:
                 from dcl_core.reporting import plot_q_hist_epochs
 
                 with tempfile.TemporaryDirectory() as d:
                     png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
-                    self.mlflow_util._get_client().log_artifact(self._trial_runs[trial], str(png), "npc")
+                    client.log_artifact(self._trial_runs[trial], str(png), "npc")
+            checkpoint = self._final_checkpoint(trial) if self.save_checkpoint else None
+            if checkpoint is not None and trial in self._trial_runs:
+                # The checkpoint Tune keeps in the study's storage (Ray's own save_artifact logs the driver's
+                # staging folder, which holds no checkpoint).
+                with checkpoint.as_directory() as d:
+                    client.log_artifacts(self._trial_runs[trial], d, "checkpoint")
             super().log_trial_end(trial, failed=failed or diverged)
+
+        def _final_checkpoint(self, trial: Any) -> Any:
+            """Tune's checkpoint of an in-process trial; for a DDP trial, the Ray Train run's last checkpoint,
+            whose path (on the storage's filesystem) ``TuneReportCallback`` forwarded with the metrics."""
+            if trial.checkpoint is not None:
+                return trial.checkpoint
+            path = (trial.last_result or {}).get("checkpoint_path")
+            if not path or not self.storage:
+                return None
+            import pyarrow.fs
+            from ray import tune
+
+            fs, _ = pyarrow.fs.FileSystem.from_uri(self.storage)
+            return tune.Checkpoint(path, filesystem=fs)
 
     return _StudyMLflowCallback
 
 
 def StudyMLflowCallback(  # noqa: N802 - a factory standing in for the class (keeps ray import lazy)
     tracking_uri: str, experiment_name: str, tags: Mapping[str, str], tag_keys: Mapping[str, str],
-    save_artifact: bool = False,
+    save_artifact: bool = False, storage: str | None = None,
 ) -> Any:
-    """One MLflow run per trial: every config value as a param, per-epoch metrics as curves, tags."""
+    """One MLflow run per trial: every config value as a param, per-epoch metrics as curves, tags; with
+    ``save_artifact`` the trial's final checkpoint (read from the study's Ray ``storage``)."""
     cls = _make_logger_callback_class()
     return cls(
         tracking_uri=tracking_uri, experiment_name=experiment_name, tags=dict(tags), tag_keys=tag_keys,
-        save_artifact=save_artifact,
+        save_checkpoint=save_artifact, storage=storage,
     )
 
 
@@ -255,12 +317,18 @@ def log_summary_run(
     tracking_uri: str, experiment_name: str, run_name: str, metrics: Mapping[str, float],
     artifacts: list[Path], tags: Mapping[str, str], params: Mapping[str, Any] | None = None,
 ) -> str:
-    """The study summary run: robustness metrics, the results table (Parquet + CSV) and the plot."""
+    """The study summary run: robustness metrics, the results table (Parquet + CSV) and the plot.
+
+    It replaces the experiment's earlier summary run (a resumed or re-run study summarizes all its trials
+    again), which is deleted (MLflow's soft delete: ``mlflow gc`` purges it, ``restore_run`` brings it back).
+    """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     exp = client.get_experiment_by_name(experiment_name)
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment_name)
+    for old in client.search_runs([exp_id], filter_string=f"tags.`{SUMMARY_TAG}` = 'true'", max_results=1000):
+        client.delete_run(old.info.run_id)
     run = client.create_run(exp_id, run_name=run_name, tags={SUMMARY_TAG: "true", **tags})
     rid = run.info.run_id
     for key, value in (params or {}).items():

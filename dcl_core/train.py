@@ -131,11 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before any compute
         check_device(cfg.device)
-        from dcl_core.training import train
+        from dcl_core.training import NonFiniteLossError, train
 
-        result = train(cfg, resume=args.resume)
+        try:
+            result = train(cfg, resume=args.resume)
+        except NonFiniteLossError as err:  # a failed run, not bad input: exit 1, still one line
+            sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
+            return 1
     except (ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     final = result.final
     log.info(

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         model.to(device)
         data = build_data(cfg)
     except (ConfigError, DataError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     results: dict[str, float] = {"epoch": state["epoch"]}
     if not args.no_knn:

@@ -266,10 +266,15 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
             view2 = view2.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device_type=device.type, enabled=use_amp):
                 out = framework(view1, view2)
-            if not torch.isfinite(out.loss):
+            finite = torch.isfinite(out.loss.detach()).float()  # ()
+            if world > 1:
+                # Every rank stops together: a rank raising alone would leave the others waiting in backward's
+                # gradient all-reduce (their own loss may still be finite).
+                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+            if not finite:
                 raise NonFiniteLossError(
-                    f"loss became {out.loss.item()} at epoch {epoch + 1}, step {step + 1} "
-                    f"(loss={cfg.loss.name}, tau={cfg.loss.temperature}, lr={lr:.4g})"
+                    f"the training loss became non-finite at epoch {epoch + 1}, step {step + 1} (this rank's: "
+                    f"{out.loss.item()}; loss={cfg.loss.name}, tau={cfg.loss.temperature}, lr={lr:.4g})"
                 )
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(out.loss).backward()

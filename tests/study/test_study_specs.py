@@ -2,6 +2,7 @@
 (checked before Ray would start), and its CLI rejects what the study does not support with exit code 2."""
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dcl_core.config import ConfigError, apply_overrides
-from dcl_core.study import grid_points, validate_spec
+from dcl_core.study import _experiments, grid_points, validate_spec
 from dcl_core.study_cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,6 +46,8 @@ def test_presets_build_valid_specs(name, preset, search):
     spec = module.build_spec(args)
     validate_spec(spec)
     assert (spec.search is not None) == (search == "optuna")
+    names = [e.name for e in _experiments(spec)]  # raises if two Tune experiments would share a directory
+    assert len(set(names)) == len(names) and all(n.startswith(spec.name) for n in names)
     for grid in spec.grids:
         for point in grid_points(grid):
             apply_overrides(spec.base, point)
@@ -98,3 +101,33 @@ def test_search_bounds_are_checked_where_a_trial_can_reach_them():
         validate_spec(spec(("dcl", "dclw"), bad_sigma))
     with pytest.raises(ConfigError, match=r"loss\.sigma must be > 0"):
         validate_spec(spec(("dcl",), {"loss.name": Choice(("dcl", "dclw")), **bad_sigma}))
+
+
+def test_a_search_over_several_sub_grids_names_each_experiment_by_its_sub_grid():
+    spec = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep", "--search", "optuna"))
+    names = [e.name for e in _experiments(spec)]
+    # One Optuna search per (framework, K): the framework tells SimCLR's K=4 from SiMo's K=4.
+    assert names == [f"eqco_negatives_sweep-{fw}-{k}" for fw in ("simclr", "simo") for k in (4, 16, 63)]
+    assert [e.point for e in _experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
+
+
+def test_storage_join_keeps_uris_intact():
+    from dcl_core.study import storage_join
+
+    assert storage_join("/abs/ray/", "exp") == "/abs/ray/exp"
+    assert storage_join("s3://bucket/studies", "exp") == "s3://bucket/studies/exp"
+    assert storage_join("s3://bucket/studies/?region=x", "exp") == "s3://bucket/studies/exp?region=x"
+    assert storage_join("file:///tmp/r", "exp") == "file:///tmp/r/exp"
+
+
+def test_asha_is_refused_for_grids_and_resume_keeps_the_original_options(tmp_path):
+    from dcl_core.study import _check_resume_options, run_study
+
+    spec = load("temperature_sweep").build_spec(args_for("temperature_sweep", "--smoke"))
+    with pytest.raises(ConfigError, match="use it with --search optuna"):
+        run_study(spec, tmp_path, asha=True)  # refused before Ray starts
+    options = tmp_path / "study_options.json"
+    options.write_text('{"tracking_uri": "sqlite:////a.db", "asha": false}')
+    _check_resume_options(options, {"tracking_uri": "sqlite:////a.db", "asha": False})
+    with pytest.raises(ConfigError, match=re.escape("tracking_uri was 'sqlite:////a.db', now 'http://x:5000'")):
+        _check_resume_options(options, {"tracking_uri": "http://x:5000", "asha": False})

@@ -143,3 +143,20 @@ def test_torchrun_two_process_gloo_ddp(tmp_path):
     from dcl_core.training.checkpoint import load_checkpoint
 
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1
+
+
+@pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
+def test_torchrun_divergence_stops_every_rank_with_one_line(tmp_path):
+    """A huge lr makes the loss non-finite: both ranks stop together (none is left waiting in an all-reduce),
+    and the CLI says so in one line with exit code 1 (a failed run, not bad input)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+         "dcl_core.train", "--preset", "smoke", "--epochs", "2", "--lr", "1e30", "--output-dir", str(tmp_path),
+         "--threads", "1"],
+        capture_output=True, text=True, cwd=REPO, timeout=180,
+    )
+    assert proc.returncode != 0
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: the training loss became non-finite")]
+    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]  # one line per rank, the same step
+    # torchrun itself reports the failed children with a traceback of its launcher; none comes from our code.
+    assert f'File "{REPO / "dcl_core"}' not in proc.stderr
