@@ -30,6 +30,7 @@ DATASET_NAMES = ("cifar10", "cifar100", "stl10", "imagefolder")
 ARCH_NAMES = ("resnet18", "resnet50")
 STEM_NAMES = ("cifar", "imagenet")
 AUGMENTATIONS = ("simclr", "byol")
+DATA_LOADERS = ("memory", "stream")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -62,6 +63,16 @@ class DataConfig:
     # SimCLR's CIFAR recipe uses jitter strength 0.5; the DCL paper (A.4) quotes 0.8/0.8/0.8/0.2, i.e. s = 1.
     jitter_strength: float = _f(0.5, "colour-jitter strength s: (0.8s, 0.8s, 0.8s, 0.2s)", 1.0)
     crop_min_scale: float = _f(0.08, "RandomResizedCrop lower scale bound", 0.08)
+    # Small images (CIFAR, STL-10) are decoded once; ImageNet is ~190 GB at 224 px and is cropped from full
+    # resolution, so it streams (dcl_core/data/streaming.py).
+    loader: str = _f(
+        "memory",
+        "memory: decode once into a uint8 tensor, views made batched on the device; stream: an ImageFolder read "
+        "by DataLoader workers, views made per sample from full resolution (ImageNet)",
+        None,
+        DATA_LOADERS,
+    )
+    workers: int = _f(8, "DataLoader worker processes per rank (data.loader=stream)")
 
 
 @dataclass(frozen=True)
@@ -194,6 +205,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # (ImageNet-100 or -1K, pass --data-root), batch 256, 200 epochs, base lr 0.3, tau 0.1.
     "paper_imagenet": {
         "data.dataset": "imagefolder",
+        "data.loader": "stream",
         "data.image_size": 224,
         "data.jitter_strength": 1.0,
         "model.arch": "resnet50",
@@ -400,6 +412,7 @@ def validate(cfg: Config) -> None:
         "optim.min_lr_ratio",
         "data.train_per_class",
         "data.test_per_class",
+        "data.workers",
         "threads",
         "seed",
     ):
@@ -420,6 +433,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}"
         )
+    if cfg.data.loader == "stream" and cfg.data.dataset == "stl10":
+        raise ConfigError("data.loader=stream reads ImageFolder layouts; STL-10 comes in torchvision's binary "
+                          "format, which data.loader=memory decodes")
     if not 0 < cfg.data.crop_min_scale <= 1:
         raise ConfigError(f"data.crop_min_scale must be in (0, 1], got {cfg.data.crop_min_scale}")
     if cfg.optim.momentum >= 1:

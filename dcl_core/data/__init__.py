@@ -19,6 +19,7 @@ from dcl_core.data.datasets import (
     class_balanced_subset,
     load_dataset,
     resolve_data_root,
+    split_location,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "load_dataset",
     "normalization_for",
     "resolve_data_root",
+    "split_location",
 ]

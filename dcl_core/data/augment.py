@@ -377,8 +377,8 @@ class ViewAugmentation:
 
     Speed (measured once, torch 2.14 CPU, 2 cores, a noisy shared VM): a batch of 256 CIFAR images
     (32 px) into two "simclr" views takes 30-50 ms (best runs ~25 ms); 256 STL-size images (96 px,
-    with blur) take ~0.3-0.5 s. ``tests/data/test_augment.py::test_speed_cifar_batch`` guards against
-    regressions with a loose bound.
+    with blur) take ~0.3-0.5 s. ``benchmarks/cpu_throughput.py`` prints the ratio to torchvision's
+    per-sample pipeline.
 
     Args:
         image_size: Output side length.

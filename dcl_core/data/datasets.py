@@ -507,6 +507,13 @@ def _locate(name: str, split: str, base: Path, explicit: bool, download: bool) -
     raise _not_found(name, looked, download_possible=True)
 
 
+def split_location(name: str, split: str, root: str | None = None, download: bool = False) -> tuple[str, Path]:
+    """Where :func:`load_dataset` reads ``split``: ``("folder", dir)`` for an ImageFolder layout (which the
+    streaming loader can read as well), ``("torchvision", dir)`` for torchvision's format. DataError if absent."""
+    _check_name(name)
+    return _locate(name, split, resolve_data_root(name, root, download), explicit=bool(root), download=download)
+
+
 def check_dataset(name: str, root: str | None = None, download: bool = False) -> Path:
     """The resolved root, after checking that :func:`load_dataset` will find its train and test splits there
     (or may download them). Nothing is decoded: a pre-flight check for CLIs, before any compute starts.

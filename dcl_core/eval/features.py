@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -65,24 +65,63 @@ def extract_features(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = _module_device(backbone) if device is None else torch.device(device)
-    num_images = images.shape[0]
+    batches = (transform(images[s : s + batch_size].to(device, non_blocking=True))  # (b, 3, H, W) float
+               for s in range(0, images.shape[0], batch_size))
+    return _collect(backbone, batches, device, normalize, amp, total=images.shape[0])
+
+
+@torch.no_grad()
+def extract_features_from_batches(
+    backbone: nn.Module,
+    batches: Iterable[torch.Tensor],
+    device: torch.device | str | None = None,
+    normalize: bool = True,
+    amp: bool = True,
+    total: int | None = None,
+) -> torch.Tensor:
+    """As :func:`extract_features`, for batches already transformed elsewhere (e.g. by ``DataLoader`` workers
+    streaming an ImageFolder): float ``(b, 3, H, W)`` backbone inputs, in order, on any device. ``total`` (the
+    number of images, when known) lets the output be filled in place instead of concatenated at the end."""
+    device = _module_device(backbone) if device is None else torch.device(device)
+    batches = (b.to(device, non_blocking=True) for b in batches)
+    return _collect(backbone, batches, device, normalize, amp, total)
+
+
+def _collect(
+    backbone: nn.Module, batches: Iterable[torch.Tensor], device: torch.device, normalize: bool, amp: bool,
+    total: int | None = None,
+) -> torch.Tensor:
+    """Backbone features of every batch on CPU, in eval mode (each module's mode restored afterwards).
+
+    With ``total`` known the (N, F) output is allocated once and filled (one copy of ImageNet's features,
+    not two during a final concatenation)."""
     previous_modes = {module: module.training for module in backbone.modules()}
     backbone.eval()
+    parts: list[torch.Tensor] = []
     out: torch.Tensor | None = None
+    filled = 0
     try:
-        for start in range(0, num_images, batch_size):
-            batch = images[start : start + batch_size].to(device, non_blocking=True)  # (b, 3, H, W) uint8
+        for batch in batches:
             with _autocast_context(device, amp):
-                feats = backbone(transform(batch))  # (b, F)
+                feats = backbone(batch)  # (b, F)
             feats = feats.float()
             if normalize:
                 feats = F.normalize(feats, dim=1)  # (b, F), unit rows
+            if total is None:
+                parts.append(feats.cpu())
+                continue
             if out is None:
-                out = torch.empty(num_images, feats.shape[1], dtype=torch.float32)  # (N, F) on CPU
-            out[start : start + feats.shape[0]] = feats.cpu()
+                out = torch.empty(total, feats.shape[1], dtype=torch.float32)  # (N, F) on CPU
+            out[filled : filled + feats.shape[0]] = feats.cpu()
+            filled += feats.shape[0]
     finally:
         for module, mode in previous_modes.items():
             module.training = mode
-    assert out is not None  # images is non-empty, so at least one batch ran
-    logger.debug("extracted features %s from %d images on %s", tuple(out.shape), num_images, device)
+    if total is not None and filled != total:
+        raise ValueError(f"expected features of {total} images, got {filled}")
+    if out is None:
+        if not parts:
+            raise ValueError("no images to extract features from")
+        out = torch.cat(parts)  # (N, F) on CPU
+    logger.debug("extracted features %s on %s", tuple(out.shape), device)
     return out

@@ -59,12 +59,14 @@ def knn_predict(
     k: int = 200,
     temperature: float = 0.1,
     chunk_size: int = 1024,
+    bank_chunk_size: int = 65536,
 ) -> torch.Tensor:
     """Predict query labels by a similarity-weighted vote of their ``k`` nearest bank neighbours.
 
     Features are L2-normalised here (a no-op for already normalised features), so the similarity is the
-    cosine similarity. Queries are processed ``chunk_size`` at a time, so at most a ``(chunk_size, N)``
-    similarity matrix exists at once (10k queries against a 50k bank fit in memory).
+    cosine similarity. Queries are processed ``chunk_size`` at a time against ``bank_chunk_size`` bank rows
+    at a time, keeping a running top-k, so at most a ``(chunk_size, bank_chunk_size)`` similarity matrix
+    exists at once (ImageNet's 1.28M-image bank included).
 
     Args:
         query: Query features ``(M, F)``.
@@ -75,6 +77,7 @@ def knn_predict(
         temperature: The kNN monitor's own temperature ``t`` in the vote weights ``exp(sim / t)``
             (0.1 as in InstDisc / MoCo). This is NOT the contrastive training temperature.
         chunk_size: Number of queries per chunk.
+        bank_chunk_size: Number of bank rows compared at once.
 
     Returns:
         int64 predictions ``(M,)`` on the device of ``query``. Ties between classes go to the lowest index.
@@ -83,7 +86,7 @@ def knn_predict(
         ValueError: If ``temperature <= 0``, ``k < 1``, ``chunk_size < 1``, ``num_classes < 1`` or the shapes
             are inconsistent.
     """
-    _validate(query, bank, bank_labels, num_classes, k, temperature, chunk_size)
+    _validate(query, bank, bank_labels, num_classes, k, temperature, min(chunk_size, bank_chunk_size))
     k = min(k, bank.shape[0])
     device = bank.device
     bank_n = F.normalize(bank.float(), dim=1)  # (N, F)
@@ -91,9 +94,7 @@ def knn_predict(
     preds = torch.empty(query.shape[0], dtype=torch.long, device=device)  # (M,)
     for start in range(0, query.shape[0], chunk_size):
         q = F.normalize(query[start : start + chunk_size].to(device).float(), dim=1)  # (C, F)
-        sims = q @ bank_n.T  # (C, F) @ (F, N) -> (C, N)
-        top_sims, top_idx = sims.topk(k, dim=1)  # (C, k), (C, k); sorted, top_sims[:, 0] is the max
-        del sims
+        top_sims, top_idx = _top_k(q, bank_n, k, bank_chunk_size)  # (C, k), (C, k); top_sims[:, 0] is the max
         top_labels = bank_labels[top_idx]  # (C, k)
         # exp((s - s_max) / t) rescales each row's weights by one positive constant: the vote argmax is
         # unchanged but exp cannot overflow for small t.
@@ -102,6 +103,25 @@ def knn_predict(
         votes.scatter_add_(1, top_labels, weights)  # (C, num_classes): summed weights per class
         preds[start : start + q.shape[0]] = votes.argmax(dim=1)
     return preds.to(query.device)
+
+
+def _top_k(q: torch.Tensor, bank: torch.Tensor, k: int, bank_chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k largest similarities of each query row with the bank and their bank indices, sorted descending,
+    merging per-chunk top-k's so only a (C, bank_chunk_size) similarity block exists at once."""
+    best_sims: torch.Tensor | None = None
+    best_idx: torch.Tensor | None = None
+    for b0 in range(0, bank.shape[0], bank_chunk_size):
+        sims = q @ bank[b0 : b0 + bank_chunk_size].T  # (C, F) @ (F, B) -> (C, B)
+        sims, idx = sims.topk(min(k, sims.shape[1]), dim=1)  # (C, <=k) each
+        idx += b0
+        if best_sims is not None and best_idx is not None:
+            sims = torch.cat([best_sims, sims], dim=1)  # (C, <=2k): running best, then this chunk's
+            idx = torch.cat([best_idx, idx], dim=1)
+            sims, pick = sims.topk(min(k, sims.shape[1]), dim=1)  # (C, <=k)
+            idx = idx.gather(1, pick)
+        best_sims, best_idx = sims, idx
+    assert best_sims is not None and best_idx is not None  # the bank is non-empty (validated)
+    return best_sims, best_idx
 
 
 @torch.no_grad()
@@ -114,6 +134,7 @@ def knn_top1(
     k: int = 200,
     temperature: float = 0.1,
     chunk_size: int = 1024,
+    bank_chunk_size: int = 65536,
 ) -> float:
     """Top-1 accuracy (percent, 0-100) of the weighted kNN classifier :func:`knn_predict`.
 
@@ -126,6 +147,7 @@ def knn_top1(
         k: Number of neighbours (clamped to ``N``).
         temperature: The kNN monitor's own vote temperature (not the training temperature).
         chunk_size: Number of queries per chunk.
+        bank_chunk_size: Number of bank rows compared at once.
 
     Returns:
         Percentage of queries whose predicted label equals ``query_labels``.
@@ -137,7 +159,7 @@ def knn_top1(
         raise ValueError(
             f"query_labels must have shape ({query.shape[0]},) with M > 0, got {tuple(query_labels.shape)}"
         )
-    preds = knn_predict(query, bank, bank_labels, num_classes, k, temperature, chunk_size)  # (M,)
+    preds = knn_predict(query, bank, bank_labels, num_classes, k, temperature, chunk_size, bank_chunk_size)  # (M,)
     top1 = (preds == query_labels.to(preds.device)).float().mean().item() * 100.0
     logger.debug("kNN top-1 %.2f%% (k=%d, t=%g, M=%d, N=%d)", top1, k, temperature, len(preds), len(bank))
     return top1

@@ -6,19 +6,25 @@ Everything built here receives explicit values, so losses, models and data code 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from dcl_core.config import Config, Derived
 from dcl_core.data import (
+    DataError,
     EvalTransform,
     ImageTensors,
     ViewAugmentation,
     load_dataset,
     normalization_for,
+    split_location,
 )
+from dcl_core.data.streaming import FolderSplit, TwoViews, epoch_loader, eval_batches, eval_transform, folder_split
+from dcl_core.eval.features import extract_features, extract_features_from_batches
 from dcl_core.frameworks import FRAMEWORKS
 from dcl_core.losses import LOSSES, ContrastiveLoss
 from dcl_core.models import ProjectionHead, SSLModel, build_backbone
@@ -81,8 +87,36 @@ def build_optimizer(cfg: Config, derived: Derived, model: nn.Module) -> torch.op
     )
 
 
+class TrainingData(Protocol):
+    """What training and evaluation need from a dataset, in memory or streamed from an ImageFolder."""
+
+    num_classes: int
+
+    def __len__(self) -> int:
+        """Number of pretraining images (indices of the epoch permutation)."""
+        ...
+
+    def epoch_views(
+        self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The two augmented views (float (n, 3, S, S) each, on ``device``) of each batch of pretraining
+        indices, in order; all randomness from ``generator`` (and the global RNG the trainer seeds)."""
+        ...
+
+    def features(
+        self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
+    ) -> torch.Tensor:
+        """Backbone features (N, F) on CPU of the labeled ``"bank"`` (train) or ``"test"`` split, with the
+        deterministic evaluation transform."""
+        ...
+
+    def labels(self, split: str) -> torch.Tensor:
+        """Labels (N,) of the ``"bank"`` or ``"test"`` split, in :meth:`features` order."""
+        ...
+
+
 @dataclass
-class TrainingData:
+class InMemoryData:
     """Images kept in memory as uint8, plus the transforms that run on the training device."""
 
     pretrain: ImageTensors  # SSL pretraining images (labels unused)
@@ -92,10 +126,71 @@ class TrainingData:
     eval_transform: EvalTransform
     num_classes: int
 
+    def __len__(self) -> int:
+        return len(self.pretrain)
+
+    def epoch_views(
+        self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in batches:
+            batch = self.pretrain.images[idx].to(device, non_blocking=True)  # uint8 (n, 3, H, W)
+            yield self.augment(batch, generator)  # float (n, 3, S, S) each
+
+    def features(
+        self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
+    ) -> torch.Tensor:
+        images = {"bank": self.bank, "test": self.test}[split].images
+        return extract_features(backbone, images, self.eval_transform, batch_size, device, normalize=normalize)
+
+    def labels(self, split: str) -> torch.Tensor:
+        return {"bank": self.bank, "test": self.test}[split].labels
+
+
+@dataclass
+class StreamingData:
+    """An ImageFolder tree read by DataLoader workers (``data.loader=stream``, see dcl_core/data/streaming.py)."""
+
+    pretrain: FolderSplit  # two-view transform
+    bank: FolderSplit  # evaluation transform
+    test: FolderSplit
+    num_classes: int
+    workers: int
+
+    def __len__(self) -> int:
+        return len(self.pretrain)
+
+    def epoch_views(
+        self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        pin = device.type == "cuda"
+        for view1, view2 in epoch_loader(self.pretrain, batches, self.workers, generator, pin):
+            yield view1.to(device, non_blocking=True), view2.to(device, non_blocking=True)
+
+    def features(
+        self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
+    ) -> torch.Tensor:
+        part = {"bank": self.bank, "test": self.test}[split]
+        batches = eval_batches(part, batch_size, self.workers, pin=device.type == "cuda")
+        return extract_features_from_batches(backbone, batches, device, normalize=normalize, total=len(part))
+
+    def labels(self, split: str) -> torch.Tensor:
+        return {"bank": self.bank, "test": self.test}[split].labels
+
 
 def build_data(cfg: Config) -> TrainingData:
     """Load (and subset) the datasets; raises DataError with one line if they are missing."""
     dc = cfg.data
+    mean, std = normalization_for(dc.dataset)
+    augment = ViewAugmentation(
+        dc.image_size,
+        policy=dc.augmentation,
+        mean=mean,
+        std=std,
+        crop_scale=(dc.crop_min_scale, 1.0),
+        jitter_strength=dc.jitter_strength,
+    )
+    if dc.loader == "stream":
+        return _build_streaming(cfg, augment, mean, std)
     # Stored at the training size: a larger stored image (STL-10's 96 px at image_size 32) would be shrunk by
     # the view augmentation's crop without antialiasing, while the eval transform antialiases.
     size = dc.image_size
@@ -111,15 +206,6 @@ def build_data(cfg: Config) -> TrainingData:
         pretrain = load_dataset(dc.dataset, "pretrain", dc.root, dc.download, size)
     else:
         pretrain = bank
-    mean, std = normalization_for(dc.dataset)
-    augment = ViewAugmentation(
-        dc.image_size,
-        policy=dc.augmentation,
-        mean=mean,
-        std=std,
-        crop_scale=(dc.crop_min_scale, 1.0),
-        jitter_strength=dc.jitter_strength,
-    )
     log.info(
         "data: %d pretraining images, %d bank, %d test, %d classes",
         len(pretrain),
@@ -127,6 +213,28 @@ def build_data(cfg: Config) -> TrainingData:
         len(test),
         bank.num_classes,
     )
-    return TrainingData(
+    return InMemoryData(
         pretrain, bank, test, augment, EvalTransform(dc.image_size, mean, std), bank.num_classes
     )
+
+
+def _build_streaming(
+    cfg: Config, augment: ViewAugmentation, mean: Sequence[float], std: Sequence[float]
+) -> StreamingData:
+    dc = cfg.data
+    dirs = {}
+    for split in ("train", "test"):
+        kind, where = split_location(dc.dataset, split, dc.root, dc.download)
+        if kind != "folder":
+            raise DataError(
+                f"data.loader=stream reads ImageFolder layouts (<root>/train/<class>/...); {where} is in "
+                "torchvision's format, which data.loader=memory decodes"
+            )
+        dirs[split] = where
+    evaluate = eval_transform(dc.image_size, mean, std)
+    bank = folder_split(dirs["train"], evaluate, dc.train_per_class, cfg.seed)
+    test = folder_split(dirs["test"], evaluate, dc.test_per_class, cfg.seed, classes=bank.classes)
+    pretrain = folder_split(dirs["train"], TwoViews(augment), dc.train_per_class, cfg.seed)
+    log.info("data (streamed by %d workers): %d pretraining images, %d test, %d classes", dc.workers,
+             len(pretrain), len(test), len(bank.classes))
+    return StreamingData(pretrain, bank, test, len(bank.classes), dc.workers)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -24,10 +24,17 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from dcl_core.config import Config, derive, to_flat_dict
-from dcl_core.eval import extract_features, knn_top1, linear_probe
+from dcl_core.eval import knn_top1, linear_probe
 from dcl_core.eval.linear import LINEAR_PRESETS
 from dcl_core.models import last_block_convs
-from dcl_core.training.builders import build_data, build_framework, build_loss, build_model, build_optimizer
+from dcl_core.training.builders import (
+    TrainingData,
+    build_data,
+    build_framework,
+    build_loss,
+    build_model,
+    build_optimizer,
+)
 from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from dcl_core.training.schedule import cosine_lr
 
@@ -131,13 +138,13 @@ def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 def evaluate_knn(
-    backbone: nn.Module, data: Any, k: int, temperature: float, batch_size: int, device: torch.device
+    backbone: nn.Module, data: TrainingData, k: int, temperature: float, batch_size: int, device: torch.device
 ) -> float:
     """kNN top-1 (%) of the test set against the labeled train bank, test-time transforms for both."""
-    bank = extract_features(backbone, data.bank.images, data.eval_transform, batch_size, device)
-    test = extract_features(backbone, data.test.images, data.eval_transform, batch_size, device)
+    bank = data.features(backbone, "bank", batch_size, device)
+    test = data.features(backbone, "test", batch_size, device)
     return knn_top1(
-        test, data.test.labels, bank, data.bank.labels, data.num_classes, k=k, temperature=temperature
+        test, data.labels("test"), bank, data.labels("bank"), data.num_classes, k=k, temperature=temperature
     )
 
 
@@ -192,7 +199,7 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
     optimizer = build_optimizer(cfg, derived, model)
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
 
-    n_images = len(data.pretrain)
+    n_images = len(data)
     sampler = DistributedSampler(
         range(n_images), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
@@ -240,7 +247,6 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         derived.lr,
         derived.num_negatives,
     )
-    images = data.pretrain.images  # uint8 (N, 3, H, W) on CPU
     for epoch in range(start_epoch, cfg.optim.epochs):
         sampler.set_epoch(epoch)
         order = torch.tensor(list(sampler), dtype=torch.long)  # this rank's shard of the epoch permutation
@@ -253,15 +259,14 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         grad_sq = torch.zeros((), dtype=torch.float64, device=device)
         q_hist = torch.zeros(Q_HIST_BINS, dtype=torch.float64, device=device)
         t0 = time.perf_counter()
-        for step in range(steps_per_epoch):
+        n = derived.per_rank_batch
+        batches = [order[s * n : (s + 1) * n] for s in range(steps_per_epoch)]  # (n,) image indices each
+        for step, (view1, view2) in enumerate(data.epoch_views(batches, gen, device)):  # (n, 3, S, S) each
             lr = cosine_lr(
                 epoch * steps_per_epoch + step, total_steps, derived.lr, warmup_steps, cfg.optim.min_lr_ratio
             )
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            idx = order[step * derived.per_rank_batch : (step + 1) * derived.per_rank_batch]
-            batch = images[idx].to(device, non_blocking=True)  # uint8 (n, 3, H, W)
-            view1, view2 = data.augment(batch, gen)  # float (n, 3, S, S) each
             view1 = view1.contiguous(memory_format=torch.channels_last)
             view2 = view2.contiguous(memory_format=torch.channels_last)
             with torch.autocast(device_type=device.type, enabled=use_amp):
@@ -365,19 +370,15 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
     return result
 
 
-def _linear_eval(cfg: Config, model: nn.Module, data: Any, device: torch.device) -> dict[str, float]:
+def _linear_eval(cfg: Config, model: nn.Module, data: TrainingData, device: torch.device) -> dict[str, float]:
     backbone = _unwrap(model).backbone
-    train_f = extract_features(
-        backbone, data.bank.images, data.eval_transform, cfg.eval.batch_size, device, normalize=False
-    )
-    test_f = extract_features(
-        backbone, data.test.images, data.eval_transform, cfg.eval.batch_size, device, normalize=False
-    )
+    train_f = data.features(backbone, "bank", cfg.eval.batch_size, device, normalize=False)
+    test_f = data.features(backbone, "test", cfg.eval.batch_size, device, normalize=False)
     res = linear_probe(
         train_f,
-        data.bank.labels,
+        data.labels("bank"),
         test_f,
-        data.test.labels,
+        data.labels("test"),
         data.num_classes,
         seed=cfg.seed,
         device=device,

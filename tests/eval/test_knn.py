@@ -64,6 +64,10 @@ def test_chunking_is_invariant() -> None:
     full = knn_predict(query, bank, bank_labels, 10, k=20, chunk_size=101)
     for chunk_size in (1, 2, 7, 50, 100, 1024):
         assert torch.equal(knn_predict(query, bank, bank_labels, 10, k=20, chunk_size=chunk_size), full)
+    # Chunking the bank (running top-k merge) too; chunks smaller than k included.
+    for bank_chunk in (1, 7, 19, 20, 21, 150, 299, 300):
+        got = knn_predict(query, bank, bank_labels, 10, k=20, chunk_size=33, bank_chunk_size=bank_chunk)
+        assert torch.equal(got, full), bank_chunk
 
 
 def test_separated_clusters_give_100_percent() -> None:
