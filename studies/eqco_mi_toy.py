@@ -61,8 +61,16 @@ def main(argv=None) -> int:
                for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
     init_ray(None, args.num_cpus)
     task = ray.remote(num_cpus=1)(_run_one)
-    rows = ray.get([task.remote(c) for c in configs])
+    pending = {task.remote(c): c for c in configs}
+    rows = []
+    while pending:  # progress as each run finishes
+        (ref,), _ = ray.wait(list(pending), num_returns=1)
+        cfg, row = pending.pop(ref), ray.get(ref)
+        rows.append(row)
+        logging.info("[%d/%d] %s, true MI %g, K %d: estimate %.2f", len(rows), len(configs), cfg.method,
+                     cfg.true_mi, cfg.k, row["mi_estimate"])
     ray.shutdown()
+    rows.sort(key=lambda r: (r["true_mi"], r["k"], r["method"]))
     table = format_table5(rows, pr["ks"])
     files = [*write_rows(rows, out, "mi_toy"), plot_table5(rows, out / "mi_toy.png")]
     (out / "table.txt").write_text(table + "\n")
