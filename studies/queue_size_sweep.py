@@ -34,7 +34,7 @@ PRESETS = {
                               "data.train_per_class": 250, "data.test_per_class": 100, "optim.epochs": 5,
                               "optim.batch_size": 32, "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0,
                               "framework.momentum": 0.99, "eval.knn_every": 5}),
-                queues=(32, 256, 2048), losses=("infonce", "dcl"), seeds=2, samples=6),
+                queues=(32, 256, 2048), losses=("infonce", "dcl"), seeds=3, samples=6),
     # Table 5 (ImageNet-100 columns): MoCo-v2, ResNet-50, 200 epochs, lr 0.03, tau 0.2, momentum 0.999.
     "paper": dict(base=("paper_imagenet", {**MOCO, "optim.base_lr": 0.03}),
                   queues=PAPER_QUEUE_SIZES, losses=("infonce", "dcl"), seeds=1, samples=8),

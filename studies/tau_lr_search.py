@@ -31,7 +31,7 @@ PRESETS = {
     "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
                               "data.test_per_class": 100, "optim.epochs": 6, "optim.batch_size": 32,
                               "optim.warmup_epochs": 1.0, "eval.knn_every": 1}),
-                losses=("infonce", "dcl"), samples=6),
+                losses=("infonce", "dcl"), samples=10),
     # Table 3: ImageNet-1K, batch 256, 200 epochs (kNN every 10 epochs is what ASHA compares there).
     "paper": dict(base=("paper_imagenet", {}), losses=("infonce", "dcl"), samples=30),
 }
