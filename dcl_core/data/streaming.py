@@ -20,6 +20,7 @@ seeds per epoch.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -95,6 +96,15 @@ class FolderSplit:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def with_transform(self, transform: object) -> FolderSplit:
+        """The same images, in the same order, with another per-sample transform (no second directory scan:
+        ImageNet-1K's train folder holds 1.28M files)."""
+        inner = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset
+        folder = copy.copy(inner)
+        folder.transform = transform  # ImageFolder applies self.transform in __getitem__
+        dataset = Subset(folder, self.dataset.indices) if isinstance(self.dataset, Subset) else folder
+        return FolderSplit(dataset, self.labels, self.classes)
 
 
 def folder_split(

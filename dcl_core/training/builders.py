@@ -234,7 +234,7 @@ def _build_streaming(
     evaluate = eval_transform(dc.image_size, mean, std)
     bank = folder_split(dirs["train"], evaluate, dc.train_per_class, cfg.seed)
     test = folder_split(dirs["test"], evaluate, dc.test_per_class, cfg.seed, classes=bank.classes)
-    pretrain = folder_split(dirs["train"], TwoViews(augment), dc.train_per_class, cfg.seed)
+    pretrain = bank.with_transform(TwoViews(augment))  # the same (subset of) images, views instead
     log.info("data (streamed by %d workers): %d pretraining images, %d test, %d classes", dc.workers,
              len(pretrain), len(test), len(bank.classes))
     return StreamingData(pretrain, bank, test, len(bank.classes), dc.workers)

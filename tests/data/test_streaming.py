@@ -75,6 +75,10 @@ def test_folder_split_subset_and_epoch_batches_are_reproducible(tmp_path):
     split = folder_split(tmp_path / "train", views, per_class=3, seed=0)
     assert len(split) == 9 and torch.bincount(split.labels).tolist() == [3, 3, 3]
     assert split.classes == CLASSES
+    # The evaluation view of the same subset, without rescanning: same images, other transform.
+    evaluate = split.with_transform(eval_transform(32, (0.5,) * 3, (0.25,) * 3))
+    assert torch.equal(evaluate.labels, split.labels) and evaluate.dataset.indices == split.dataset.indices
+    assert evaluate.dataset[0][0].shape == (3, 32, 32) and isinstance(split.dataset[0][0], tuple)
     batches = [torch.tensor([0, 4, 8]), torch.tensor([1, 2, 3])]
 
     def epoch(seed: int, workers: int) -> list[torch.Tensor]:
