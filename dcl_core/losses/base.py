@@ -13,6 +13,7 @@ Notation (DCL Eq. 1-2): for anchor a with positive p and negatives n,
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -68,7 +69,12 @@ def gather_with_grad(x: Tensor) -> Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    out = torch.cat(all_gather(x), dim=0)  # (world * n, D)
+    with warnings.catch_warnings():
+        # torch 2.14 deprecates this public autograd all_gather in favour of a private (underscore) module; it
+        # still works, and a private API would churn more.
+        warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
+        parts = all_gather(x)
+    out = torch.cat(parts, dim=0)  # (world * n, D)
     if out.requires_grad:
         # all_gather's backward sends each slice of the incoming gradient as raw memory; a transposed gradient
         # (e.g. from einsum/matmul against these keys) would arrive scrambled on the other ranks.

@@ -110,7 +110,8 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
 
 
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
-def test_torchrun_two_process_gloo_ddp(tmp_path):
+@pytest.mark.parametrize("loader", ["memory", "stream"])
+def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
     out = tmp_path / "ddp"
     proc = subprocess.run(
         [
@@ -131,6 +132,10 @@ def test_torchrun_two_process_gloo_ddp(tmp_path):
             "cpu",
             "--threads",
             "1",
+            "--set",
+            f"data.loader={loader}",
+            "--set",
+            "data.workers=1",
         ],
         capture_output=True,
         text=True,
@@ -140,6 +145,8 @@ def test_torchrun_two_process_gloo_ddp(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "on cpu x2" in proc.stderr  # both ranks joined one gloo group; global batch split in two
+    # Streamed: each rank's DataLoader reads its DistributedSampler shard of the embedded CIFAR-10 JPEGs.
+    assert ("streamed by 1 workers" in proc.stderr) == (loader == "stream")
     from dcl_core.training.checkpoint import load_checkpoint
 
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1
