@@ -399,15 +399,18 @@ def run_study(
 
     init_ray(address, num_cpus)
     if resources.num_workers > 1 and max_concurrent is None:
-        max_concurrent = _ddp_concurrency(resources)
+        import ray
+
+        max_concurrent = ddp_concurrency(resources, ray.cluster_resources())
+        log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)", max_concurrent,
+                 resources.num_workers)
     tracking.ensure_experiment(tracking_uri, spec.name, artifact_root=output_dir / "mlartifacts")
     tags = {"study": spec.name, "git_commit": tracking.git_commit()}
 
     rows: list[Row] = []
-    for experiment, exp_uri in zip(experiments, exp_uris, strict=True):
-        results = _run_group(spec, experiment.grid, experiment.point, storage_path, exp_uri, resources,
-                             tracking_uri, tags, resume, max_concurrent, asha, max_failures, seed,
-                             save_checkpoint_artifact)
+    for experiment in experiments:
+        results = _run_group(spec, experiment, storage_path, resources, tracking_uri, tags, resume, max_concurrent,
+                             asha, max_failures, seed, save_checkpoint_artifact)
         rows.extend(_rows(results))
     return _summarize(spec, rows, output_dir, tracking_uri, tags)
 
@@ -424,28 +427,25 @@ def _check_resume_options(path: Path, options: dict[str, Any]) -> None:
                               f"{before[key]!r}, now {value!r}")
 
 
-def _ddp_concurrency(resources: Resources) -> int:
-    """How many DDP trials fit the cluster at once. A DDP trial reserves almost nothing itself (its
-    TorchTrainer's workers hold the resources), so without this cap Tune would start every trial, each
-    TorchTrainer would wait for workers, and an Optuna search would suggest all its trials blind."""
-    import ray
-
-    total = ray.cluster_resources()
-    fits = total.get("CPU", 0.0) // (resources.num_workers * resources.cpus_per_worker)
+def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
+    """How many DDP trials fit ``cluster`` (``ray.cluster_resources()``) at once, at least 1. A DDP trial
+    reserves almost nothing itself (its TorchTrainer's workers hold the resources), so without this cap Tune
+    would start every trial, each TorchTrainer would wait for workers, and an Optuna search would suggest all
+    its trials blind."""
+    fits = cluster.get("CPU", 0.0) // (resources.num_workers * resources.cpus_per_worker)
     if resources.gpus_per_worker:
-        fits = min(fits, total.get("GPU", 0.0) // (resources.num_workers * resources.gpus_per_worker))
-    concurrent = max(1, int(fits))
-    log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)", concurrent,
-             resources.num_workers)
-    return concurrent
+        fits = min(fits, cluster.get("GPU", 0.0) // (resources.num_workers * resources.gpus_per_worker))
+    return max(1, int(fits))
 
 
-def _run_group(spec, grid, point, storage_path, exp_uri, resources, tracking_uri, tags, resume, max_concurrent,
-               asha, max_failures, seed, save_artifact):
+def _run_group(spec, experiment, storage_path, resources, tracking_uri, tags, resume, max_concurrent, asha,
+               max_failures, seed, save_artifact):
     from ray import tune
 
     from dcl_core import tracking
 
+    grid, point = experiment.grid, experiment.point
+    exp_uri = storage_join(storage_path, experiment.name)
     base_flat = to_flat_dict(spec.base)
     searched = keys_of(spec.search) if spec.search else set()
     if spec.search is None:
@@ -493,7 +493,7 @@ def _run_group(spec, grid, point, storage_path, exp_uri, resources, tracking_uri
                 trial_dirname_creator=functools.partial(_trial_name, keys=_varied_keys(spec)),
             ),
             run_config=tune.RunConfig(
-                name=exp_uri.split("?", 1)[0].rstrip("/").rsplit("/", 1)[1], storage_path=storage_path,
+                name=experiment.name, storage_path=storage_path,
                 failure_config=tune.FailureConfig(max_failures=max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[callback], verbose=1,

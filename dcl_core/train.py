@@ -106,11 +106,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.download:
         overrides["data.download"] = True
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        overrides[key.strip()] = value.strip()
+    from dcl_core.study_cli import parse_overrides
+
+    overrides |= parse_overrides(args.set)
     return apply_overrides(cfg, overrides)
 
 

@@ -521,11 +521,9 @@ def check_dataset(name: str, root: str | None = None, download: bool = False) ->
     Raises:
         DataError: unknown dataset, or a split missing (one line saying where it looked and how to get it).
     """
-    _check_name(name)
-    base = resolve_data_root(name, root, download)
     for split in ("train", "test"):
-        _locate(name, split, base, explicit=bool(root), download=download)
-    return base
+        split_location(name, split, root, download)
+    return resolve_data_root(name, root, download)
 
 
 def load_dataset(

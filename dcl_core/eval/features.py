@@ -74,14 +74,13 @@ def extract_features(
 def extract_features_from_batches(
     backbone: nn.Module,
     batches: Iterable[torch.Tensor],
+    total: int,
     device: torch.device | str | None = None,
     normalize: bool = True,
     amp: bool = True,
-    total: int | None = None,
 ) -> torch.Tensor:
-    """As :func:`extract_features`, for batches already transformed elsewhere (e.g. by ``DataLoader`` workers
-    streaming an ImageFolder): float ``(b, 3, H, W)`` backbone inputs, in order, on any device. ``total`` (the
-    number of images, when known) lets the output be filled in place instead of concatenated at the end."""
+    """As :func:`extract_features`, for ``total`` images whose batches were transformed elsewhere (e.g. by
+    ``DataLoader`` workers streaming an ImageFolder): float ``(b, 3, H, W)`` backbone inputs, in order."""
     device = _module_device(backbone) if device is None else torch.device(device)
     batches = (b.to(device, non_blocking=True) for b in batches)
     return _collect(backbone, batches, device, normalize, amp, total)
@@ -89,15 +88,12 @@ def extract_features_from_batches(
 
 def _collect(
     backbone: nn.Module, batches: Iterable[torch.Tensor], device: torch.device, normalize: bool, amp: bool,
-    total: int | None = None,
+    total: int,
 ) -> torch.Tensor:
-    """Backbone features of every batch on CPU, in eval mode (each module's mode restored afterwards).
-
-    With ``total`` known the (N, F) output is allocated once and filled (one copy of ImageNet's features,
-    not two during a final concatenation)."""
+    """Backbone features (total, F) of every batch on CPU, in eval mode (each module's mode restored
+    afterwards); the output is allocated once and filled (one copy of ImageNet's features, not two)."""
     previous_modes = {module: module.training for module in backbone.modules()}
     backbone.eval()
-    parts: list[torch.Tensor] = []
     out: torch.Tensor | None = None
     filled = 0
     try:
@@ -107,9 +103,6 @@ def _collect(
             feats = feats.float()
             if normalize:
                 feats = F.normalize(feats, dim=1)  # (b, F), unit rows
-            if total is None:
-                parts.append(feats.cpu())
-                continue
             if out is None:
                 out = torch.empty(total, feats.shape[1], dtype=torch.float32)  # (N, F) on CPU
             out[filled : filled + feats.shape[0]] = feats.cpu()
@@ -117,11 +110,7 @@ def _collect(
     finally:
         for module, mode in previous_modes.items():
             module.training = mode
-    if total is not None and filled != total:
+    if out is None or filled != total:
         raise ValueError(f"expected features of {total} images, got {filled}")
-    if out is None:
-        if not parts:
-            raise ValueError("no images to extract features from")
-        out = torch.cat(parts)  # (N, F) on CPU
     logger.debug("extracted features %s on %s", tuple(out.shape), device)
     return out

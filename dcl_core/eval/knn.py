@@ -86,7 +86,9 @@ def knn_predict(
         ValueError: If ``temperature <= 0``, ``k < 1``, ``chunk_size < 1``, ``num_classes < 1`` or the shapes
             are inconsistent.
     """
-    _validate(query, bank, bank_labels, num_classes, k, temperature, min(chunk_size, bank_chunk_size))
+    _validate(query, bank, bank_labels, num_classes, k, temperature, chunk_size)
+    if bank_chunk_size < 1:
+        raise ValueError(f"bank_chunk_size must be >= 1, got {bank_chunk_size}")
     k = min(k, bank.shape[0])
     device = bank.device
     bank_n = F.normalize(bank.float(), dim=1)  # (N, F)

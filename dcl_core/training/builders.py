@@ -171,7 +171,7 @@ class StreamingData:
     ) -> torch.Tensor:
         part = {"bank": self.bank, "test": self.test}[split]
         batches = eval_batches(part, batch_size, self.workers, pin=device.type == "cuda")
-        return extract_features_from_batches(backbone, batches, device, normalize=normalize, total=len(part))
+        return extract_features_from_batches(backbone, batches, len(part), device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
         return {"bank": self.bank, "test": self.test}[split].labels

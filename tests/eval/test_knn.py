@@ -139,6 +139,7 @@ def test_scale_invariance_and_top1_percent() -> None:
         ({"temperature": -0.1}, "temperature"),
         ({"k": 0}, "k must"),
         ({"chunk_size": 0}, "chunk_size"),
+        ({"bank_chunk_size": 0}, "bank_chunk_size must"),
     ],
 )
 def test_invalid_arguments(kwargs: dict[str, float], match: str) -> None:

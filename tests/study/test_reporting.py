@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from dcl_core.reporting import cells, format_table, gaps, plot, read_table, robustness, write_table
+from dcl_core.reporting import all_gaps, cells, format_table, gap_pairs, gaps, plot, read_table, robustness, write_table
 
 
 def row(loss, tau, seed, acc, status="ok", batch=128):
@@ -66,3 +66,16 @@ def test_parquet_and_csv_round_trip(tmp_path):
 def test_plot_writes_a_png(tmp_path):
     path = plot(ROWS, "temperature", "tau", tmp_path / "p.png", "t")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gaps_pair_dcl_with_infonce_within_each_framework():
+    # Series named framework+loss (Table 6's SimCLR and MoCo-v2 lines): each DCL line against its own baseline.
+    names = ["moco+dcl", "moco+infonce", "simclr+dcl", "simclr+infonce", "simclr+dclw", "dcl", "infonce"]
+    assert gap_pairs(names) == [("", "dcl", "infonce"), ("moco", "moco+dcl", "moco+infonce"),
+                                ("simclr", "simclr+dcl", "simclr+infonce")]
+    assert gap_pairs(["moco+dcl", "simclr+infonce"]) == []  # never across frameworks
+    rows = [{**row(loss, 0.1, 0, acc), "series": f"{fw}+{loss}"}
+            for fw, loss, acc in (("moco", "dcl", 70.0), ("moco", "infonce", 66.0),
+                                  ("simclr", "dcl", 60.0), ("simclr", "infonce", 61.0))]
+    assert all_gaps(rows, "temperature", series="series") == {"moco": {0.1: 4.0}, "simclr": {0.1: -1.0}}
+    assert "DCL−base moco" in format_table(rows, "temperature", "tau", gap=True, series="series")

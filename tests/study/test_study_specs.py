@@ -131,3 +131,15 @@ def test_asha_is_refused_for_grids_and_resume_keeps_the_original_options(tmp_pat
     _check_resume_options(options, {"tracking_uri": "sqlite:////a.db", "asha": False})
     with pytest.raises(ConfigError, match=re.escape("tracking_uri was 'sqlite:////a.db', now 'http://x:5000'")):
         _check_resume_options(options, {"tracking_uri": "http://x:5000", "asha": False})
+
+
+def test_ddp_trials_run_as_many_at_a_time_as_the_cluster_holds():
+    from dcl_core.study import Resources, ddp_concurrency
+
+    # This machine: 2 CPUs, 2 workers x 0.9 CPU -> one trial at a time.
+    assert ddp_concurrency(Resources(2, 0.9), {"CPU": 2.0}) == 1
+    assert ddp_concurrency(Resources(2, 1.0), {"CPU": 8.0}) == 4
+    # GPUs bind first on a GPU pool: 64 CPUs, 8 GPUs, 4-GPU trials -> 2.
+    assert ddp_concurrency(Resources(4, 4.0, 1.0), {"CPU": 64.0, "GPU": 8.0}) == 2
+    # An autoscaling cluster whose workers have not started yet still runs one trial (it waits, not 0).
+    assert ddp_concurrency(Resources(4, 4.0, 1.0), {"CPU": 0.0}) == 1
