@@ -1,9 +1,15 @@
-"""Search spaces as data: each space maps dotted config keys to a distribution.
+"""Search spaces as data: each space maps dotted config keys to a distribution, a grid or a constant.
 
-A space is a dict ``{"loss.temperature": LogUniform(0.05, 1.0), ...}``; a :class:`Conditional` entry adds
-parameters only for some values of another key (σ only when ``loss.name == "dclw"``, α only for EqCo). The
-same data becomes a Ray Tune grid (:func:`to_tune`) or an Optuna define-by-run function (:func:`to_optuna`), and
-``tests/test_search_spaces.py`` proves every key a space can produce is a valid config key.
+A space is a dict ``{"loss.temperature": LogUniform(0.05, 1.0), ...}`` of :class:`LogUniform`, :class:`Choice`,
+:class:`Grid` (every value is run: a paper sweep) or plain constants; a :class:`Conditional` entry adds
+parameters only for some values of another key (σ only when ``loss.name == "dclw"``, α only for EqCo).
+:data:`SPACES` names the spaces the studies combine, and ``PAPER_*`` hold the papers' grids.
+
+The same data becomes a Ray Tune ``param_space`` (:func:`to_tune`: grid_search and Tune domains; conditional
+entries are rejected), an Optuna define-by-run function (:func:`to_optuna`, picklable so a Tune study can resume)
+or Optuna distributions (:func:`optuna_distributions`). :func:`keys_of` lists every key a space can produce, and
+``tests/study/test_search_spaces.py`` checks each is a valid config key. Ray and Optuna are imported only by the
+functions that need them, so the study driver can build and check a study without loading either.
 """
 
 from search_spaces.spaces import (

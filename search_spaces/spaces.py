@@ -81,6 +81,8 @@ def to_tune(space: Space) -> dict[str, Any]:
 
     Conditional entries need define-by-run and are rejected here (use :func:`to_optuna`).
     """
+    # Imported here: ray.tune takes seconds to import, and the study driver and the CLIs import this module to
+    # check a study before Ray starts.
     from ray import tune
 
     out: dict[str, Any] = {}
@@ -137,6 +139,7 @@ def to_optuna(space: Space, constants: Mapping[str, Any] | None = None) -> Calla
 
 def optuna_distributions(space: Space) -> dict[str, Any]:
     """Optuna distributions of every sampled key (conditional ones included), e.g. to rebuild a study."""
+    # Imported here, like Ray in to_tune: Optuna takes most of a second to import, and only Optuna searches need it.
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
     out: dict[str, Any] = {}

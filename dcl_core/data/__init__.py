@@ -1,4 +1,15 @@
-"""Data loading (in-memory uint8 tensors) and batched on-device augmentation."""
+"""Where the images come from and how the two views are made.
+
+- :mod:`~dcl_core.data.datasets` (``data.loader=memory``): a split of CIFAR-10/100, STL-10 or a small ImageFolder
+  decoded once into an in-memory ``uint8`` tensor, and :func:`check_dataset`, the pre-flight check the CLIs run
+  before any compute.
+- :mod:`~dcl_core.data.augment`: the seeded, batched, on-device SimCLR / BYOL views of such a tensor
+  (:class:`ViewAugmentation`) and the evaluation transform (:class:`EvalTransform`).
+- :mod:`~dcl_core.data.streaming` (``data.loader=stream``): an ImageFolder too large for memory (ImageNet) read by
+  DataLoader workers, with per-sample torchvision views of the same policies; import it from there.
+
+``DATASETS`` is the config's list of ``data.dataset`` choices (:data:`dcl_core.config.DATASET_NAMES`).
+"""
 
 from dcl_core.data.augment import (
     CIFAR_MEAN,

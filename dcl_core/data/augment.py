@@ -15,6 +15,18 @@ the caller (a few numbers per image, drawn in one call) and then moved to the ba
 same ``(images, generator state)`` therefore gives bit-identical views on a given device, and the
 random parameters themselves do not depend on the device.
 
+Why not kornia's batched augmentations: they draw their parameters from the global RNG, through samplers
+that kornia documents as not reproducible across devices and dtypes, and their resized crop warps the box's
+corner pixels onto the output's (an ``align_corners=True`` mapping) instead of torchvision's crop then resize.
+Here every draw comes from the caller's seeded CPU generator, the boxes follow torchvision's
+``RandomResizedCrop.get_params`` (:func:`sample_crop_boxes`) and the resampling matches its crop + bilinear
+resize (:func:`crop_flip_resize`), so the random parameters do not depend on the device.
+
+Grayscale and normalization are torchvision's own functions: ``transforms.functional.rgb_to_grayscale``
+(v1: v2's computes the weighted sum with fused ``add(alpha=)`` steps, which differ from v1's
+``0.2989 r + 0.587 g + 0.114 b`` by up to 1 ulp and would change the numbers of a seeded run) and
+``transforms.v2.functional.normalize``.
+
 Differences from torchvision's ``transforms`` (documented deviations):
 
 * ``ColorJitter`` is applied in the fixed order brightness, contrast, saturation, hue; torchvision
@@ -32,7 +44,10 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torchvision.transforms.functional import rgb_to_grayscale
 from torchvision.transforms.v2 import functional as TF
+
+from dcl_core.config import AUGMENTATIONS
 
 Stats = tuple[float, float, float]
 
@@ -41,9 +56,8 @@ CIFAR_STD: Stats = (0.2470, 0.2435, 0.2616)
 IMAGENET_MEAN: Stats = (0.485, 0.456, 0.406)
 IMAGENET_STD: Stats = (0.229, 0.224, 0.225)
 
-POLICIES: tuple[str, ...] = ("simclr", "byol")
+POLICIES: tuple[str, ...] = AUGMENTATIONS  # the config's data.augmentation choices, kept torch-free there
 
-_GRAY_WEIGHTS = (0.2989, 0.587, 0.114)  # ITU-R 601-2 luma, as torchvision's rgb_to_grayscale
 _CROP_ATTEMPTS = 10  # as torchvision's RandomResizedCrop.get_params
 # Columns of the per-sample uniform draw (one torch.rand call per view).
 _COL_SCALE = slice(0, _CROP_ATTEMPTS)
@@ -73,12 +87,6 @@ def normalization_for(dataset: str) -> tuple[Stats, Stats]:
     return IMAGENET_MEAN, IMAGENET_STD
 
 
-def _normalize(x: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
-    mean_t = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)  # (3,) -> (1, 3, 1, 1)
-    std_t = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)  # (3,) -> (1, 3, 1, 1)
-    return (x - mean_t) / std_t
-
-
 def _check_images(images: torch.Tensor) -> None:
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
         got = f"{images.dtype} {tuple(images.shape)}"
@@ -88,19 +96,6 @@ def _check_images(images: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------------------
 # Batched color helpers (float images in [0, 1], channel dimension -3)
 # ----------------------------------------------------------------------------------------------------
-
-
-def rgb_to_grayscale(x: torch.Tensor) -> torch.Tensor:
-    """Luma of RGB images.
-
-    Args:
-        x: Float images ``(..., 3, H, W)`` in ``[0, 1]``.
-
-    Returns:
-        ``(..., 1, H, W)`` grayscale images.
-    """
-    r, g, b = x.unbind(dim=-3)
-    return (_GRAY_WEIGHTS[0] * r + _GRAY_WEIGHTS[1] * g + _GRAY_WEIGHTS[2] * b).unsqueeze(-3)
 
 
 def rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
@@ -357,6 +352,36 @@ def _blend(x: torch.Tensor, other: torch.Tensor, factor: torch.Tensor) -> torch.
     return torch.clamp(f * x + (1.0 - f) * other, 0.0, 1.0)
 
 
+def _color_jitter(x: torch.Tensor, policy: ViewPolicy, factors: torch.Tensor, jitter: torch.Tensor) -> torch.Tensor:
+    """Brightness, contrast, saturation, hue, in this fixed order, on the images where ``jitter`` is set.
+
+    Args:
+        x: Float images ``(B, 3, H, W)`` in ``[0, 1]``.
+        policy: The view's jitter strengths.
+        factors: ``(B, 4)`` uniforms (CPU, float64) for the four adjustments.
+        jitter: ``(B,)`` bool (CPU), apply jitter to this image.
+
+    Returns:
+        ``(B, 3, H, W)`` images; those without jitter are unchanged.
+    """
+    device = x.device
+    if policy.brightness > 0:
+        fac = _factor(policy.brightness, factors[:, 0], jitter).to(device, x.dtype)
+        x = torch.clamp(x * fac.view(-1, 1, 1, 1), 0.0, 1.0)  # (B,) -> (B, 1, 1, 1)
+    if policy.contrast > 0:
+        fac = _factor(policy.contrast, factors[:, 1], jitter).to(device, x.dtype)
+        mean = rgb_to_grayscale(x).mean(dim=(1, 2, 3), keepdim=True)  # (B, 1, 1, 1)
+        x = _blend(x, mean, fac)
+    if policy.saturation > 0:
+        fac = _factor(policy.saturation, factors[:, 2], jitter).to(device, x.dtype)
+        x = _blend(x, rgb_to_grayscale(x), fac)
+    if policy.hue > 0:
+        shift = (policy.hue * (2.0 * factors[:, 3] - 1.0)).to(device, x.dtype)
+        mask = jitter.to(device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
+        x = torch.where(mask, adjust_hue(x, shift), x)
+    return x
+
+
 class ViewAugmentation:
     """Produces two randomly augmented, normalized views of a uint8 batch.
 
@@ -508,21 +533,7 @@ class ViewAugmentation:
 
         jitter = u[:, _COL_JITTER] < policy.jitter_p
         if policy.jitter_p > 0 and bool(jitter.any()):
-            factors = u[:, _COL_FACTORS]
-            if policy.brightness > 0:
-                fac = _factor(policy.brightness, factors[:, 0], jitter).to(device, x.dtype)
-                x = torch.clamp(x * fac.view(-1, 1, 1, 1), 0.0, 1.0)  # (B,) -> (B, 1, 1, 1)
-            if policy.contrast > 0:
-                fac = _factor(policy.contrast, factors[:, 1], jitter).to(device, x.dtype)
-                mean = rgb_to_grayscale(x).mean(dim=(1, 2, 3), keepdim=True)  # (B, 1, 1, 1)
-                x = _blend(x, mean, fac)
-            if policy.saturation > 0:
-                fac = _factor(policy.saturation, factors[:, 2], jitter).to(device, x.dtype)
-                x = _blend(x, rgb_to_grayscale(x), fac)
-            if policy.hue > 0:
-                shift = (policy.hue * (2.0 * factors[:, 3] - 1.0)).to(device, x.dtype)
-                mask = jitter.to(device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
-                x = torch.where(mask, adjust_hue(x, shift), x)
+            x = _color_jitter(x, policy, u[:, _COL_FACTORS], jitter)
 
         gray = u[:, _COL_GRAY] < policy.gray_p
         if bool(gray.any()):
@@ -542,7 +553,7 @@ class ViewAugmentation:
             mask = solarize.to(device).view(-1, 1, 1, 1) & (x >= policy.solarize_threshold)  # (B, 1, 1, 1)
             x = torch.where(mask, 1.0 - x, x)
 
-        return _normalize(x, self.mean, self.std) if normalize else x
+        return TF.normalize(x, list(self.mean), list(self.std)) if normalize else x
 
 
 class EvalTransform:
@@ -584,4 +595,4 @@ class EvalTransform:
             if min(x.shape[-2], x.shape[-1]) != size:
                 x = TF.resize(x, [size], antialias=True)
             x = TF.center_crop(x, [size, size])
-        return _normalize(x, self.mean, self.std)
+        return TF.normalize(x, list(self.mean), list(self.std))

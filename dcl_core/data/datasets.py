@@ -33,13 +33,17 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
+from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_classes, make_dataset
 from torchvision.io import ImageReadMode
 from torchvision.transforms.v2 import functional as TF
 
+from dcl_core.config import DATASET_NAMES
+
 logger = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = ("cifar10", "cifar100", "stl10", "imagefolder")
-"""Names accepted by :func:`load_dataset` and :func:`resolve_data_root`."""
+DATASETS: tuple[str, ...] = DATASET_NAMES
+"""Names accepted by :func:`load_dataset` and :func:`resolve_data_root`: the config's ``data.dataset`` choices
+(one list, kept in the torch-free :mod:`dcl_core.config` so the CLIs can check names without importing torch)."""
 
 DATA_ROOT_ENV = "DCL_DATA_ROOT"
 """Environment variable consulted by :func:`resolve_data_root` when no explicit root is given."""
@@ -241,8 +245,6 @@ def _decode_one(data: torch.Tensor, path: str) -> torch.Tensor:
         return torchvision.io.decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError:
         try:
-            from torchvision.datasets.folder import default_loader
-
             return TF.pil_to_tensor(default_loader(path))
         except Exception as exc:
             raise DataError(f"cannot decode image {path}: {exc}") from exc
@@ -373,8 +375,6 @@ def _image_folder_samples(split_dir: Path, reference_dir: Path) -> tuple[list[st
     Returns:
         ``(paths, labels, classes)`` in ImageFolder order (classes sorted, files sorted).
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-
     if not reference_dir.is_dir():
         reference_dir = split_dir
     try:

@@ -1,15 +1,16 @@
 """Frameworks decide how views, keys and negatives are formed; losses decide how they are scored.
 
-A framework is a module whose ``forward(view1, view2)`` builds :class:`~dcl_core.losses.PairSimilarities`
-(one positive and a row of negatives per anchor) and hands them to the loss — ``loss(z1, z2)`` for SimCLR,
-``loss.from_similarities(sims)`` for the others — so any framework combines with any pair-similarity loss
-(InfoNCE, DCL, DCLW, DCLW-exp, EqCo). ``after_step()`` runs after every optimizer step (momentum update,
+A framework is a module whose ``forward(view1, view2)`` encodes the views and hands the loss what to score:
+``loss(z1, z2)`` for SimCLR (the loss forms the two-view similarities itself), and for the others a
+:class:`~dcl_core.losses.PairSimilarities` of their own (one positive and a row of negatives per anchor) through
+``loss.from_similarities(sims)``. So any framework combines with any pair-similarity loss (InfoNCE, DCL, DCLW,
+DCLW-exp, EqCo). ``after_step()`` runs after every optimizer step (momentum update,
 queue update).
 
 Conventions the trainer relies on: the trained encoder is the attribute ``model`` (evaluated by the kNN monitor
 and saved as the checkpoint's ``model``); everything else in the framework's ``state_dict()`` (momentum
 encoder, queues, their pointers) is the framework's own state, saved as the checkpoint's ``framework`` and
-restored on resume.
+restored on resume. The building blocks the momentum frameworks share are in :mod:`dcl_core.frameworks.common`.
 
 | name | paper | positive | negatives |
 | --- | --- | --- | --- |
@@ -19,11 +20,16 @@ restored on resume.
 | ``nnclr`` | Dwibedi et al. 2021 | other view, anchored at NN(z) in a support queue | the other N − 1 images |
 """
 
+from dcl_core.config import FRAMEWORK_NAMES
 from dcl_core.frameworks.moco import MoCo
 from dcl_core.frameworks.nnclr import NNCLR
 from dcl_core.frameworks.simclr import SimCLR
 from dcl_core.frameworks.simo import SiMo
 
 FRAMEWORKS = {"simclr": SimCLR, "moco": MoCo, "simo": SiMo, "nnclr": NNCLR}
+# The names live in the torch-free dcl_core.config (the CLIs check them without importing torch); the registry
+# is checked against that one list on import.
+if tuple(FRAMEWORKS) != FRAMEWORK_NAMES:
+    raise ImportError(f"FRAMEWORKS {tuple(FRAMEWORKS)} must match dcl_core.config.FRAMEWORK_NAMES {FRAMEWORK_NAMES}")
 
 __all__ = ["FRAMEWORKS", "NNCLR", "MoCo", "SiMo", "SimCLR"]

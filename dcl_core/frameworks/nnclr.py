@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcl_core.frameworks.moco import enqueue, gather_no_grad, model_device, random_unit_rows, split_positive
-from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities, gather_with_grad
-from dcl_core.losses.base import distributed_world
-
-log = logging.getLogger(__name__)
+from dcl_core.distributed import distributed_world, gather_no_grad, gather_with_grad
+from dcl_core.frameworks.common import enqueue, model_device, random_unit_rows, split_positive
+from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 @torch.no_grad()

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dcl_core.frameworks.moco import gather_no_grad, make_key_encoder, momentum_update, split_positive
-from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
-from dcl_core.losses.base import distributed_world
-from dcl_core.losses.eqco import sample_negatives
-
-log = logging.getLogger(__name__)
+from dcl_core.distributed import distributed_world, gather_no_grad
+from dcl_core.frameworks.common import make_key_encoder, momentum_update, split_positive
+from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities, sample_negatives
 
 
 class SiMo(nn.Module):

@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcl_core.distributed import distributed_world, gather_with_grad
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
-    distributed_world,
-    gather_with_grad,
     npc_diagnostics,
     npc_multiplier,
     similarity_diagnostics,

@@ -1,9 +1,12 @@
-"""What every contrastive loss shares: pairwise similarities of two views, DDP gathering, diagnostics.
+"""What every contrastive loss shares: its input (:class:`PairSimilarities`), its output (:class:`LossOutput`),
+the base class (:class:`ContrastiveLoss`), SimCLR's two-view construction and the NPC diagnostics.
 
-A *framework* (SimCLR, and later MoCo/SiMo/NNCLR) decides how anchors, positives and negatives are formed and
-hands the loss a :class:`PairSimilarities`: one positive cosine similarity per anchor and a matrix of negative
-similarities. A *loss* reduces that to a scalar with its paper's equation. SimCLR's two-view construction is
-:func:`two_view_similarities`.
+A *framework* (``dcl_core/frameworks``: SimCLR, MoCo, SiMo, NNCLR) decides how anchors, positives and negatives
+are formed and hands the loss a :class:`PairSimilarities`: one positive cosine similarity per anchor and a matrix
+of negative similarities. A *loss* reduces that to a scalar with its paper's equation
+(:meth:`ContrastiveLoss.from_similarities`). ``loss(z1, z2)`` first forms SimCLR's two-view similarities
+(:func:`two_view_similarities`; with ``gather_distributed`` under DDP, the negatives of every rank, gathered by
+:func:`~dcl_core.distributed.gather_with_grad`).
 
 Notation (DCL Eq. 1-2): for anchor a with positive p and negatives n,
 ``s⁺ = <z_a, z_p>/τ``, ``U = Σ_n exp(<z_a, z_n>/τ)``, and the NPC multiplier (Eq. 4)
@@ -13,13 +16,13 @@ Notation (DCL Eq. 1-2): for anchor a with positive p and negatives n,
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from dcl_core.distributed import distributed_world, gather_with_grad
 
 
 @dataclass
@@ -49,37 +52,6 @@ class LossOutput:
     loss: Tensor
     diagnostics: dict[str, Tensor] = field(default_factory=dict)
     npc: Tensor | None = None
-
-
-def distributed_world() -> tuple[int, int]:
-    """(rank, world_size) of the default process group, or (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def gather_with_grad(x: Tensor) -> Tensor:
-    """Concatenate ``x`` from all ranks along dim 0, letting gradients flow back to every rank's slice.
-
-    ``torch.distributed.nn.functional.all_gather`` sums the incoming gradients over ranks in its backward
-    (reduce-scatter), so a rank's local features receive gradient from every rank's anchors.
-    """
-    _, world = distributed_world()
-    if world == 1:
-        return x
-    from torch.distributed.nn.functional import all_gather
-
-    with warnings.catch_warnings():
-        # torch 2.14 deprecates this public autograd all_gather in favour of a private (underscore) module; it
-        # still works, and a private API would churn more.
-        warnings.filterwarnings("ignore", message=".*all_gather is deprecated", category=FutureWarning)
-        parts = all_gather(x)
-    out = torch.cat(parts, dim=0)  # (world * n, D)
-    if out.requires_grad:
-        # all_gather's backward sends each slice of the incoming gradient as raw memory; a transposed gradient
-        # (e.g. from einsum/matmul against these keys) would arrive scrambled on the other ranks.
-        out.register_hook(lambda grad: grad.contiguous())
-    return out
 
 
 def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = False) -> PairSimilarities:

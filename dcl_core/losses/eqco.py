@@ -44,8 +44,9 @@ class EqCoLoss(ContrastiveLoss):
         L = -\log \frac{e^{(q^\top k_0 - m)/\tau}}{e^{(q^\top k_0 - m)/\tau} + \sum_{i=1}^{K} e^{q^\top k_i/\tau}}
           = -\log \frac{s_0}{s_0 + \frac{\alpha}{K}\sum_{i=1}^{K} s_i},\qquad m = \tau\log\frac{\alpha}{K}
 
-    with :math:`s_i = e^{q^\top k_i/\tau}`. K is the number of negatives per anchor: all 2N−2 in-batch
-    negatives, or ``num_negatives`` sampled per anchor (EqCo Sec. 2.3) so K can be studied apart from the batch.
+    with :math:`s_i = e^{q^\top k_i/\tau}`. K is the number of negatives per anchor: every column the framework
+    hands over (2N−2 in SimCLR, the queue size in MoCo, N−1 or its own K-sample in SiMo, N−1 in NNCLR), or
+    ``num_negatives`` of them sampled per anchor (EqCo Sec. 2.3) so K can be studied apart from the batch.
     α = K is exactly InfoNCE. In SimCLR form every one of the 2N views is an anchor (symmetric, as in DCL Eq. 1).
 
     Diagnostics: q_B (with the α/K-scaled denominator, the multiplier in EqCo's gradient, Eq. 13) and EqCo's

@@ -19,16 +19,22 @@ import logging
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
+from dcl_core.config import ARCH_NAMES, STEM_NAMES
+
 logger = logging.getLogger(__name__)
 
-ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
-STEMS: tuple[str, ...] = ("cifar", "imagenet")
+# The config's model.arch / model.stem choices: the lists live in the torch-free dcl_core.config (the CLIs check
+# names without importing torch), and the specs below are checked against them on import.
+ARCHS: tuple[str, ...] = ARCH_NAMES
+STEMS: tuple[str, ...] = STEM_NAMES
 
 # arch -> (residual block type, number of blocks per stage), as in torchvision.models.resnet18/resnet50.
 _ARCH_SPECS: dict[str, tuple[type[BasicBlock | Bottleneck], list[int]]] = {
     "resnet18": (BasicBlock, [2, 2, 2, 2]),
     "resnet50": (Bottleneck, [3, 4, 6, 3]),
 }
+if tuple(_ARCH_SPECS) != ARCHS:
+    raise ImportError(f"_ARCH_SPECS {tuple(_ARCH_SPECS)} must match dcl_core.config.ARCH_NAMES {ARCHS}")
 
 _BASE_WIDTH = 64
 _STAGE_MULTIPLIERS = (1, 2, 4, 8)

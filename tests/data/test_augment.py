@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from torchvision.transforms.functional import rgb_to_grayscale
 from torchvision.transforms.v2 import functional as TF
 
 from dcl_core.data import (
@@ -26,7 +27,6 @@ from dcl_core.data.augment import (
     crop_flip_resize,
     gaussian_blur,
     hsv_to_rgb,
-    rgb_to_grayscale,
     rgb_to_hsv,
     sample_crop_boxes,
 )
@@ -295,6 +295,15 @@ def test_errors() -> None:
         EvalTransform(32)(torch.zeros(2, 1, 32, 32, dtype=torch.uint8))
     with pytest.raises(ValueError, match="crop_scale"):
         ViewAugmentation(32, crop_scale=(0.0, 1.0))
+
+
+def test_grayscale_and_normalization_keep_their_exact_formulas() -> None:
+    # The views reuse torchvision's rgb_to_grayscale (v1) and normalize (v2); seeded runs stay reproducible only
+    # while they compute exactly 0.2989 r + 0.587 g + 0.114 b and (x - mean) / std, bit for bit.
+    x = torch.rand(16, 3, 24, 24, generator=_gen(7))
+    r, g, b = x.unbind(dim=1)
+    assert torch.equal(rgb_to_grayscale(x), (0.2989 * r + 0.587 * g + 0.114 * b).unsqueeze(1))
+    assert torch.equal(TF.normalize(x, list(CIFAR_MEAN), list(CIFAR_STD)), _normalize(x))
 
 
 def test_normalization_for() -> None:

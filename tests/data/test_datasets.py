@@ -15,18 +15,22 @@ import torch
 import torchvision
 from PIL import Image
 from torchvision.datasets import CIFAR10, CIFAR100, STL10
+from torchvision.transforms.v2 import functional as TF
 
+from dcl_core.config import apply_overrides, preset
 from dcl_core.data import (
     DATA_ROOT_ENV,
     DATASETS,
     EMBEDDED_CIFAR10,
     DataError,
     ImageTensors,
+    check_dataset,
     class_balanced_subset,
     load_dataset,
     resolve_data_root,
 )
 from dcl_core.data import datasets as datasets_module
+from dcl_core.training.builders import build_data
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -524,8 +528,6 @@ def test_image_tensors_validation() -> None:
 
 
 def test_check_dataset_locates_splits_without_decoding(tmp_path: Path) -> None:
-    from dcl_core.data import check_dataset
-
     # An existing folder without the dataset is an error naming where it looked, not a later crash.
     with pytest.raises(DataError) as info:
         check_dataset("cifar10", str(tmp_path))
@@ -554,11 +556,6 @@ def test_download_skips_the_embedded_jpeg_copy(tmp_path: Path, monkeypatch: pyte
 def test_stl10_is_stored_at_the_training_size_with_antialiasing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torchvision.transforms.v2 import functional as TF
-
-    from dcl_core.config import apply_overrides, preset
-    from dcl_core.training.builders import build_data
-
     arrays = _write_stl10(tmp_path / "stl10_binary")
     _patch_md5s(monkeypatch, STL10, tmp_path / "stl10_binary")
     cfg = apply_overrides(preset("smoke"), {"data.dataset": "stl10", "data.root": str(tmp_path),

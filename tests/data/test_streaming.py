@@ -16,6 +16,8 @@ from dcl_core.config import ConfigError, apply_overrides, preset
 from dcl_core.data import ViewAugmentation
 from dcl_core.data.augment import ViewPolicy
 from dcl_core.data.streaming import TwoViews, epoch_loader, eval_transform, folder_split, view_transform
+from dcl_core.training import train
+from dcl_core.training import trainer as trainer_module
 
 CLASSES = ("ant", "bee", "cat")
 
@@ -106,8 +108,6 @@ def test_stream_config():
 
 
 def test_trainer_streams_an_image_folder_and_resumes_exactly(tmp_path):
-    from dcl_core.training import train
-
     write_folder(tmp_path / "data", per_class=8)
     cfg = apply_overrides(preset("smoke"), {
         "data.dataset": "imagefolder", "data.root": str(tmp_path / "data"), "data.loader": "stream",
@@ -120,7 +120,6 @@ def test_trainer_streams_an_image_folder_and_resumes_exactly(tmp_path):
 
     # One epoch, then resume for the second: the same losses (the workers' views are seeded per epoch).
     first = apply_overrides(cfg, {"optim.epochs": 2, "output_dir": str(tmp_path / "resumed")})
-    from dcl_core.training import trainer as trainer_module
 
     class StopAfterFirstEpochError(Exception):
         pass

@@ -21,7 +21,7 @@ from framework_helpers import (
 
 from dcl_core.config import apply_overrides, preset
 from dcl_core.frameworks import FRAMEWORKS, MoCo
-from dcl_core.frameworks.moco import enqueue, momentum_update
+from dcl_core.frameworks.common import enqueue, momentum_update
 from dcl_core.losses import DCLLoss, InfoNCELoss, PairSimilarities, two_view_similarities
 from dcl_core.training import train
 from dcl_core.training.checkpoint import load_checkpoint

@@ -1,6 +1,6 @@
 """Shared machinery of dcl_core/losses/base.py and the contract every loss in LOSSES must honour.
 
-SimCLR's two-view construction, the NPC diagnostics, gather_with_grad without a process group, input
+SimCLR's two-view construction, the NPC diagnostics, dcl_core.distributed's gathers without a process group, input
 validation, symmetries, and the numerical robustness of all six losses (tiny τ, adversarial inputs, bf16).
 """
 
@@ -10,6 +10,8 @@ import pytest
 import torch
 from reference import anchor_logits, positive_of, random_pair, unit_views
 
+from dcl_core.config import LOSS_NAMES
+from dcl_core.distributed import distributed_world, gather_no_grad, gather_with_grad
 from dcl_core.losses import (
     LOSSES,
     AlignUniformLoss,
@@ -20,12 +22,9 @@ from dcl_core.losses import (
     InfoNCELoss,
     LossOutput,
     PairSimilarities,
-    gather_with_grad,
     npc_diagnostics,
     two_view_similarities,
 )
-
-LOSS_NAMES = ("infonce", "dcl", "dclw", "dclw_exp", "eqco", "align_uniform")
 
 
 def make(name: str, tau: float):
@@ -42,6 +41,7 @@ def test_registry_maps_names_to_the_six_classes():
         "align_uniform": AlignUniformLoss,
     }
     assert expected == LOSSES
+    assert tuple(LOSSES) == LOSS_NAMES  # the config's list of loss.name choices, in the same order
 
 
 # --- two views
@@ -135,10 +135,11 @@ def test_npc_diagnostics_finite_for_extreme_logits():
     assert d["q_mean"].item() == pytest.approx((0.0 + 1.0 + 0.5) / 3, abs=1e-6)
 
 
-def test_gather_with_grad_is_identity_without_process_group():
+def test_gathers_are_the_identity_without_process_group():
     x = torch.randn(3, 4, requires_grad=True)
-    y = gather_with_grad(x)
-    assert y is x
+    assert distributed_world() == (0, 1)
+    assert gather_with_grad(x) is x
+    assert gather_no_grad(x) is x
 
 
 def test_loss_output_defaults():

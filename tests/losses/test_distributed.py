@@ -18,8 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
 import torch.multiprocessing as mp
 
+import dcl_core.distributed as distributed_module
+import dcl_core.losses.align_uniform as align_module
+import dcl_core.losses.base as base_module
 from dcl_core.losses import LOSSES
 
 WORLD = 2
@@ -191,16 +195,12 @@ def test_gradients_entering_all_gather_are_contiguous(monkeypatch, name):
     ``torch.empty_like(grad_output)``, which keeps a transposed stride layout, and gloo writes the bytes in
     contiguous order: a non-contiguous gradient comes back scrambled. So the gradient that the loss sends to
     the gathered keys must be contiguous (this is the single-process root cause of the 2-process failure)."""
-    import torch.distributed.nn.functional as dist_fn
-
-    import dcl_core.losses.align_uniform as align_module
-    import dcl_core.losses.base as base
-
     g = torch.Generator().manual_seed(0)
     fake = lambda x: _RecordingAllGather.apply(x, torch.randn(x.shape, generator=g))  # noqa: E731
     monkeypatch.setattr(dist_fn, "all_gather", fake)
-    monkeypatch.setattr(base, "distributed_world", lambda: (0, 2))
-    monkeypatch.setattr(align_module, "distributed_world", lambda: (0, 2))
+    # A 2-rank world wherever the losses ask for it: the gather itself, SimCLR's construction, align_uniform.
+    for module in (distributed_module, base_module, align_module):
+        monkeypatch.setattr(module, "distributed_world", lambda: (0, 2))
     _CONTIGUOUS.clear()
     key, kwargs = CONFIGS[name]
     z1, z2 = fixed_batch()

@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from dcl_core.models import ARCHS, STEMS, ProjectionHead, SSLModel, build_backbone
+from dcl_core.models import ARCHS, STEMS, ProjectionHead, SSLModel, build_backbone, last_block_convs
 
 
 def _num_params(module: nn.Module) -> int:
@@ -156,8 +156,6 @@ def test_ssl_model_forward(arch: str) -> None:
 @pytest.mark.parametrize(("arch", "names"), [("resnet18", ["layer4.0.conv2", "layer4.1.conv2"]),
                                             ("resnet50", ["layer4.1.conv3", "layer4.2.conv3"])])
 def test_last_block_convs_are_the_last_two_blocks_last_convs(arch, names):
-    from dcl_core.models import last_block_convs
-
     backbone, _ = build_backbone(arch, width=0.125)
     by_module = {id(m): n for n, m in backbone.named_modules()}
     assert [by_module[id(c)] for c in last_block_convs(backbone)] == names

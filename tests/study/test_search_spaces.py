@@ -1,5 +1,7 @@
 """Search spaces are data; every key they can produce must be a valid config key of the right type."""
 
+import pickle
+
 import optuna
 import pytest
 
@@ -91,8 +93,6 @@ def test_conditional_space_rejected_for_plain_tune():
 
 def test_define_by_run_function_pickles():
     # Tune pickles the searcher (and this function) with the experiment state so studies can resume.
-    import pickle
-
     define = pickle.loads(pickle.dumps(to_optuna({**TAU, **SIGMA}, {"loss.name": "dclw"})))
     trial = optuna.create_study().ask()
     assert define(trial) == {"loss.name": "dclw"} and set(trial.params) == {"loss.temperature", "loss.sigma"}

@@ -1,0 +1,289 @@
+"""The architecture, enforced: the library layers never reach up into the study layer, nor into Ray/MLflow/Optuna
+internals.
+
+- The library (losses, data, models, frameworks, eval, training, config) imports nothing from the study layer
+  (``dcl_core.study*``, ``dcl_core.tracking``), the command lines (``dcl_core.train``, ``dcl_core.evaluate``,
+  ``dcl_core.cli``) or Ray/MLflow/Optuna: checked by importing it in a fresh interpreter (a) and by reading every
+  import statement, including those inside functions (b).
+- ``dcl_core.config`` stays torch-free, since the registries import its name lists (a).
+- No code uses a private (single-underscore) name of Ray, MLflow or Optuna (c): their internals change without
+  notice between releases.
+
+Each check is a function of a source tree, and each is also run on a small tree with a planted violation, so a
+check that stopped detecting anything would fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Modules the library must not load. A name matches itself and its submodules ("dcl_core.train" does not match
+# "dcl_core.training"); "dcl_core.study" matches the dcl_core.study package, "dcl_core.study_cli" is listed too.
+FORBIDDEN = (
+    "dcl_core.study",
+    "dcl_core.study_cli",
+    "dcl_core.tracking",
+    "dcl_core.train",
+    "dcl_core.evaluate",
+    "dcl_core.cli",
+    "ray",
+    "mlflow",
+    "optuna",
+)
+LIBRARY_PACKAGES = ("losses", "data", "models", "frameworks", "eval", "training")
+LIBRARY_MODULES = ("config.py", "distributed.py")
+# Where no private name of Ray, MLflow or Optuna may appear.
+PRIVATE_API_DIRS = ("dcl_core", "studies", "search_spaces", "benchmarks")
+THIRD_PARTY = ("ray", "mlflow", "optuna")
+# A dotted path from ray/mlflow/optuna through a single-underscore name: ray.air._internal, mlflow.utils._x.
+PRIVATE_PATH = re.compile(r"\b(?:ray|mlflow|optuna)(?:\.\w+)*\._[A-Za-z]")
+# Internals of Ray's MLflowLoggerCallback that a subclass can reach without naming ray or mlflow.
+RAY_PRIVATE_ATTRIBUTES = re.compile(r"\b(?:_trial_runs|mlflow_util|_get_client)\b")
+
+
+def is_forbidden(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in FORBIDDEN)
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+# ----------------------------------------------------------------------------------------------------- checks
+
+
+def modules_loaded_by(code: str, pythonpath: Path) -> list[str]:
+    """Every module in ``sys.modules`` after running ``code`` in a fresh interpreter with ``pythonpath`` first."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(pythonpath), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=pythonpath, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def library_files(root: Path) -> list[Path]:
+    """The library's source files under ``root`` (a repository), CLI shims (``__main__.py``) excepted."""
+    files = [p for pkg in LIBRARY_PACKAGES for p in sorted((root / "dcl_core" / pkg).rglob("*.py"))]
+    files += [root / "dcl_core" / name for name in LIBRARY_MODULES if (root / "dcl_core" / name).is_file()]
+    return [p for p in files if p.name != "__main__.py"]
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``path``, at any depth; ``from a import b`` yields ``a.b`` as well as
+    ``a`` (b may be a submodule), relative imports are resolved, and ``importlib.import_module("x")`` counts."""
+    package = list(path.relative_to(root).parts[:-1])  # the package a relative import starts from
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names if alias.name != "*"]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def upward_imports(root: Path) -> list[str]:
+    """``file:line: module`` for each import of a forbidden module by a library file under ``root``."""
+    hits: list[str] = []
+    for path in library_files(root):
+        bad = {(line, module) for line, module in imported_modules(path, root) if is_forbidden(module)}
+        # ``from dcl_core.study.runner import run``: report the module, not also ``dcl_core.study.runner.run``.
+        hits += [
+            f"{path.relative_to(root)}:{line}: {module}"
+            for line, module in sorted(bad)
+            if (line, module.rpartition(".")[0]) not in bad
+        ]
+    return hits
+
+
+def private_api_uses(root: Path) -> list[str]:
+    """``file:line: text`` for each use of a private Ray/MLflow/Optuna name in the sources under ``root``."""
+    hits: list[str] = []
+    for folder in PRIVATE_API_DIRS:
+        for path in sorted((root / folder).rglob("*.py")):
+            source = path.read_text()
+            where = path.relative_to(root)
+            for number, line in enumerate(source.splitlines(), start=1):
+                for pattern in (PRIVATE_PATH, RAY_PRIVATE_ATTRIBUTES):
+                    hits += [f"{where}:{number}: {m.group(0)}" for m in pattern.finditer(line)]
+            hits += [f"{where}:{line}: {name}" for line, name in _private_names_imported(source, str(path))]
+    return sorted(set(hits))
+
+
+def _private_names_imported(source: str, filename: str) -> list[tuple[int, str]]:
+    """Imports of Ray/MLflow/Optuna with a private segment (``from ray.train import _internal``), and private
+    attributes of the names those imports bind (``import mlflow as m; m._x``)."""
+    tree = ast.parse(source, filename)
+    bound: set[str] = set()
+    hits: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in THIRD_PARTY:
+                    bound.add(alias.asname or alias.name.split(".")[0])
+                    if any(is_private(part) for part in alias.name.split(".")):
+                        hits.append((node.lineno, alias.name))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in THIRD_PARTY:
+            for alias in node.names:
+                bound.add(alias.asname or alias.name)
+                path = [*node.module.split("."), alias.name]
+                if any(is_private(part) for part in path):
+                    hits.append((node.lineno, ".".join(path)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            inner = node.value
+            while isinstance(inner, ast.Attribute):
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id in bound:
+                hits.append((node.lineno, ast.unparse(node)))
+    return hits
+
+
+# ------------------------------------------------------------------------------------------------ the checks
+
+
+def test_the_library_loads_nothing_from_the_study_layer_or_ray_mlflow_optuna():
+    loaded = modules_loaded_by("import dcl_core.losses, dcl_core.data, dcl_core.models, dcl_core.frameworks", REPO)
+    assert "dcl_core.losses" in loaded and "torch" in loaded  # the import did happen
+    assert [m for m in loaded if is_forbidden(m)] == []
+
+
+def test_the_config_stays_torch_free():
+    # The registries (dcl_core.losses, .data, .models, .frameworks) import the config's name lists; the CLIs and
+    # the study driver import the config to check a run before any torch is loaded.
+    loaded = modules_loaded_by("import dcl_core.config", REPO)
+    assert "dcl_core.config" in loaded
+    assert [m for m in loaded if m == "torch" or m.startswith("torch.") or is_forbidden(m)] == []
+
+
+def test_no_library_module_imports_the_study_layer_or_the_command_lines():
+    assert len(library_files(REPO)) > 20
+    assert upward_imports(REPO) == []
+
+
+def test_no_private_ray_mlflow_or_optuna_name_is_used():
+    assert private_api_uses(REPO) == []
+
+
+# ------------------------------------------------------------------------- the checks detect planted violations
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_loaded_forbidden_module_is_detected(tmp_path):
+    _write(tmp_path, {"mlflow/__init__.py": "", "badlib/__init__.py": "import json\nimport mlflow\n"})
+    loaded = modules_loaded_by("import badlib", tmp_path)
+    assert [m for m in loaded if is_forbidden(m)] == ["mlflow"]
+
+
+@pytest.mark.parametrize(
+    ("name", "forbidden"),
+    [
+        ("dcl_core.train", True),
+        ("dcl_core.training", False),
+        ("dcl_core.training.trainer", False),
+        ("dcl_core.study", True),
+        ("dcl_core.study.tracking", True),
+        ("dcl_core.study_cli", True),
+        ("dcl_core.cli", True),
+        ("dcl_core.config", False),
+        ("ray.tune", True),
+        ("rayleigh", False),
+    ],
+)
+def test_forbidden_names_match_modules_and_submodules_only(name, forbidden):
+    assert is_forbidden(name) is forbidden
+
+
+def test_upward_imports_are_detected_at_any_depth(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/losses/__init__.py": "",
+            "dcl_core/losses/bad.py": (
+                "import importlib\n"
+                "import dcl_core.train\n"
+                "from dcl_core import tracking\n"
+                "from .. import cli\n"
+                "import dcl_core.training\n"
+                "from dcl_core.config import LOSS_NAMES\n"
+                "def later():\n"
+                "    from dcl_core.study.runner import run\n"
+                "    importlib.import_module('dcl_core.evaluate')\n"
+                "    import ray.tune\n"
+            ),
+            "dcl_core/eval/__main__.py": "from dcl_core.evaluate import main\n",  # a CLI shim may
+            "dcl_core/training/ok.py": "from dcl_core.training.trainer import train\n",
+            "dcl_core/config.py": "from dcl_core.study_cli import parse_overrides\n",
+        },
+    )
+    assert upward_imports(tmp_path) == [
+        "dcl_core/losses/bad.py:2: dcl_core.train",
+        "dcl_core/losses/bad.py:3: dcl_core.tracking",
+        "dcl_core/losses/bad.py:4: dcl_core.cli",
+        "dcl_core/losses/bad.py:8: dcl_core.study.runner",
+        "dcl_core/losses/bad.py:9: dcl_core.evaluate",
+        "dcl_core/losses/bad.py:10: ray.tune",
+        "dcl_core/config.py:1: dcl_core.study_cli",
+    ]
+
+
+def test_private_names_are_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/study/tracking.py": (
+                "import mlflow\n"
+                "import ray.tune as tune\n"
+                "from ray.air._internal.mlflow import _MLflowLoggerUtil\n"
+                "from mlflow.tracking import _tracking_service\n"
+                "from ray.tune import report\n"
+                "class Logger:\n"
+                "    def log(self, trial):\n"
+                "        run = self._trial_runs[trial]\n"
+                "        self.mlflow_util._get_client().log_dict(run, {}, 'x.json')\n"
+                "        mlflow.utils._logging_utils.x()\n"
+                "        tune._private_thing()\n"
+                "        mlflow.start_run(); report({}); print(mlflow.__version__)\n"
+            ),
+            "studies/ok.py": "import optuna\noptuna.create_study()\nclass A:\n    def f(self):\n        self._x = 1\n",
+            "benchmarks/bad.py": "import optuna as o\no._imports.check()\n",
+        },
+    )
+    hits = private_api_uses(tmp_path)
+    assert [h for h in hits if h.startswith("studies/")] == []
+    flagged = {h.split(": ", 1)[0] for h in hits}
+    assert flagged == {
+        "benchmarks/bad.py:2",
+        *(f"dcl_core/study/tracking.py:{n}" for n in (3, 4, 8, 9, 10, 11)),
+    }
+    assert "dcl_core/study/tracking.py:3: ray.air._internal.mlflow._MLflowLoggerUtil" in hits
+    assert "dcl_core/study/tracking.py:11: tune._private_thing" in hits
