@@ -24,6 +24,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+# The one list of each kind of name. This module stays torch-free (the CLIs and the study driver import it to
+# check a config before torch loads), so the torch modules import these tuples: dcl_core.data's DATASETS and
+# augmentation POLICIES and dcl_core.models' ARCHS/STEMS are these tuples, and the LOSSES and FRAMEWORKS
+# registries (and the ResNet specs) check their keys against them on import.
 LOSS_NAMES = ("infonce", "dcl", "dclw", "dclw_exp", "eqco", "align_uniform")
 FRAMEWORK_NAMES = ("simclr", "moco", "simo", "nnclr")
 DATASET_NAMES = ("cifar10", "cifar100", "stl10", "imagefolder")
@@ -327,6 +331,22 @@ def apply_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
     new = dataclasses.replace(cfg, **top)
     validate(new)
     return new
+
+
+def parse_overrides(items: list[str]) -> dict[str, str]:
+    """``["loss.temperature=0.2", ...]`` (the command lines' ``--set`` values) as ``{key: value}`` strings,
+    for :func:`apply_overrides` to check and convert.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def to_flat_dict(cfg: Config) -> dict[str, Any]:

@@ -14,13 +14,17 @@ import sys
 import typing
 from typing import Any
 
+from dcl_core import metrics as M
+from dcl_core.cli import setup_logging
 from dcl_core.config import (
+    CONFIG_KEYS,
     PRESETS,
     Config,
     ConfigError,
     apply_overrides,
     check_device,
     field_specs,
+    parse_overrides,
     preset,
     to_flat_dict,
 )
@@ -48,6 +52,7 @@ def _type_name(tp: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every config key as ``--key`` (dest: the dotted key), the short aliases, and the run options."""
     p = argparse.ArgumentParser(
         prog="python -m dcl_core.train",
         description=__doc__,
@@ -98,16 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Config:
     """Preset, then explicit options, then ``--set``; raises ConfigError on any bad key or value."""
     cfg = preset(args.preset)
-    overrides = {
-        k: v
-        for k, v in vars(args).items()
-        if "." in k or k in ("seed", "device", "output_dir", "amp", "threads")
-    }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    given = vars(args)
+    overrides = {k: given[k] for k in CONFIG_KEYS if given.get(k) is not None}
     if args.download:
         overrides["data.download"] = True
-    from dcl_core.study_cli import parse_overrides
-
     overrides |= parse_overrides(args.set)
     return apply_overrides(cfg, overrides)
 
@@ -115,12 +114,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_logging(verbose=args.verbose)
+    # Deferred: the data code and the trainer import torchvision (seconds), which --help does not need.
     from dcl_core.data import DataError, check_dataset
+    from dcl_core.training import NonFiniteLossError, train
 
     try:
         cfg = config_from_args(args)
@@ -129,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before any compute
         check_device(cfg.device)
-        from dcl_core.training import NonFiniteLossError, train
-
         try:
             result = train(cfg, resume=args.resume)
         except NonFiniteLossError as err:  # a failed run, not bad input: exit 1, still one line
@@ -142,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     final = result.final
     log.info(
         "done: kNN top-1 %.2f%%, loss %.4f; checkpoint and metrics in %s",
-        final.get("eval/knn_top1", float("nan")),
-        final.get("train/loss", float("nan")),
+        final.get(M.KNN_TOP1, float("nan")),
+        final.get(M.TRAIN_LOSS, float("nan")),
         result.output_dir,
     )
     return 0

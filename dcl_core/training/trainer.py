@@ -3,6 +3,10 @@
 Device-agnostic: CPU here, CUDA (AMP, NCCL, SyncBN) on a GPU machine, DDP when launched by torchrun or inside
 a Ray Train worker (the process group then already exists). Reporting goes through :class:`EpochCallback`s so
 this module never imports Ray or MLflow.
+
+Read top to bottom: :func:`train` joins the process group; :func:`_train` builds the run (:func:`_build_run`),
+restores it (:func:`_restore`) and loops over epochs: :func:`_train_one_epoch` fills an :class:`EpochStats`,
+which gives the epoch's metrics; then the kNN monitor when due, the checkpoint, the log line and the callbacks.
 """
 
 from __future__ import annotations
@@ -23,9 +27,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from dcl_core.config import Config, derive, to_flat_dict
-from dcl_core.eval import knn_top1, linear_probe
-from dcl_core.eval.linear import LINEAR_PRESETS
+from dcl_core import metrics as M
+from dcl_core.config import Config, Derived, derive, to_flat_dict
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
     TrainingData,
@@ -36,6 +39,7 @@ from dcl_core.training.builders import (
     build_optimizer,
 )
 from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from dcl_core.training.evaluation import evaluate_knn, linear_eval
 from dcl_core.training.schedule import cosine_lr
 
 log = logging.getLogger(__name__)
@@ -59,6 +63,8 @@ class EpochCallback(Protocol):
 
 @dataclass
 class TrainResult:
+    """Every epoch's metrics, the final ones (the last epoch's, plus the linear probe's) and the output folder."""
+
     history: list[dict[str, float]] = field(default_factory=list)
     final: dict[str, float] = field(default_factory=dict)
     output_dir: Path | None = None
@@ -137,17 +143,6 @@ def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 101 + rank) % (2**63 - 1)
 
 
-def evaluate_knn(
-    backbone: nn.Module, data: TrainingData, k: int, temperature: float, batch_size: int, device: torch.device
-) -> float:
-    """kNN top-1 (%) of the test set against the labeled train bank, test-time transforms for both."""
-    bank = data.features(backbone, "bank", batch_size, device)
-    test = data.features(backbone, "test", batch_size, device)
-    return knn_top1(
-        test, data.labels("test"), bank, data.labels("bank"), data.num_classes, k=k, temperature=temperature
-    )
-
-
 def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = False) -> TrainResult:
     """Pretrain one configuration; returns the per-epoch history and the final metrics.
 
@@ -159,6 +154,7 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
     Raises:
         NonFiniteLossError: if the loss becomes NaN/inf.
         DataError: if the dataset is missing (before any training).
+        ValueError: if the data gives no full batch, or ``resume`` finds a checkpoint of another config.
     """
     runtime = _setup_runtime(cfg)
     try:
@@ -169,14 +165,80 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
 
 
 def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], resume: bool) -> TrainResult:
+    """Build the run, restore it, train the remaining epochs, then the linear probe if configured."""
+    run = _build_run(cfg, runtime)
+    start_epoch, history = _restore(run, resume)
+    log.info(
+        "training %s/%s on %s x%d: %d epochs x %d steps, batch %d, peak lr %.4g, K=%d",
+        cfg.framework.name, cfg.loss.name, runtime.device, runtime.world_size, cfg.optim.epochs,
+        run.steps_per_epoch, cfg.optim.batch_size, run.derived.lr, run.derived.num_negatives,
+    )
+    for epoch in range(start_epoch, cfg.optim.epochs):
+        stats = _train_one_epoch(run, epoch)
+        metrics = stats.metrics(runtime) | {M.EPOCH: epoch + 1}
+        if (epoch + 1) % cfg.eval.knn_every == 0 or epoch + 1 == cfg.optim.epochs:  # always after the last
+            metrics |= _knn_metrics(run)
+        metrics[M.EPOCH_SECONDS] = time.perf_counter() - stats.started
+        # K and α as derived for this run (its world size): results tables read them instead of re-deriving.
+        metrics |= {M.NUM_NEGATIVES: run.derived.num_negatives, M.EQCO_ALPHA: run.derived.eqco_alpha}
+        history.append(metrics)
+        _save(run, epoch + 1, history)
+        _log_epoch(epoch + 1, cfg.optim.epochs, metrics)
+        for callback in callbacks:
+            callback(epoch + 1, metrics, run.checkpoint_path if runtime.rank == 0 else None)
+
+    final = dict(history[-1]) if history else {}
+    if cfg.eval.linear:
+        final |= _linear_metrics(run)
+    return TrainResult(history=history, final=final, output_dir=run.out_dir)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Building and restoring a run
+
+
+@dataclass
+class Run:
+    """Everything one run builds from its config before the first epoch."""
+
+    cfg: Config
+    derived: Derived
+    runtime: Runtime
+    out_dir: Path  # absolute: checkpoint.pt, config.json, metrics.jsonl
+    data: TrainingData
+    model: nn.Module  # the SSLModel, DDP-wrapped on several ranks
+    framework: nn.Module  # model + loss (+ momentum encoder, queues)
+    probes: list[torch.Tensor]  # weights whose gradient norm is recorded every step (DCL Fig. 5)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: DistributedSampler  # this rank's shard of each epoch's permutation
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    use_amp: bool
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / CHECKPOINT_NAME
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The encoder without its projection head (what kNN and the linear probe evaluate)."""
+        return _unwrap(self.model).backbone
+
+
+def _build_run(cfg: Config, runtime: Runtime) -> Run:
+    """Output folder, data, model (seeded: the same initial weights on every rank), framework, optimizer.
+
+    Raises:
+        ValueError: if the pretraining set gives no full batch.
+    """
     rank, world, device = runtime.rank, runtime.world_size, runtime.device
     derived = derive(cfg, world)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     out_dir = Path(cfg.output_dir).expanduser().resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = out_dir / CHECKPOINT_NAME
-    use_amp = cfg.amp and device.type == "cuda"
 
     # A download happens once: rank 0 fetches, the other ranks read what it wrote.
     fetch_first = cfg.data.download and world > 1
@@ -192,11 +254,11 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         if device.type == "cuda" and cfg.model.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    loss_fn = build_loss(cfg, derived)
-    framework = build_framework(cfg, model, loss_fn)
+    framework = build_framework(cfg, model, build_loss(cfg, derived))
     # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
     probes = [conv.weight for conv in last_block_convs(_unwrap(model).backbone)]
     optimizer = build_optimizer(cfg, derived, model)
+    use_amp = cfg.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
 
     n_images = len(data)
@@ -209,180 +271,241 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
             f"{n_images} pretraining images give no full batch of {cfg.optim.batch_size}; "
             "lower optim.batch_size or raise data.train_per_class"
         )
-    total_steps = steps_per_epoch * cfg.optim.epochs
-    warmup_steps = round(cfg.optim.warmup_epochs * steps_per_epoch)
-
-    result = TrainResult(output_dir=out_dir)
-    start_epoch = 0
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path, map_location=device)
-        # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
-        saved = to_flat_dict(Config()) | state["config"]
-        changed = sorted(k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and saved.get(k) != v)
-        if changed:
-            raise ValueError(f"cannot resume {ckpt_path}: config differs in {', '.join(changed)}")
-        _unwrap(model).load_state_dict(state["model"])
-        load_framework_state(framework, state.get("framework", {}))  # momentum encoder, queues (none: SimCLR)
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        start_epoch = state["epoch"]
-        result.history = list(state["history"])
-        if rank == 0:  # the metrics file matches the checkpoint (drops epochs trained after it, if any)
-            lines = "".join(json.dumps(m) + "\n" for m in result.history)
-            (out_dir / METRICS_NAME).write_text(lines)
-        log.info("resumed from %s at epoch %d", ckpt_path, start_epoch)
-    elif rank == 0:
-        (out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))
-        (out_dir / METRICS_NAME).unlink(missing_ok=True)
-
-    log.info(
-        "training %s/%s on %s x%d: %d epochs x %d steps, batch %d, peak lr %.4g, K=%d",
-        cfg.framework.name,
-        cfg.loss.name,
-        device,
-        world,
-        cfg.optim.epochs,
-        steps_per_epoch,
-        cfg.optim.batch_size,
-        derived.lr,
-        derived.num_negatives,
+    return Run(
+        cfg=cfg,
+        derived=derived,
+        runtime=runtime,
+        out_dir=out_dir,
+        data=data,
+        model=model,
+        framework=framework,
+        probes=probes,
+        optimizer=optimizer,
+        scaler=scaler,
+        sampler=sampler,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=steps_per_epoch * cfg.optim.epochs,
+        warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
+        use_amp=use_amp,
     )
-    for epoch in range(start_epoch, cfg.optim.epochs):
-        sampler.set_epoch(epoch)
-        order = torch.tensor(list(sampler), dtype=torch.long)  # this rank's shard of the epoch permutation
-        # Per-epoch seeding: views, EqCo's negative sampling etc. are identical after a resume.
-        torch.manual_seed(_epoch_seed(cfg.seed, epoch, rank))
-        gen = torch.Generator(device="cpu").manual_seed(_epoch_seed(cfg.seed, epoch, rank))
-        framework.train()
-        sums: dict[str, torch.Tensor] = {}
-        grad_sum = torch.zeros((), dtype=torch.float64, device=device)
-        grad_sq = torch.zeros((), dtype=torch.float64, device=device)
-        q_hist = torch.zeros(Q_HIST_BINS, dtype=torch.float64, device=device)
-        t0 = time.perf_counter()
-        n = derived.per_rank_batch
-        batches = [order[s * n : (s + 1) * n] for s in range(steps_per_epoch)]  # (n,) image indices each
-        for step, (view1, view2) in enumerate(data.epoch_views(batches, gen, device)):  # (n, 3, S, S) each
-            lr = cosine_lr(
-                epoch * steps_per_epoch + step, total_steps, derived.lr, warmup_steps, cfg.optim.min_lr_ratio
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            view1 = view1.contiguous(memory_format=torch.channels_last)
-            view2 = view2.contiguous(memory_format=torch.channels_last)
-            with torch.autocast(device_type=device.type, enabled=use_amp):
-                out = framework(view1, view2)
-            finite = torch.isfinite(out.loss.detach()).float()  # ()
-            if world > 1:
-                # Every rank stops together: a rank raising alone would leave the others waiting in backward's
-                # gradient all-reduce (their own loss may still be finite).
-                dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-            if not finite:
-                raise NonFiniteLossError(
-                    f"the training loss became non-finite at epoch {epoch + 1}, step {step + 1} (this rank's: "
-                    f"{out.loss.item()}; loss={cfg.loss.name}, tau={cfg.loss.temperature}, lr={lr:.4g})"
-                )
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(out.loss).backward()
-            scaler.unscale_(optimizer)  # true gradients for the probe below (no-op without AMP)
-            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in probes])).double()
-            grad_sum += grad_norm
-            grad_sq += grad_norm**2
-            if out.npc is not None:
-                q_hist += torch.histc(out.npc.float(), bins=Q_HIST_BINS, min=0.0, max=1.0).double()
-            scaler.step(optimizer)
-            scaler.update()
-            framework.after_step()
-            for key, value in {"loss": out.loss.detach(), **out.diagnostics}.items():
-                sums[key] = sums.get(key, 0.0) + value.float()
-        train_time = time.perf_counter() - t0
 
-        metrics = {f"train/{k}": float(v) / steps_per_epoch for k, v in sums.items()}
-        metrics["train/images_per_s"] = steps_per_epoch * derived.per_rank_batch / train_time
-        grad_mean = float(grad_sum) / steps_per_epoch
-        grad_std = math.sqrt(max(float(grad_sq) / steps_per_epoch - grad_mean**2, 0.0))
-        metrics |= {"train/grad_norm_mean": grad_mean, "train/grad_norm_std": grad_std,
-                    "train/grad_norm_cv": grad_std / grad_mean if grad_mean > 0 else math.nan}
+
+def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
+    """The epoch to start from and the history of the epochs before it.
+
+    With ``resume`` and an existing checkpoint: its model, framework, optimizer and scaler states are loaded
+    into ``run`` (its config must match, :data:`RESUME_FREE_KEYS` aside) and rank 0 rewrites the metrics file
+    to match it. Otherwise rank 0 starts the output folder afresh: ``config.json``, no metrics file.
+
+    Raises:
+        ValueError: if the checkpoint's config or framework state differs from the run's.
+    """
+    cfg, path = run.cfg, run.checkpoint_path
+    if not (resume and path.exists()):
+        if run.runtime.rank == 0:
+            (run.out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))
+            (run.out_dir / METRICS_NAME).unlink(missing_ok=True)
+        return 0, []
+    state = load_checkpoint(path, map_location=run.runtime.device)
+    # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
+    saved = to_flat_dict(Config()) | state["config"]
+    changed = sorted(k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and saved.get(k) != v)
+    if changed:
+        raise ValueError(f"cannot resume {path}: config differs in {', '.join(changed)}")
+    _unwrap(run.model).load_state_dict(state["model"])
+    load_framework_state(run.framework, state.get("framework", {}))  # momentum encoder, queues (none: SimCLR)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scaler.load_state_dict(state["scaler"])
+    history = list(state["history"])
+    if run.runtime.rank == 0:  # the metrics file matches the checkpoint (drops epochs trained after it, if any)
+        (run.out_dir / METRICS_NAME).write_text("".join(json.dumps(m) + "\n" for m in history))
+    log.info("resumed from %s at epoch %d", path, state["epoch"])
+    return state["epoch"], history
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One epoch
+
+
+@dataclass
+class EpochStats:
+    """This rank's running sums over one epoch's steps, and the epoch's metrics from them."""
+
+    device: torch.device
+    steps: int = 0
+    images: int = 0
+    lr: float = math.nan  # the learning rate of the last step
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)  # loss and diagnostics, float32 ()
+    grad_sum: torch.Tensor = field(init=False)  # float64 (): sum of the probe's gradient norms
+    grad_sq: torch.Tensor = field(init=False)  # float64 (): sum of their squares
+    q_hist: torch.Tensor = field(init=False)  # float64 (Q_HIST_BINS,): anchors per bin of q_B over [0, 1]
+    started: float = field(init=False)  # time.perf_counter() when the epoch's steps began
+    seconds: float = 0.0  # duration of the epoch's steps
+
+    def __post_init__(self) -> None:
+        self.grad_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.grad_sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.q_hist = torch.zeros(Q_HIST_BINS, dtype=torch.float64, device=self.device)
+        self.started = time.perf_counter()
+
+    def add_gradients(self, grad_norm: torch.Tensor, npc: torch.Tensor | None) -> None:
+        """The step's probe gradient norm (float64 ()) and NPC multipliers q_B (A,), if the loss has them."""
+        self.grad_sum += grad_norm
+        self.grad_sq += grad_norm**2
+        if npc is not None:
+            self.q_hist += torch.histc(npc.float(), bins=Q_HIST_BINS, min=0.0, max=1.0).double()
+
+    def add_losses(self, values: dict[str, torch.Tensor], images: int, lr: float) -> None:
+        """The step's loss and diagnostics (detached ()), its batch size and learning rate."""
+        for key, value in values.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value.float()
+        self.steps += 1
+        self.images += images
+        self.lr = lr
+
+    def metrics(self, runtime: Runtime) -> dict[str, float]:
+        """``train/*``: step means and gradient-norm statistics averaged over ranks, images/s over all ranks,
+        the q_B histogram over every rank's anchors (fractions; absent without q_B) and the last lr."""
+        metrics = {f"train/{k}": float(v) / self.steps for k, v in self.sums.items()}
+        metrics[M.IMAGES_PER_S] = self.images / self.seconds
+        grad_mean = float(self.grad_sum) / self.steps
+        grad_std = math.sqrt(max(float(self.grad_sq) / self.steps - grad_mean**2, 0.0))
+        metrics |= {M.GRAD_NORM_MEAN: grad_mean, M.GRAD_NORM_STD: grad_std,
+                    M.GRAD_NORM_CV: grad_std / grad_mean if grad_mean > 0 else math.nan}
         metrics = _average(metrics, runtime)
-        metrics["train/images_per_s"] *= world
-        if world > 1:
-            dist.all_reduce(q_hist)  # counts over every rank's anchors
-        if q_hist.sum() > 0:  # fraction of anchors per bin of q_B over [0, 1]
-            metrics["train/q_hist"] = (q_hist / q_hist.sum()).tolist()  # type: ignore[assignment]
-        metrics["train/lr"] = lr
-        metrics["epoch"] = epoch + 1
-        last = epoch + 1 == cfg.optim.epochs
-        if (epoch + 1) % cfg.eval.knn_every == 0 or last:
-            knn = {}
-            if rank == 0:
-                t1 = time.perf_counter()
-                knn["eval/knn_top1"] = evaluate_knn(
-                    _unwrap(model).backbone,
-                    data,
-                    cfg.eval.knn_k,
-                    cfg.eval.knn_temperature,
-                    cfg.eval.batch_size,
-                    device,
-                )
-                knn["eval/knn_seconds"] = time.perf_counter() - t1
-            metrics |= _broadcast(knn, ["eval/knn_top1", "eval/knn_seconds"], runtime)
-        metrics["time/epoch_seconds"] = time.perf_counter() - t0
-        result.history.append(metrics)
+        metrics[M.IMAGES_PER_S] *= runtime.world_size
+        if runtime.world_size > 1:
+            dist.all_reduce(self.q_hist)  # counts over every rank's anchors
+        if self.q_hist.sum() > 0:  # fraction of anchors per bin of q_B over [0, 1]
+            metrics[M.Q_HIST] = (self.q_hist / self.q_hist.sum()).tolist()  # type: ignore[assignment]
+        metrics[M.LR] = self.lr
+        return metrics
 
-        if rank == 0:
-            save_checkpoint(
-                {
-                    "epoch": epoch + 1,
-                    "model": _unwrap(model).state_dict(),
-                    "framework": framework_state(framework),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(),
-                    "config": to_flat_dict(cfg),
-                    "history": result.history,
-                },
-                ckpt_path,
-            )
-            with (out_dir / METRICS_NAME).open("a") as f:
-                f.write(json.dumps(metrics) + "\n")
-        if world > 1:
-            dist.barrier()
-        log.info(
-            "epoch %d/%d  loss %.4f  knn %s  q_B %.3f (Cv %.3f)  lr %.4g  %.0f img/s",
-            epoch + 1,
-            cfg.optim.epochs,
-            metrics["train/loss"],
-            f"{metrics['eval/knn_top1']:.2f}%" if "eval/knn_top1" in metrics else "-",
-            metrics.get("train/q_mean", math.nan),
-            metrics.get("train/q_cv", math.nan),
-            lr,
-            metrics["train/images_per_s"],
+
+def _train_one_epoch(run: Run, epoch: int) -> EpochStats:
+    """One pass over this rank's shard of the epoch's permutation, one optimizer step per batch."""
+    cfg, device = run.cfg, run.runtime.device
+    run.sampler.set_epoch(epoch)
+    order = torch.tensor(list(run.sampler), dtype=torch.long)  # this rank's shard of the epoch permutation
+    # Per-epoch seeding: views, EqCo's negative sampling etc. are identical after a resume.
+    torch.manual_seed(_epoch_seed(cfg.seed, epoch, run.runtime.rank))
+    gen = torch.Generator(device="cpu").manual_seed(_epoch_seed(cfg.seed, epoch, run.runtime.rank))
+    run.framework.train()
+    stats = EpochStats(device)
+    n = run.derived.per_rank_batch
+    batches = [order[s * n : (s + 1) * n] for s in range(run.steps_per_epoch)]  # (n,) image indices each
+    for step, (view1, view2) in enumerate(run.data.epoch_views(batches, gen, device)):  # (n, 3, S, S) each
+        lr = cosine_lr(
+            epoch * run.steps_per_epoch + step, run.total_steps, run.derived.lr, run.warmup_steps,
+            cfg.optim.min_lr_ratio,
         )
-        for callback in callbacks:
-            callback(epoch + 1, metrics, ckpt_path if rank == 0 else None)
+        for group in run.optimizer.param_groups:
+            group["lr"] = lr
+        view1 = view1.contiguous(memory_format=torch.channels_last)
+        view2 = view2.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device_type=device.type, enabled=run.use_amp):
+            out = run.framework(view1, view2)
+        _stop_if_not_finite(out.loss, run, epoch, step, lr)
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(out.loss).backward()
+        run.scaler.unscale_(run.optimizer)  # true gradients for the probe below (no-op without AMP)
+        stats.add_gradients(_grad_norm(run.probes), out.npc)
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        run.framework.after_step()
+        stats.add_losses({"loss": out.loss.detach(), **out.diagnostics}, images=n, lr=lr)
+    stats.seconds = time.perf_counter() - stats.started
+    return stats
 
-    final = dict(result.history[-1]) if result.history else {}
-    if cfg.eval.linear:
-        final |= _broadcast(
-            _linear_eval(cfg, model, data, device) if rank == 0 else {},
-            ["eval/linear_top1", "eval/linear_train_top1"],
-            runtime,
+
+def _stop_if_not_finite(loss: torch.Tensor, run: Run, epoch: int, step: int, lr: float) -> None:
+    """Raise :class:`NonFiniteLossError` on every rank if any rank's loss is NaN/inf."""
+    finite = torch.isfinite(loss.detach()).float()  # ()
+    if run.runtime.world_size > 1:
+        # Every rank stops together: a rank raising alone would leave the others waiting in backward's
+        # gradient all-reduce (their own loss may still be finite).
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if not finite:
+        raise NonFiniteLossError(
+            f"the training loss became non-finite at epoch {epoch + 1}, step {step + 1} (this rank's: "
+            f"{loss.item()}; loss={run.cfg.loss.name}, tau={run.cfg.loss.temperature}, lr={lr:.4g})"
         )
-    result.final = final
-    return result
 
 
-def _linear_eval(cfg: Config, model: nn.Module, data: TrainingData, device: torch.device) -> dict[str, float]:
-    backbone = _unwrap(model).backbone
-    train_f = data.features(backbone, "bank", cfg.eval.batch_size, device, normalize=False)
-    test_f = data.features(backbone, "test", cfg.eval.batch_size, device, normalize=False)
-    res = linear_probe(
-        train_f,
-        data.labels("bank"),
-        test_f,
-        data.labels("test"),
-        data.num_classes,
-        seed=cfg.seed,
-        device=device,
-        **LINEAR_PRESETS[cfg.eval.linear_preset],
+def _grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of the gradients of ``params`` taken together, float64 ()."""
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).double()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# After an epoch, and after training
+
+
+def _knn_metrics(run: Run) -> dict[str, float]:
+    """The kNN monitor, run by rank 0 and broadcast to every rank, with its duration."""
+    knn = {}
+    if run.runtime.rank == 0:
+        t0 = time.perf_counter()
+        ev = run.cfg.eval
+        knn[M.KNN_TOP1] = evaluate_knn(
+            run.backbone,
+            run.data,
+            k=ev.knn_k,
+            temperature=ev.knn_temperature,
+            batch_size=ev.batch_size,
+            device=run.runtime.device,
+        )
+        knn[M.KNN_SECONDS] = time.perf_counter() - t0
+    return _broadcast(knn, [M.KNN_TOP1, M.KNN_SECONDS], run.runtime)
+
+
+def _save(run: Run, epoch: int, history: list[dict[str, float]]) -> None:
+    """Rank 0 checkpoints the run after ``epoch`` and appends its metrics (``history[-1]``) to the metrics
+    file; every rank waits until it has."""
+    if run.runtime.rank == 0:
+        save_checkpoint(
+            {
+                "epoch": epoch,
+                "model": _unwrap(run.model).state_dict(),
+                "framework": framework_state(run.framework),
+                "optimizer": run.optimizer.state_dict(),
+                "scaler": run.scaler.state_dict(),
+                "config": to_flat_dict(run.cfg),
+                "history": history,
+            },
+            run.checkpoint_path,
+        )
+        with (run.out_dir / METRICS_NAME).open("a") as f:
+            f.write(json.dumps(history[-1]) + "\n")
+    if run.runtime.world_size > 1:
+        dist.barrier()
+
+
+def _log_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
+    log.info(
+        "epoch %d/%d  loss %.4f  knn %s  q_B %.3f (Cv %.3f)  lr %.4g  %.0f img/s",
+        epoch,
+        epochs,
+        metrics[M.TRAIN_LOSS],
+        f"{metrics[M.KNN_TOP1]:.2f}%" if M.KNN_TOP1 in metrics else "-",
+        metrics.get(M.Q_MEAN, math.nan),
+        metrics.get(M.Q_CV, math.nan),
+        metrics[M.LR],
+        metrics[M.IMAGES_PER_S],
     )
-    log.info("linear probe (%s): top-1 %.2f%%", cfg.eval.linear_preset, res["linear_top1"])
-    return {f"eval/{k}": v for k, v in res.items()}
+
+
+def _linear_metrics(run: Run) -> dict[str, float]:
+    """The linear probe after training, run by rank 0 and broadcast to every rank."""
+    ev = run.cfg.eval
+    result = {}
+    if run.runtime.rank == 0:
+        result = linear_eval(
+            run.backbone,
+            run.data,
+            preset=ev.linear_preset,
+            seed=run.cfg.seed,
+            batch_size=ev.batch_size,
+            device=run.runtime.device,
+        )
+    return _broadcast(result, [M.LINEAR_TOP1, M.LINEAR_TRAIN_TOP1], run.runtime)

@@ -1,5 +1,6 @@
 """``python -m dcl_core.train``: help, bad input -> exit 2 with one line before any compute."""
 
+import json
 import os
 import subprocess
 import sys
@@ -7,6 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from dcl_core.config import CONFIG_KEYS
+from dcl_core.data import resolve_data_root
+from dcl_core.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,8 +28,6 @@ def run_cli(*args, env=None, timeout=120):
 
 
 def test_help_documents_every_key_with_paper_values():
-    from dcl_core.config import CONFIG_KEYS
-
     out = run_cli("--help")
     assert out.returncode == 0
     for key in CONFIG_KEYS:
@@ -69,8 +72,6 @@ def test_print_config_resolves_preset_and_aliases():
 
 
 def _has_cifar():
-    from dcl_core.data import resolve_data_root
-
     return (resolve_data_root("cifar10", None) / "train").is_dir()
 
 
@@ -88,8 +89,6 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
         timeout=300,
     )
     assert ev.returncode == 0, ev.stderr[-2000:]
-    import json
-
     result = json.loads(ev.stdout.strip().splitlines()[-1])
     assert result["epoch"] == 1
     assert 0 <= result["eval/knn_top1"] <= 100 and 0 <= result["eval/linear_top1"] <= 100
@@ -147,8 +146,6 @@ def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
     assert "on cpu x2" in proc.stderr  # both ranks joined one gloo group; global batch split in two
     # Streamed: each rank's DataLoader reads its DistributedSampler shard of the embedded CIFAR-10 JPEGs.
     assert ("streamed by 1 workers" in proc.stderr) == (loader == "stream")
-    from dcl_core.training.checkpoint import load_checkpoint
-
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1
 
 

@@ -1,16 +1,22 @@
-"""End-to-end single runs on the embedded CIFAR-10 (smoke preset): metrics, determinism, resume, failures."""
+"""The trainer: its per-epoch accumulator, light package imports, and end-to-end single runs on the embedded
+CIFAR-10 (smoke preset): metrics, determinism, resume, failures."""
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import dcl_core.training
 from dcl_core.config import apply_overrides, preset
 from dcl_core.data import resolve_data_root
-from dcl_core.training import NonFiniteLossError, train
+from dcl_core.training import NonFiniteLossError, train, trainer
 from dcl_core.training.checkpoint import load_checkpoint
 from dcl_core.training.schedule import cosine_lr
+from dcl_core.training.trainer import EpochStats, Runtime
 
 
 def _embedded_available() -> bool:
@@ -34,6 +40,50 @@ def test_cosine_schedule_hand_computed():
     assert cosine_lr(9, 14, 1.0, warmup_steps=4) == pytest.approx(0.5)  # halfway through the decay
     assert cosine_lr(14, 14, 1.0, warmup_steps=4, min_ratio=0.1) == pytest.approx(0.1)
     assert cosine_lr(0, 10, 0.3) == pytest.approx(0.3)
+
+
+def test_epoch_stats_hand_computed():
+    # Two steps of 4 images in 2 s: losses 1 and 3, probe gradient norms 3 and 5, q_B of 3 anchors once.
+    cpu = torch.device("cpu")
+    stats = EpochStats(cpu)
+    stats.add_gradients(torch.tensor(3.0, dtype=torch.float64), torch.tensor([0.11, 0.31, 0.99]))
+    stats.add_losses({"loss": torch.tensor(1.0), "q_mean": torch.tensor(0.5)}, images=4, lr=0.2)
+    stats.add_gradients(torch.tensor(5.0, dtype=torch.float64), None)
+    stats.add_losses({"loss": torch.tensor(3.0), "q_mean": torch.tensor(0.75)}, images=4, lr=0.1)
+    stats.seconds = 2.0
+    metrics = stats.metrics(Runtime(rank=0, world_size=1, device=cpu, owns_process_group=False))
+    assert metrics.pop("train/q_hist") == [1 / 3 if i in (4, 12, 39) else 0.0 for i in range(40)]
+    assert metrics == {
+        "train/loss": 2.0,
+        "train/q_mean": 0.625,
+        "train/images_per_s": 4.0,
+        "train/grad_norm_mean": 4.0,
+        "train/grad_norm_std": 1.0,  # sqrt((9 + 25) / 2 - 4^2)
+        "train/grad_norm_cv": 0.25,
+        "train/lr": 0.1,  # the last step's
+    }
+    # A loss without q_B (none seen all epoch): no histogram.
+    empty = EpochStats(cpu)
+    empty.add_losses({"loss": torch.tensor(1.0)}, images=2, lr=0.1)
+    empty.add_gradients(torch.tensor(0.0, dtype=torch.float64), None)
+    empty.seconds = 1.0
+    assert "train/q_hist" not in empty.metrics(Runtime(0, 1, cpu, False))
+
+
+def test_importing_the_checkpoint_module_leaves_the_trainer_unimported():
+    # dcl_core.study's tracking reads CHECKPOINT_NAME; that must not import models, losses and data code.
+    code = (
+        "import sys, dcl_core.training.checkpoint; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dcl_core'))"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=60)
+    assert out.stdout.split() == ["['dcl_core',", "'dcl_core.training',", "'dcl_core.training.checkpoint']"]
+    # ... while the package still gives the trainer's names.
+    assert dcl_core.training.train is trainer.train is train
+    assert dcl_core.training.NonFiniteLossError is trainer.NonFiniteLossError is NonFiniteLossError
+    with pytest.raises(AttributeError):
+        dcl_core.training.no_such_name  # noqa: B018
 
 
 @needs_cifar

@@ -1,0 +1,87 @@
+"""Evaluate a saved checkpoint: ``python -m dcl_core.evaluate runs/latest/checkpoint.pt [--linear] [--no-knn]``.
+
+Rebuilds the backbone and the data from the config stored in the checkpoint (data root and subset sizes can be
+overridden), then runs the kNN monitor (k=200, t=0.1 by default) and/or the linear probe on frozen features,
+and prints the results as one JSON line. ``python -m dcl_core.eval`` is the same command. Bad input exits with
+code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from dcl_core import metrics as M
+from dcl_core.cli import setup_logging
+from dcl_core.config import ConfigError, apply_overrides, check_device, from_flat_dict, parse_overrides
+from dcl_core.training.checkpoint import load_checkpoint
+
+
+def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="checkpoint.pt written by dcl_core.train")
+    p.add_argument("--no-knn", action="store_true", help="skip the kNN monitor")
+    p.add_argument("--linear", action="store_true", help="train a linear probe on frozen features")
+    p.add_argument(
+        "--linear-preset",
+        default=None,
+        choices=("paper", "cpu", "smoke"),
+        help="linear-probe protocol (default: the checkpoint's eval.linear_preset)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys for evaluation, e.g. data.root=/data/cifar, data.test_per_class=0",
+    )
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate") -> int:
+    args = build_parser(prog).parse_args(argv)
+    setup_logging()
+    # Deferred: the data code imports torchvision (seconds), which --help does not need.
+    from dcl_core.data import DataError
+    from dcl_core.training.builders import build_data, build_model
+    from dcl_core.training.evaluation import evaluate_knn, linear_eval
+
+    try:
+        overrides = parse_overrides(args.set) | {"device": args.device}
+        if args.linear_preset:
+            overrides["eval.linear_preset"] = args.linear_preset
+        check_device(args.device)
+        state = load_checkpoint(args.checkpoint)
+        cfg = apply_overrides(from_flat_dict(state["config"]), overrides)
+        device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+        model = build_model(cfg)
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as err:  # e.g. --set model.width=... against the trained encoder
+            first = str(err).splitlines()[0]
+            raise ConfigError(f"the checkpoint's weights do not fit the configured model: {first}") from None
+        model.to(device)
+        data = build_data(cfg)
+    except (ConfigError, DataError, FileNotFoundError, ValueError) as err:
+        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
+        return 2
+    ev = cfg.eval
+    results: dict[str, float] = {"epoch": state["epoch"]}
+    if not args.no_knn:
+        results[M.KNN_TOP1] = evaluate_knn(
+            model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size, device=device
+        )
+    if args.linear:
+        results |= linear_eval(
+            model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size, device=device
+        )
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
