@@ -14,7 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import ConfigError
+import torch
+
+from dcl_core.cli import setup_logging
+from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
+from dcl_core.data import DataError, check_dataset, resolve_data_root
+from dcl_core.study.spec import StudyOptions, validate_spec, with_base
 
 SpecBuilder = Callable[[argparse.Namespace], "object"]
 
@@ -57,20 +62,8 @@ def build_parser(doc: str, default_name: str) -> argparse.ArgumentParser:
     return p
 
 
-def parse_overrides(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def base_config(args: argparse.Namespace, base: tuple[str, dict[str, Any]]) -> Any:
     """A study preset's base config: ``(core preset, overrides)``, then ``--data-root``, then ``--set``."""
-    from dcl_core.config import apply_overrides, preset
-
     name, overrides = base
     overrides = {**overrides, **({"data.root": args.data_root} if args.data_root else {})}
     return apply_overrides(apply_overrides(preset(name), overrides), parse_overrides(args.set))
@@ -88,20 +81,13 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
     parser = build_parser(doc, default_name)
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    from dcl_core.data import DataError, check_dataset, resolve_data_root
-    from dcl_core.study import Resources, run_study, summary_lines, validate_spec
-
+    setup_logging(args.verbose)
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
         if args.seeds is not None and args.seeds < 1:
             raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
-        if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
-            raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
-        if args.resume and args.overwrite:
-            raise ConfigError("--resume and --overwrite exclude each other")
+        options = StudyOptions.from_namespace(args)
         spec = build_spec(args)
         validate_spec(spec)
         data = spec.base.data
@@ -118,24 +104,17 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
                     "shared storage (NFS, s3://, gs://)", args.output_dir)
         else:
             root = str(check_dataset(data.dataset, data.root, data.download))
-            if args.gpus_per_worker > 0:
-                import torch
-
-                if not torch.cuda.is_available():
-                    raise ConfigError("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device "
+            if args.gpus_per_worker > 0 and not torch.cuda.is_available():
+                raise ConfigError("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device "
                                       "here); submit to a GPU cluster (--address or ray job submit)")
-        from dcl_core.study import with_base
-
         spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
-        resources = Resources(args.workers, args.cpus_per_worker, args.gpus_per_worker)
-        outcome = run_study(
-            spec, Path(args.output_dir), resources=resources, tracking_uri=args.tracking_uri, resume=args.resume,
-            overwrite=args.overwrite, storage=args.storage, max_concurrent=args.max_concurrent, asha=args.asha,
-            max_failures=args.max_failures, address=args.address, num_cpus=args.num_cpus,
-            save_checkpoint_artifact=args.save_checkpoints,
-        )
+        # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
+        from dcl_core.study.results import summary_lines
+        from dcl_core.study.runner import run_study
+
+        outcome = run_study(spec, options)
     except (ConfigError, DataError) as err:
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
-    print("\n".join(summary_lines(outcome, Path(args.output_dir))))
+    print("\n".join(summary_lines(outcome)))
     return 0

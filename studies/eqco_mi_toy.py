@@ -17,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dcl_core.cli import setup_logging
 from dcl_core.mi_toy import PAPER_KS, ToyConfig, run_toy
 
 PRESETS = {
@@ -42,21 +43,22 @@ def main(argv=None) -> int:
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in OUTPUT_DIR)")
     p.add_argument("--num-cpus", type=int, default=None)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     if not args.alpha > 0:
         print(f"error: --alpha must be > 0, got {args.alpha}", file=sys.stderr)
         return 2
     import ray
 
-    from dcl_core import tracking
     from dcl_core.mi_toy import format_table5, plot_table5
-    from dcl_core.reporting import write_rows
     from dcl_core.study import init_ray, summary_dir
+    from dcl_core.study.report import write_rows
+    from dcl_core.study.storage import default_tracking_uri
+    from dcl_core.study.tracking import StudyTracker, git_commit
 
     pr = PRESETS[args.preset]
     root = Path(args.output_dir).expanduser().resolve()
     out = summary_dir(root, "eqco_mi_toy")
-    uri = args.tracking_uri or tracking.default_tracking_uri(root)
+    uri = args.tracking_uri or default_tracking_uri(root)
     configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
                for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
     init_ray(None, args.num_cpus)
@@ -74,11 +76,11 @@ def main(argv=None) -> int:
     table = format_table5(rows, pr["ks"])
     files = [*write_rows(rows, out, "mi_toy"), plot_table5(rows, out / "mi_toy.png")]
     (out / "table.txt").write_text(table + "\n")
-    tracking.ensure_experiment(uri, "eqco_mi_toy", artifact_root=root / "mlartifacts")
-    tracking.log_summary_run(uri, "eqco_mi_toy", "eqco_mi_toy-summary",
-                             {f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
-                             [*files, out / "table.txt"], {"study": "eqco_mi_toy", "git_commit": tracking.git_commit()},
-                             params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"]})
+    tracker = StudyTracker(uri, "eqco_mi_toy", artifact_root=root / "mlartifacts",
+                           tags={"study": "eqco_mi_toy", "git_commit": git_commit()}).open()
+    tracker.log_summary({f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
+                        [*files, out / "table.txt"],
+                        params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"]})
     print(table)
     print(f"\nplot: {files[-1]}\nMLflow: experiment 'eqco_mi_toy' at {uri}")
     return 0

@@ -1,4 +1,4 @@
-"""Study results: the per-trial table (Parquet + CSV via pyarrow), the paper-shaped summaries, the plot.
+"""Study reports: the per-trial table (Parquet + CSV via pyarrow), the paper-shaped summaries, the plot.
 
 Pure functions over a list of row dicts (one per trial), so they are tested without Ray.
 """
@@ -12,29 +12,30 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from dcl_core.study.columns import COLUMN_NAMES, FLOAT_COLUMNS
+
 Row = dict[str, Any]
 
-COLUMNS = (
-    "trial_id", "status", "series", "loss", "framework", "method", "temperature", "batch_size", "base_lr", "sigma",
-    "alpha", "alpha_used", "num_negatives", "queue_size", "seed", "epoch_budget", "epochs", "knn_top1",
-    "best_knn_top1", "train_loss", "q_mean", "q_cv", "mi_bound", "grad_norm_mean", "grad_norm_cv", "images_per_s",
-    "error",
-)
-_FLOAT_COLUMNS = (
-    "temperature", "base_lr", "sigma", "alpha", "alpha_used", "knn_top1", "best_knn_top1", "train_loss", "q_mean",
-    "q_cv", "mi_bound", "grad_norm_mean", "grad_norm_cv", "images_per_s",
-)
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, imported when a plot is drawn (it is slow to import)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
     """Write the per-trial table as Parquet and CSV; returns both paths."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     out_dir.mkdir(parents=True, exist_ok=True)
-    columns = {c: [r.get(c) for r in rows] for c in COLUMNS}
-    for c in _FLOAT_COLUMNS:
+    columns = {c: [r.get(c) for r in rows] for c in COLUMN_NAMES}
+    for c in FLOAT_COLUMNS:
         columns[c] = [None if v is None else float(v) for v in columns[c]]
     table = pa.table(columns)
     parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
@@ -44,8 +45,6 @@ def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tu
 
 
 def read_table(path: Path) -> list[Row]:
-    import pyarrow.parquet as pq
-
     return pq.read_table(path).to_pylist()
 
 
@@ -153,10 +152,7 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
 def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
          series: str = "loss") -> Path:
     """kNN top-1 vs x, one line per series, error bars = std over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for loss, by_x in cells(rows, x_key, series).items():
@@ -179,10 +175,6 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
 
 def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
     """Any list of flat dicts as Parquet + CSV (columns from the first row)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     out_dir.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(list(rows))
     parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
@@ -197,10 +189,7 @@ def q_hist_edges(bins: int) -> list[float]:
 
 def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str) -> Path:
     """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     epochs = sorted(hists)
@@ -231,10 +220,7 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
             groups[r[series]][r[x_key]].append(r["q_hist"])
     if not groups:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = sorted(groups)
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), dpi=120, sharey=True, squeeze=False)

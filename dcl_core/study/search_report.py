@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dcl_core.reporting import Row
+import optuna
+from optuna.visualization import matplotlib as ovm
+
+from dcl_core.study.report import Row, pyplot
 from search_spaces import Space, optuna_distributions
 
 log = logging.getLogger(__name__)
@@ -23,8 +26,6 @@ log = logging.getLogger(__name__)
 
 def replay_study(rows: Sequence[Row], space: Space, name: str = "search") -> Any:
     """An Optuna study holding the rows' trials in creation order (failed trials as FAIL)."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = optuna_distributions(space)
     study = optuna.create_study(direction="maximize", study_name=name)
@@ -63,13 +64,7 @@ def format_best(rows: Sequence[Row], space: Space, series: str = "series") -> st
 
 def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series: str = "series") -> list[Path]:
     """Optuna's optimisation-history and hyperparameter-importance plots, one pair per series."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import optuna
-    from optuna.visualization import matplotlib as ovm
-
+    plt = pyplot()
     groups: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         groups[r[series]].append(r)

@@ -1,12 +1,15 @@
-"""The one module that talks to Ray's reporting API and to MLflow, so their API churn stays here.
+"""The one module that talks to Ray's reporting API and to MLflow, so their API churn stays here. Only public
+APIs of both are used (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``MlflowClient``).
 
 - :class:`TuneReporter` / :class:`TrainReporter`: epoch callbacks for the trainer that report metrics and the
-  checkpoint to Ray Tune (in-process trials) or Ray Train (DDP workers under a TorchTrainer).
-- :func:`restore_latest_checkpoint`: put the checkpoint Tune/Train hands back after a failure or a resumed
-  study where the trainer's ``--resume`` finds it.
-- :class:`StudyMLflowCallback`: Ray's ``MLflowLoggerCallback`` (one MLflow run per trial, logged from the
-  driver), which also reuses a trial's run when a study resumes, adds per-trial tags and logs only our metrics.
-- :func:`ensure_experiment`, :func:`log_summary_run`, :func:`default_tracking_uri`: the study summary run.
+  checkpoint to Ray Tune (in-process trials) or Ray Train (DDP workers under a TorchTrainer);
+  :func:`restore_latest_checkpoint` puts the checkpoint Ray hands back after a failure or a resumed study where
+  the trainer's resume finds it; :func:`report_diverged`, :func:`trial_context`.
+- :class:`StudyTracker`: one ``MlflowClient`` and the study's experiment. A study is one parent run (the
+  summary lives on it) with one nested child run per trial (``mlflow.parentRunId``), so MLflow's UI folds a
+  study's trials under one row. A resumed study finds its parent and children again by their tags.
+- :class:`MLflowTrialCallback`: a public ``ray.tune.Callback`` that logs each trial through the tracker, from
+  the driver: every config value as a param, per-epoch curves, the q_B histograms, the final status.
 """
 
 from __future__ import annotations
@@ -17,17 +20,27 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dcl_core.training.checkpoint import CHECKPOINT_NAME
+import pyarrow.fs
+import ray.train
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from ray import tune
+
+from dcl_core import metrics as M
+from dcl_core.study.report import plot_q_hist_epochs, q_hist_edges
 
 log = logging.getLogger(__name__)
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
-SUMMARY_TAG = "dcl.summary"
-Q_HIST_KEY = "train/q_hist"  # a list (fractions per bin): logged as an artifact, not a metric
+SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
+TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
+_BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
 
 
 def metric_name(name: str) -> str:
@@ -42,7 +55,7 @@ def metric_name(name: str) -> str:
 def _report_dir(checkpoint: Path) -> tempfile.TemporaryDirectory:
     """A temporary directory holding (a hard link to) the checkpoint file, for Checkpoint.from_directory."""
     tmp = tempfile.TemporaryDirectory(prefix="dcl-ckpt-")
-    target = Path(tmp.name) / CHECKPOINT_NAME
+    target = Path(tmp.name) / checkpoint.name
     try:
         target.hardlink_to(checkpoint)
     except OSError:
@@ -62,11 +75,11 @@ class _Reporter:
 
     def _complete(self, metrics: dict[str, float]) -> dict[str, float]:
         out = dict(metrics)
-        fresh = "eval/knn_top1" in out
+        fresh = M.KNN_TOP1 in out
         if fresh:
-            self.last_knn = out["eval/knn_top1"]
-        out["eval/knn_top1"] = self.last_knn
-        out["eval/knn_fresh"] = float(fresh)
+            self.last_knn = out[M.KNN_TOP1]
+        out[M.KNN_TOP1] = self.last_knn
+        out[M.KNN_FRESH] = float(fresh)
         return out
 
 
@@ -74,8 +87,6 @@ class TuneReporter(_Reporter):
     """Epoch callback for a trainer running inside a Tune function trainable (one process)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
-        from ray import tune
-
         if checkpoint is None:
             tune.report(self._complete(metrics))
             return
@@ -87,8 +98,6 @@ class TrainReporter(_Reporter):
     """Epoch callback inside Ray Train workers; rank 0 attaches the checkpoint (forwarded to Tune)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
-        import ray.train
-
         if checkpoint is None:
             ray.train.report(self._complete(metrics))
             return
@@ -96,28 +105,19 @@ class TrainReporter(_Reporter):
             ray.train.report(self._complete(metrics), checkpoint=ray.train.Checkpoint.from_directory(d))
 
 
-def restore_latest_checkpoint(output_dir: Path, in_train_worker: bool = False) -> bool:
-    """Copy the latest reported checkpoint (if Ray has one for this trial) into ``output_dir``.
-
-    Returns whether a checkpoint was restored, i.e. whether the trainer should resume.
-    """
-    if in_train_worker:
-        import ray.train
-
-        ckpt = ray.train.get_checkpoint()
-    else:
-        from ray import tune
-
-        ckpt = tune.get_checkpoint()
+def restore_latest_checkpoint(target: Path, in_train_worker: bool = False) -> bool:
+    """Copy the latest checkpoint Ray reported for this trial (if any) to ``target`` (the trainer's checkpoint
+    path). Returns whether one was restored, i.e. whether the trainer should resume."""
+    ckpt = ray.train.get_checkpoint() if in_train_worker else tune.get_checkpoint()
     if ckpt is None:
         return False
-    output_dir.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with ckpt.as_directory() as d:
-        src = Path(d) / CHECKPOINT_NAME
+        src = Path(d) / target.name
         if not src.exists():
             return False
-        shutil.copy2(src, output_dir / CHECKPOINT_NAME)
-    log.info("restored checkpoint from Ray into %s", output_dir)
+        shutil.copy2(src, target)
+    log.info("restored checkpoint from Ray into %s", target.parent)
     return True
 
 
@@ -126,14 +126,10 @@ def report_diverged(metrics: Mapping[str, float], message: str, in_train_worker:
 
     It carries the last epoch's metrics (so the row and the MLflow curves end where training did); inside Ray
     Train every worker calls it, as every ``ray.train.report``."""
-    final = {**metrics, "diverged": 1.0, "eval/knn_top1": math.nan}
+    final = {**metrics, M.DIVERGED: 1.0, M.KNN_TOP1: math.nan}
     if in_train_worker:
-        import ray.train
-
         ray.train.report(final)
     else:
-        from ray import tune
-
         tune.report(final)
     log.warning("trial diverged: %s", message)
 
@@ -146,8 +142,6 @@ def trial_context() -> tuple[str, Path, Path]:
     uploaded. The trainer's own files (its checkpoint copy, metrics.jsonl) go to the scratch space: the
     checkpoint already reaches storage through ``tune.report``, and would otherwise be uploaded twice.
     """
-    from ray import tune
-
     ctx = tune.get_context()
     trial_dir = Path(ctx.get_trial_dir()).resolve()
     try:
@@ -155,46 +149,6 @@ def trial_context() -> tuple[str, Path, Path]:
     except (AttributeError, RuntimeError):  # an older or newer Ray without this storage context
         work_dir = trial_dir
     return ctx.get_trial_id(), trial_dir, work_dir
-
-
-# ------------------------------------------------------------------------------------------------------------
-# MLflow
-
-
-def default_tracking_uri(output_dir: Path) -> str:
-    """A local SQLite store under the study output directory (absolute, so Tune's chdir cannot break it)."""
-    return f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"
-
-
-def ensure_experiment(tracking_uri: str, name: str, artifact_root: Path | None = None) -> str:
-    """Get or create the MLflow experiment; local stores get an absolute artifact folder."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    location = None
-    if artifact_root is not None and not tracking_uri.startswith(("http://", "https://", "databricks")):
-        location = (artifact_root / name).resolve().as_uri()
-    return client.create_experiment(name, artifact_location=location)
-
-
-def delete_runs(tracking_uri: str, experiment_name: str) -> int:
-    """Soft-delete every run of an experiment (``--overwrite``: the new study's trials replace the old ones);
-    returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run`` brings one back."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment_name)
-    if exp is None:
-        return 0
-    runs = client.search_runs([exp.experiment_id], max_results=50_000)
-    for run in runs:
-        client.delete_run(run.info.run_id)
-    if runs:
-        log.info("--overwrite: deleted %d earlier MLflow runs of %s", len(runs), experiment_name)
-    return len(runs)
 
 
 def git_commit() -> str:
@@ -208,135 +162,203 @@ def git_commit() -> str:
         return "unknown"
 
 
-def _make_logger_callback_class() -> type:
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-    class _StudyMLflowCallback(MLflowLoggerCallback):
-        """MLflowLoggerCallback with resume-safe runs, per-trial tags, and only training metrics.
-
-        After a killed driver, Tune restores the trials but this callback starts empty; without the lookup
-        below a resumed trial would get a second MLflow run. The trial id is stored as a tag and reused.
-        """
-
-        def __init__(self, *args: Any, tag_keys: Mapping[str, str] | None = None, save_checkpoint: bool = False,
-                     storage: str | None = None, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.tag_keys = dict(tag_keys or {})
-            self.save_checkpoint = save_checkpoint
-            self.storage = storage
-            self.q_hists: dict[str, dict[int, list[float]]] = {}
-
-        def log_trial_start(self, trial: Any) -> None:
-            if trial not in self._trial_runs:
-                client = self.mlflow_util._get_client()
-                found = client.search_runs(
-                    [self.mlflow_util.experiment_id], filter_string=f"tags.trial_id = '{trial.trial_id}'"
-                )
-                if found:
-                    self._trial_runs[trial] = found[0].info.run_id
-                    client.update_run(found[0].info.run_id, status="RUNNING")
-                else:
-                    tags = dict(self.tags)
-                    tags["trial_id"] = trial.trial_id
-                    for tag, key in self.tag_keys.items():
-                        tags[tag] = str(trial.config.get(key))
-                    self._saved_tags, self.tags = self.tags, tags
-                    try:
-                        super().log_trial_start(trial)
-                    finally:
-                        self.tags = self._saved_tags
-                    return
-            super().log_trial_start(trial)
-
-        def log_trial_result(self, iteration: int, trial: Any, result: dict) -> None:
-            metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) or k == "diverged"}
-            metrics = {k: v for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
-            step = int(result.get("epoch", result.get("training_iteration", iteration)))
-            run_id = self._trial_runs[trial]
-            self.mlflow_util.log_metrics(run_id=run_id, metrics_to_log=metrics, step=step)
-            hist = result.get(Q_HIST_KEY)
-            if isinstance(hist, list) and hist:
-                # DCL Fig. 1: the NPC multiplier's distribution this epoch, one small JSON per epoch.
-                from dcl_core.reporting import q_hist_edges
-
-                self.q_hists.setdefault(trial.trial_id, {})[step] = hist
-                self.mlflow_util._get_client().log_dict(
-                    run_id, {"epoch": step, "bin_edges": q_hist_edges(len(hist)), "fraction": hist},
-                    f"npc/q_hist_epoch{step:04d}.json",
-                )
-
-        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
-            diverged = bool(trial.last_result.get("diverged")) if trial.last_result else False
-            hists = self.q_hists.pop(trial.trial_id, None)
-            client = self.mlflow_util._get_client()
-            if hists and trial in self._trial_runs:
-                from dcl_core.reporting import plot_q_hist_epochs
-
-                with tempfile.TemporaryDirectory() as d:
-                    png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
-                    client.log_artifact(self._trial_runs[trial], str(png), "npc")
-            checkpoint = self._final_checkpoint(trial) if self.save_checkpoint else None
-            if checkpoint is not None and trial in self._trial_runs:
-                # The checkpoint Tune keeps in the study's storage (Ray's own save_artifact logs the driver's
-                # staging folder, which holds no checkpoint).
-                with checkpoint.as_directory() as d:
-                    client.log_artifacts(self._trial_runs[trial], d, "checkpoint")
-            super().log_trial_end(trial, failed=failed or diverged)
-
-        def _final_checkpoint(self, trial: Any) -> Any:
-            """Tune's checkpoint of an in-process trial; for a DDP trial, the Ray Train run's last checkpoint,
-            whose path (on the storage's filesystem) ``TuneReportCallback`` forwarded with the metrics."""
-            if trial.checkpoint is not None:
-                return trial.checkpoint
-            path = (trial.last_result or {}).get("checkpoint_path")
-            if not path or not self.storage:
-                return None
-            import pyarrow.fs
-            from ray import tune
-
-            fs, _ = pyarrow.fs.FileSystem.from_uri(self.storage)
-            return tune.Checkpoint(path, filesystem=fs)
-
-    return _StudyMLflowCallback
+# ------------------------------------------------------------------------------------------------------------
+# MLflow
 
 
-def StudyMLflowCallback(  # noqa: N802 - a factory standing in for the class (keeps ray import lazy)
-    tracking_uri: str, experiment_name: str, tags: Mapping[str, str], tag_keys: Mapping[str, str],
-    save_artifact: bool = False, storage: str | None = None,
-) -> Any:
-    """One MLflow run per trial: every config value as a param, per-epoch metrics as curves, tags; with
-    ``save_artifact`` the trial's final checkpoint (read from the study's Ray ``storage``)."""
-    cls = _make_logger_callback_class()
-    return cls(
-        tracking_uri=tracking_uri, experiment_name=experiment_name, tags=dict(tags), tag_keys=tag_keys,
-        save_checkpoint=save_artifact, storage=storage,
-    )
+class StudyTracker:
+    """A study's MLflow experiment through one ``MlflowClient``: the parent run, a child run per trial, the
+    summary on the parent.
 
-
-def log_summary_run(
-    tracking_uri: str, experiment_name: str, run_name: str, metrics: Mapping[str, float],
-    artifacts: list[Path], tags: Mapping[str, str], params: Mapping[str, Any] | None = None,
-) -> str:
-    """The study summary run: robustness metrics, the results table (Parquet + CSV) and the plot.
-
-    It replaces the experiment's earlier summary run (a resumed or re-run study summarizes all its trials
-    again), which is deleted (MLflow's soft delete: ``mlflow gc`` purges it, ``restore_run`` brings it back).
+    Picklable (Tune saves its callbacks with the experiment, and restores them on ``--resume``): the client is
+    dropped when pickled and made again on first use.
     """
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri)
-    exp = client.get_experiment_by_name(experiment_name)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment_name)
-    for old in client.search_runs([exp_id], filter_string=f"tags.`{SUMMARY_TAG}` = 'true'", max_results=1000):
-        client.delete_run(old.info.run_id)
-    run = client.create_run(exp_id, run_name=run_name, tags={SUMMARY_TAG: "true", **tags})
-    rid = run.info.run_id
-    for key, value in (params or {}).items():
-        client.log_param(rid, key, value)
-    for key, value in metrics.items():
-        if isinstance(value, int | float) and math.isfinite(value):
-            client.log_metric(rid, metric_name(key), float(value))
-    for path in artifacts:
-        client.log_artifact(rid, str(path))
-    client.set_terminated(rid)
-    return rid
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
+                 tags: Mapping[str, str] | None = None) -> None:
+        self.tracking_uri = tracking_uri
+        self.experiment = experiment
+        self.artifact_root = artifact_root
+        self.tags = dict(tags or {})
+        self.experiment_id: str | None = None
+        self.parent_run_id: str | None = None
+        self._client: MlflowClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None}
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    def open(self, overwrite: bool = False) -> StudyTracker:
+        """Get or create the experiment (local stores get an absolute artifact folder); with ``overwrite``
+        soft-delete its earlier runs; then find (a resumed study) or create the parent run."""
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            self.experiment_id = exp.experiment_id
+        else:
+            location = None
+            if self.artifact_root is not None and not self.tracking_uri.startswith(
+                    ("http://", "https://", "databricks")):
+                location = (self.artifact_root / self.experiment).resolve().as_uri()
+            self.experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+        if overwrite:
+            self.delete_runs()
+        found = self._search(f"tags.`{SUMMARY_TAG}` = 'true'")
+        if found:
+            self.parent_run_id = found[0].info.run_id
+            self.client.update_run(self.parent_run_id, status="RUNNING")
+        else:
+            run = self.client.create_run(self.experiment_id, run_name=self.experiment,
+                                         tags={SUMMARY_TAG: "true", **self.tags})
+            self.parent_run_id = run.info.run_id
+        return self
+
+    def _search(self, filter_string: str) -> list[Any]:
+        return self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=1000)
+
+    def delete_runs(self) -> int:
+        """Soft-delete every run of the experiment (``--overwrite``: the new trials replace the old ones);
+        returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run`` brings one back."""
+        runs = self.client.search_runs([self.experiment_id], max_results=50_000)
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
+        if runs:
+            log.info("--overwrite: deleted %d earlier MLflow runs of %s", len(runs), self.experiment)
+        return len(runs)
+
+    def trial_run(self, trial_id: str, name: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
+        """The child run of a trial: found by its trial id (a resumed or retried trial), else created with
+        the study's tags, ``tags`` and every param."""
+        found = self._search(f"tags.{TRIAL_TAG} = '{trial_id}'")
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        all_tags = {**self.tags, **tags, TRIAL_TAG: trial_id, MLFLOW_PARENT_RUN_ID: self.parent_run_id or ""}
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        items = [Param(k, str(v)) for k, v in params.items()]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(run.info.run_id, params=items[i : i + _BATCH])
+        return run.info.run_id
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Finite numbers only (a NaN marks a missing measurement, not a value to plot)."""
+        now = _now_ms()
+        items = [Metric(metric_name(k), float(v), now, step) for k, v in metrics.items()
+                 if isinstance(v, int | float) and math.isfinite(v)]
+        if items:
+            self.client.log_batch(run_id, metrics=items)
+
+    def log_dict(self, run_id: str, data: Mapping[str, Any], path: str) -> None:
+        self.client.log_dict(run_id, dict(data), path)
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def end_run(self, run_id: str, failed: bool = False) -> None:
+        self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+
+    def log_summary(self, metrics: Mapping[str, float], artifacts: list[Path],
+                    params: Mapping[str, Any] | None = None) -> str:
+        """The study summary on the parent run (metrics, the results table, the plots), which then finishes.
+
+        A resumed study summarizes all its trials again: metrics get a new point, artifacts are replaced."""
+        if self.parent_run_id is None:
+            self.open()
+        rid = self.parent_run_id
+        assert rid is not None
+        existing = self.client.get_run(rid).data.params
+        new = [Param(k, str(v)) for k, v in (params or {}).items() if k not in existing]
+        if new:
+            self.client.log_batch(rid, params=new)
+        self.log_metrics(rid, metrics)
+        for path in artifacts:
+            self.log_artifact(rid, path)
+        self.end_run(rid)
+        return rid
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class MLflowTrialCallback(tune.Callback):
+    """Logs every trial of a Tune experiment as a child run of the study (see :class:`StudyTracker`).
+
+    Args:
+        tracker: the study's tracker (opened: its parent run exists).
+        tag_keys: per-trial tags from config keys, e.g. ``{"loss": "loss.name"}``.
+        name_of: the run name of a trial (default: Tune's trial name).
+        save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
+            ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
+    """
+
+    def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
+                 storage: str | None = None) -> None:
+        self.tracker = tracker
+        self.tag_keys = dict(tag_keys)
+        self.save_checkpoint = save_checkpoint
+        self.storage = storage
+        self.runs: dict[str, str] = {}  # trial id -> run id
+        self.q_hists: dict[str, dict[int, list[float]]] = {}
+
+    def _run_of(self, trial: Any) -> str:
+        if trial.trial_id not in self.runs:
+            tags = {tag: str(trial.config.get(key)) for tag, key in self.tag_keys.items()}
+            tags["trial_name"] = str(trial)
+            self.runs[trial.trial_id] = self.tracker.trial_run(trial.trial_id, str(trial), tags, trial.config)
+        return self.runs[trial.trial_id]
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._run_of(trial)
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any) -> None:
+        run_id = self._run_of(trial)
+        step = int(result.get(M.EPOCH, result.get("training_iteration", iteration)))
+        metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) or k == M.DIVERGED}
+        self.tracker.log_metrics(run_id, metrics, step)
+        hist = result.get(M.Q_HIST)
+        if isinstance(hist, list) and hist:
+            # DCL Fig. 1: the NPC multiplier's distribution this epoch, one small JSON per epoch.
+            self.q_hists.setdefault(trial.trial_id, {})[step] = hist
+            self.tracker.log_dict(run_id, {"epoch": step, "bin_edges": q_hist_edges(len(hist)), "fraction": hist},
+                                  f"npc/q_hist_epoch{step:04d}.json")
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, failed=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, failed=True)
+
+    def _end(self, trial: Any, failed: bool) -> None:
+        run_id = self._run_of(trial)
+        diverged = bool((trial.last_result or {}).get(M.DIVERGED))
+        hists = self.q_hists.pop(trial.trial_id, None)
+        if hists:
+            with tempfile.TemporaryDirectory() as d:
+                png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
+                self.tracker.log_artifact(run_id, png, "npc")
+        checkpoint = self._final_checkpoint(trial) if self.save_checkpoint else None
+        if checkpoint is not None:
+            # The checkpoint Tune keeps in the study's storage (the trial's driver-side folder holds none).
+            with checkpoint.as_directory() as d:
+                self.tracker.log_artifact(run_id, Path(d), "checkpoint")
+        self.tracker.end_run(run_id, failed=failed or diverged)
+
+    def _final_checkpoint(self, trial: Any) -> tune.Checkpoint | None:
+        """Tune's checkpoint of an in-process trial; for a DDP trial, the Ray Train run's last checkpoint,
+        whose path (on the storage's filesystem) ``TuneReportCallback`` forwarded with the metrics."""
+        if trial.checkpoint is not None:
+            return trial.checkpoint
+        path = (trial.last_result or {}).get("checkpoint_path")
+        if not path or not self.storage:
+            return None
+        fs, _ = pyarrow.fs.FileSystem.from_uri(self.storage)
+        return tune.Checkpoint(path, filesystem=fs)

@@ -15,8 +15,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dcl_core.data import resolve_data_root
-from dcl_core.reporting import read_table
 from dcl_core.study import summary_dir
+from dcl_core.study.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -133,6 +133,10 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
         trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
         summary = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
         assert len(trials) == 2 and len(summary) == 1
+        # What MLflow's UI reads (its REST API): the study is one parent run, its trials nested beneath it.
+        parent, children = _rest_runs(tracking, exp.experiment_id)
+        assert parent["info"]["run_name"] == "temperature_sweep" and len(children) == 2
+        assert all(_tags(c)["mlflow.parentRunId"] == parent["info"]["run_id"] for c in children)
         assert all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics for r in trials)
         arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
         assert "results.parquet" in arts and "temperature_sweep.png" in arts
@@ -152,3 +156,22 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
         head.wait(timeout=120)
         mlflow.terminate()
         mlflow.wait(timeout=30)
+
+
+def _tags(run: dict) -> dict:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def _rest_runs(tracking: str, experiment_id: str) -> tuple[dict, list[dict]]:
+    """(parent, children) of an experiment, read through the tracking server's REST API as the UI does."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"experiment_ids": [experiment_id], "max_results": 1000}).encode()
+    request = urllib.request.Request(f"{tracking}/api/2.0/mlflow/runs/search", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        runs = json.load(response)["runs"]
+    parents = [r for r in runs if "mlflow.parentRunId" not in _tags(r)]
+    assert len(parents) == 1, [_tags(r) for r in parents]
+    return parents[0], [r for r in runs if "mlflow.parentRunId" in _tags(r)]

@@ -5,7 +5,17 @@ import statistics
 
 import pytest
 
-from dcl_core.reporting import all_gaps, cells, format_table, gap_pairs, gaps, plot, read_table, robustness, write_table
+from dcl_core.study.report import (
+    all_gaps,
+    cells,
+    format_table,
+    gap_pairs,
+    gaps,
+    plot,
+    read_table,
+    robustness,
+    write_table,
+)
 
 
 def row(loss, tau, seed, acc, status="ok", batch=128):

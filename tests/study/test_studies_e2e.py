@@ -17,8 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
-from dcl_core.reporting import read_table
 from dcl_core.study import summary_dir
+from dcl_core.study.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -68,6 +68,7 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
         assert set(CONFIG_KEYS) <= set(r.data.params)  # every config value, flattened dotted keys
         assert r.data.tags["study"] == "temperature_sweep" and r.data.tags["loss"] in ("infonce", "dcl")
         assert r.data.tags["seed"] == "0" and len(r.data.tags["git_commit"]) in (40, 7)
+        assert r.data.tags["mlflow.parentRunId"] == summary[0].info.run_id  # nested under the study's run
         for metric in ("train/loss", "eval/knn_top1", "train/q_mean", "train/q_cv", "train/lr", "train/images_per_s"):
             assert metric in r.data.metrics, metric
         history = client.get_metric_history(r.info.run_id, "train/loss")
@@ -174,6 +175,9 @@ def test_resume_after_killed_driver(tmp_path):
     assert finished and partial, "never saw one finished and one running trial"
     before_finished = (exp / finished / "result.json").read_text()
     killed_at = _epochs(exp / partial / "result.json")[-1]
+    _, trials_before, (parent,) = runs_of(out, "temperature_sweep")
+    parent_before = parent.info.run_id
+    assert parent.info.status == "RUNNING" and len(trials_before) == 2
     time.sleep(2)
 
     run([*cmd, "--resume"])
@@ -184,8 +188,11 @@ def test_resume_after_killed_driver(tmp_path):
     assert killed_at < epochs
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == epochs for r in rows)
-    client, trials, _ = runs_of(out, "temperature_sweep")
+    client, trials, summary = runs_of(out, "temperature_sweep")
     assert len(trials) == 2  # one MLflow run per trial, even across the resume
+    # ... nested under the study's one parent run, which the resume reused (and which holds the summary).
+    assert len(summary) == 1 and summary[0].info.run_id == parent_before and summary[0].info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent_before}
     for r in trials:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
         assert sorted(set(steps)) == list(range(1, epochs + 1))
@@ -210,7 +217,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
     out = tmp_path / "n"
     # A grid over the learning rate where the huge one diverges.
     from dcl_core.config import apply_overrides, preset
-    from dcl_core.study import StudySpec, run_study
+    from dcl_core.study import StudyOptions, StudySpec, run_study
     from search_spaces import Grid
 
     base = apply_overrides(preset("smoke"), {"optim.epochs": 2, "data.train_per_class": 8, "data.test_per_class": 4})
@@ -218,7 +225,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
         name="nan_study", base=base, grid={"optim.base_lr": Grid((0.03, 1e30))}, x_key="optim.base_lr", x_label="lr"
     )
     try:
-        outcome = run_study(spec, out, num_cpus=2)
+        outcome = run_study(spec, StudyOptions(out, num_cpus=2))
     finally:
         import ray
 
@@ -232,7 +239,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 
     # --overwrite: the new study's runs replace the old ones in MLflow (soft-deleted, not mixed in).
     try:
-        run_study(spec, out, num_cpus=2, overwrite=True)
+        run_study(spec, StudyOptions(out, num_cpus=2, overwrite=True))
     finally:
         import ray
 
@@ -277,7 +284,7 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     import pyarrow.fs
 
     from dcl_core.config import ConfigError, apply_overrides, preset
-    from dcl_core.study import StudySpec, run_study, storage_join
+    from dcl_core.study import StudyOptions, StudySpec, run_study, storage_join
     from search_spaces import Grid
 
     base = apply_overrides(preset("smoke"), {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
@@ -288,16 +295,16 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     storage = (tmp_path / "ray").as_uri()  # file:///...: resolved by pyarrow exactly like s3:// or gs://
     out = tmp_path / "out"
     try:
-        first = run_study(spec, out, storage=storage, num_cpus=2)
+        first = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
         ids = {r["framework"]: r["trial_id"] for r in first.rows}
         experiments = sorted(p.name for p in (tmp_path / "ray").iterdir())
         assert experiments == ["two_part-simclr", "two_part-simo"]  # at the URI's path, not in a folder "file:"
         with pytest.raises(ConfigError, match="study output exists at file://"):
-            run_study(spec, out, storage=storage, num_cpus=2)
+            run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
         # As if the driver had died before the SiMo experiment started.
         fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part-simo"))
         fs.delete_dir(path)
-        resumed = run_study(spec, out, storage=storage, num_cpus=2, resume=True)
+        resumed = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2, resume=True))
     finally:
         import ray
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dcl_core.config import ConfigError, apply_overrides
-from dcl_core.study import _experiments, grid_points, validate_spec
+from dcl_core.study.spec import experiments, grid_points, validate_spec
 from dcl_core.study_cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_presets_build_valid_specs(name, preset, search):
     spec = module.build_spec(args)
     validate_spec(spec)
     assert (spec.search is not None) == (search == "optuna")
-    names = [e.name for e in _experiments(spec)]  # raises if two Tune experiments would share a directory
+    names = [e.name for e in experiments(spec)]  # raises if two Tune experiments would share a directory
     assert len(set(names)) == len(names) and all(n.startswith(spec.name) for n in names)
     for grid in spec.grids:
         for point in grid_points(grid):
@@ -105,10 +105,10 @@ def test_search_bounds_are_checked_where_a_trial_can_reach_them():
 
 def test_a_search_over_several_sub_grids_names_each_experiment_by_its_sub_grid():
     spec = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep", "--search", "optuna"))
-    names = [e.name for e in _experiments(spec)]
+    names = [e.name for e in experiments(spec)]
     # One Optuna search per (framework, K): the framework tells SimCLR's K=4 from SiMo's K=4.
     assert names == [f"eqco_negatives_sweep-{fw}-{k}" for fw in ("simclr", "simo") for k in (4, 16, 63)]
-    assert [e.point for e in _experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
+    assert [e.point for e in experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
 
 
 def test_storage_join_keeps_uris_intact():
@@ -121,20 +121,22 @@ def test_storage_join_keeps_uris_intact():
 
 
 def test_asha_is_refused_for_grids_and_resume_keeps_the_original_options(tmp_path):
-    from dcl_core.study import _check_resume_options, run_study
+    from dcl_core.study import StudyOptions, run_study
 
     spec = load("temperature_sweep").build_spec(args_for("temperature_sweep", "--smoke"))
     with pytest.raises(ConfigError, match="use it with --search optuna"):
-        run_study(spec, tmp_path, asha=True)  # refused before Ray starts
-    options = tmp_path / "study_options.json"
-    options.write_text('{"tracking_uri": "sqlite:////a.db", "asha": false}')
-    _check_resume_options(options, {"tracking_uri": "sqlite:////a.db", "asha": False})
+        run_study(spec, StudyOptions(tmp_path, asha=True))  # refused before Ray starts
+    before = {"tracking_uri": "sqlite:////a.db", "asha": False, "max_failures": 5}
+    StudyOptions(tmp_path, tracking_uri="sqlite:////a.db", max_failures=1).check_resume(before)  # may change
     with pytest.raises(ConfigError, match=re.escape("tracking_uri was 'sqlite:////a.db', now 'http://x:5000'")):
-        _check_resume_options(options, {"tracking_uri": "http://x:5000", "asha": False})
+        StudyOptions(tmp_path, tracking_uri="http://x:5000").check_resume(before)
+    with pytest.raises(ConfigError, match=re.escape("asha was False, now True")):
+        StudyOptions(tmp_path, tracking_uri="sqlite:////a.db", asha=True).check_resume(before)
 
 
 def test_ddp_trials_run_as_many_at_a_time_as_the_cluster_holds():
-    from dcl_core.study import Resources, ddp_concurrency
+    from dcl_core.study import Resources
+    from dcl_core.study.runner import ddp_concurrency
 
     # This machine: 2 CPUs, 2 workers x 0.9 CPU -> one trial at a time.
     assert ddp_concurrency(Resources(2, 0.9), {"CPU": 2.0}) == 1

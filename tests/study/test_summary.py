@@ -3,9 +3,11 @@
 from mlflow.tracking import MlflowClient
 
 from dcl_core.config import preset
-from dcl_core.reporting import read_table
-from dcl_core.study import StudySpec, _summarize, summary_dir
-from dcl_core.tracking import default_tracking_uri, ensure_experiment
+from dcl_core.study import StudySpec, summary_dir
+from dcl_core.study.report import read_table
+from dcl_core.study.results import summarize
+from dcl_core.study.storage import default_tracking_uri
+from dcl_core.study.tracking import StudyTracker
 from search_spaces import Grid
 
 
@@ -21,12 +23,11 @@ def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
                     x_key="loss.temperature", x_label="tau")
     batch = StudySpec(name="batch_study", base=base, grid={"optim.batch_size": Grid((16, 32))},
                       x_key="optim.batch_size", x_label="batch", gap=True)
-    for spec in (tau, batch):
-        ensure_experiment(uri, spec.name, artifact_root=tmp_path / "mlartifacts")
     tags = {"study": "x", "git_commit": "unknown"}
-    _summarize(tau, _rows("temperature", (0.1, 0.5), lambda lo, x: 40 + 10 * x), tmp_path, uri, tags)
-    _summarize(batch, _rows("batch_size", (16, 32), lambda lo, x: 30 + x / 4 + (2 if lo == "dcl" else 0)),
-               tmp_path, uri, tags)
+    trackers = {spec.name: StudyTracker(uri, spec.name, tmp_path / "mlartifacts", tags).open() for spec in (tau, batch)}
+    summarize(tau, _rows("temperature", (0.1, 0.5), lambda lo, x: 40 + 10 * x), tmp_path, trackers["tau_study"])
+    summarize(batch, _rows("batch_size", (16, 32), lambda lo, x: 30 + x / 4 + (2 if lo == "dcl" else 0)),
+              tmp_path, trackers["batch_study"])
 
     # Both studies' tables are still on disk, each with its own swept values.
     assert {r["temperature"] for r in read_table(summary_dir(tmp_path, "tau_study") / "results.parquet")} == {0.1, 0.5}

@@ -1,0 +1,44 @@
+"""Studies: Ray Tune over the core trainer, grids or Optuna searches, MLflow runs, a summary.
+
+One job a module:
+
+- :mod:`~dcl_core.study.spec`: what a study runs (:class:`StudySpec`) and how (:class:`StudyOptions`),
+  validated before Ray starts;
+- :mod:`~dcl_core.study.trainable`: one trial, in-process or as a DDP ``TorchTrainer``;
+- :mod:`~dcl_core.study.runner`: Ray, the Tuners, resume/overwrite, concurrency (:func:`run_study`);
+- :mod:`~dcl_core.study.storage`: storage URIs and the summary folder;
+- :mod:`~dcl_core.study.columns`: the results table's columns, declared once;
+- :mod:`~dcl_core.study.results`: rows of finished trials and the study summary;
+- :mod:`~dcl_core.study.report` / :mod:`~dcl_core.study.search_report`: tables and plots over rows (no Ray);
+- :mod:`~dcl_core.study.tracking`: the only module using Ray's reporting API and MLflow.
+
+The names below are the package's public API; importing it does not import Ray (the runner does).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dcl_core.study.spec import Resources, StudyOptions, StudySpec, grid_points, validate_spec, with_base
+from dcl_core.study.storage import storage_join, summary_dir
+
+if TYPE_CHECKING:
+    from dcl_core.study.results import StudyOutcome
+    from dcl_core.study.runner import init_ray, run_study
+
+_LAZY = {"run_study": "runner", "init_ray": "runner", "StudyOutcome": "results", "summary_lines": "results"}
+
+
+def __getattr__(name: str) -> Any:
+    # Ray, Optuna and MLflow are imported when a study runs, not when a study script builds its spec.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"dcl_core.study.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dcl_core.study' has no attribute {name!r}")
+
+
+__all__ = [
+    "Resources", "StudyOptions", "StudyOutcome", "StudySpec", "grid_points", "init_ray", "run_study",
+    "storage_join", "summary_dir", "summary_lines", "validate_spec", "with_base",
+]

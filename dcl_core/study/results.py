@@ -1,0 +1,142 @@
+"""A finished study's results: one row per trial (columns from :mod:`dcl_core.study.columns`), then the
+summary: the results table on disk, the paper-shaped text table, the plots, and the MLflow summary on the
+study's parent run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcl_core import metrics as M
+from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
+from dcl_core.study import report
+from dcl_core.study.columns import COLUMNS, x_column
+from dcl_core.study.report import Row
+from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
+from dcl_core.study.spec import StudySpec
+from dcl_core.study.storage import summary_dir
+from dcl_core.study.tracking import StudyTracker, metric_name
+from search_spaces import keys_of
+
+
+@dataclass
+class StudyOutcome:
+    rows: list[Row]
+    table: str
+    summary: dict[str, dict[str, float]]
+    files: list[Path] = field(default_factory=list)
+    experiment: str = ""
+    tracking_uri: str = ""
+
+
+def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
+    """(K, α used) of a trial that failed before its first report (the trainer reports them otherwise)."""
+    try:
+        d = derive(from_flat_dict({k: v for k, v in config.items() if k in CONFIG_KEYS}))
+    except (ConfigError, TypeError, ValueError):
+        return None, None
+    return d.num_negatives, d.eqco_alpha
+
+
+def _method(config: dict[str, Any]) -> str | None:
+    """The loss as a table label; EqCo names its α (``eqco(α=K)`` is InfoNCE over the same K negatives)."""
+    loss = config.get("loss.name")
+    if loss != "eqco":
+        return loss
+    alpha = config.get("loss.alpha")
+    return f"eqco(α={'K' if alpha is None else format(alpha, 'g')})"
+
+
+def trial_row(config: dict[str, Any], metrics: dict[str, Any], error: BaseException | None = None,
+              history: Iterable[float] = ()) -> Row:
+    """One trial's row from its config, its last reported metrics, its error and its kNN history."""
+    row: Row = {}
+    for c in COLUMNS:
+        if c.key is not None:
+            row[c.name] = config.get(c.key)
+        elif c.metric is not None:
+            row[c.name] = metrics.get(c.metric)
+    knn = row["knn_top1"]
+    if isinstance(knn, float) and math.isnan(knn):  # a diverged trial, or no measurement yet
+        row["knn_top1"] = None
+    if M.NUM_NEGATIVES not in metrics:
+        row["num_negatives"], row["alpha_used"] = _derived(config)
+    row["trial_id"] = metrics.get("trial_id") or ""
+    row["status"] = "error" if error else ("diverged" if metrics.get(M.DIVERGED) else "ok")
+    row["method"] = _method(config)
+    best = max((v for v in history if not math.isnan(v)), default=math.nan)
+    row["best_knn_top1"] = None if math.isnan(best) else best
+    row["error"] = str(error).splitlines()[0][:300] if error else None
+    row["q_hist"] = metrics.get(M.Q_HIST)  # not a table column: the q_B plots read it
+    row["config"] = config  # not a table column: the search report reads the sampled values from it
+    return row
+
+
+def tune_rows(results: Any) -> list[Row]:
+    """Rows of a Tune ``ResultGrid``."""
+    rows = []
+    for result in results:
+        df = result.metrics_dataframe
+        history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
+        rows.append(trial_row(result.config or {}, result.metrics or {}, result.error, history))
+    return rows
+
+
+def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker) -> StudyOutcome:
+    """Write the table, the text summary and the plots under ``summary/<study>/`` and log them on the study's
+    parent MLflow run."""
+    x = x_column(spec.x_key)
+    for r in rows:
+        r["series"] = "+".join(str(r.get(c)) for c in spec.series)
+    out_dir = summary_dir(output_dir, spec.name)
+    parquet, csv = report.write_table(rows, out_dir)
+    table, shown = _table(spec, rows, x)
+    png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
+                      log_x=spec.log_x, series="series")
+    files = [parquet, csv, png, out_dir / "table.txt"]
+    q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series="series")
+    if q_png is not None:
+        files.append(q_png)
+    if spec.search:
+        table += "\n\n" + format_best(rows, spec.search)
+        files += write_search_plots(rows, spec.search, out_dir)
+    (out_dir / "table.txt").write_text(table + "\n")
+    rob = report.robustness(shown, x, series="series")
+    tracker.log_summary(_summary_metrics(spec, shown, rows, x, rob), files)
+    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri)
+
+
+def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
+    """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
+    if not spec.search:
+        return report.format_table(rows, x, spec.x_label, gap=spec.gap, series="series"), rows
+    searched = {x_column(k) for k in keys_of(spec.search)}
+    if x in searched:  # every trial has its own x: list the trials instead of a cell table
+        return format_trials(rows, spec.search), rows
+    shown = best_per_cell(rows, x)  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
+    return report.format_table(shown, x, spec.x_label, gap=spec.gap, series="series"), shown
+
+
+def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
+                     rob: dict[str, dict[str, float]]) -> dict[str, float]:
+    metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
+    if spec.gap:
+        for prefix, g in report.all_gaps(shown, x, series="series").items():
+            metrics |= {f"gap_dcl_minus_infonce/{prefix + '_' if prefix else ''}{x}_{k}": v for k, v in g.items()}
+    metrics["trials"] = len(rows)
+    metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
+    return {metric_name(k): v for k, v in metrics.items()}
+
+
+def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
+    return [
+        outcome.table,
+        "",
+        f"results: {outcome.files[0]} (+ .csv)",
+        f"plot:    {outcome.files[2]}",
+        f"MLflow:  experiment {outcome.experiment!r} at {outcome.tracking_uri}",
+        f"         browse: mlflow ui --backend-store-uri {outcome.tracking_uri} --host 127.0.0.1",
+    ]

@@ -1,0 +1,181 @@
+"""Run a study: validate, start (or attach to) Ray, run one Tune experiment per search group with MLflow
+logging from the driver, then summarize. Resume (``Tuner.restore``), overwrite and DDP concurrency live here.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from dataclasses import replace
+from typing import Any
+
+import ray
+from optuna.samplers import TPESampler
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from dcl_core import metrics as M
+from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.study import tracking
+from dcl_core.study.columns import short_name
+from dcl_core.study.report import Row
+from dcl_core.study.results import StudyOutcome, summarize, tune_rows
+from dcl_core.study.spec import (
+    Experiment,
+    Resources,
+    StudyOptions,
+    StudySpec,
+    experiments,
+    grid_points,
+    validate_spec,
+    varied_keys,
+    with_base,
+)
+from dcl_core.study.storage import storage_delete, storage_exists, storage_join, summary_dir
+from dcl_core.study.trainable import trainable
+from search_spaces import keys_of, to_optuna, to_tune
+
+log = logging.getLogger(__name__)
+
+OPTIONS_FILE = "study_options.json"
+
+
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> None:
+    """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``)."""
+    # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or None, log_to_driver=True)
+        return
+    # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
+    # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
+    ray.init(
+        address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+        _node_ip_address="127.0.0.1", log_to_driver=True,
+    )
+
+
+def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
+    """How many DDP trials fit ``cluster`` (``ray.cluster_resources()``) at once, at least 1. A DDP trial
+    reserves almost nothing itself (its TorchTrainer's workers hold the resources), so without this cap Tune
+    would start every trial, each TorchTrainer would wait for workers, and an Optuna search would suggest all
+    its trials blind."""
+    fits = cluster.get("CPU", 0.0) // (resources.num_workers * resources.cpus_per_worker)
+    if resources.gpus_per_worker:
+        fits = min(fits, cluster.get("GPU", 0.0) // (resources.num_workers * resources.gpus_per_worker))
+    return max(1, int(fits))
+
+
+def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
+    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts."""
+    validate_spec(spec)
+    if options.asha and spec.search is None:
+        raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
+                          "--search optuna")
+    if options.asha and spec.base.eval.knn_every != 1:
+        # ASHA compares trials at intermediate epochs: they need a fresh kNN accuracy every epoch.
+        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", spec.base.eval.knn_every)
+        spec = with_base(spec, {"eval.knn_every": 1})
+    options = options.resolved()
+    assert options.storage is not None and options.tracking_uri is not None
+    exps = experiments(spec)
+    existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
+    _prepare_output(spec, options, exps, existing)
+
+    init_ray(options.address, options.num_cpus)
+    if options.workers > 1 and options.max_concurrent is None:
+        options = replace(options, max_concurrent=ddp_concurrency(options.resources, ray.cluster_resources()))
+        log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)",
+                 options.max_concurrent, options.workers)
+    tracker = tracking.StudyTracker(options.tracking_uri, spec.name, artifact_root=options.output_dir / "mlartifacts",
+                                    tags={"study": spec.name, "git_commit": tracking.git_commit()})
+    tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
+    rows: list[Row] = []
+    for experiment in exps:
+        rows.extend(tune_rows(_run_experiment(spec, experiment, options, tracker)))
+    return summarize(spec, rows, options.output_dir, tracker)
+
+
+def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experiment], existing: list[str]) -> None:
+    """Refuse to mix a new study into an old one's results; check a resume's options; clear for --overwrite;
+    record the options."""
+    if existing and not (options.resume or options.overwrite):
+        raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
+    if options.resume and not existing:
+        raise ConfigError(f"nothing to resume at {storage_join(str(options.storage), exps[0].name)}")
+    options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
+    if options.resume and options_file.exists():
+        options.check_resume(json.loads(options_file.read_text()))
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    if options.overwrite:
+        for uri in existing:
+            storage_delete(uri)
+    options_file.parent.mkdir(parents=True, exist_ok=True)
+    options_file.write_text(json.dumps(options.to_json_dict(), indent=1))
+
+
+def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:
+    """``dcl_t0.1_b32_s0_<id>``: the values of the keys the study varies (and the trial id)."""
+    c = trial.config
+    parts = [f"{short_name(k)}{c.get(k):g}" if isinstance(c.get(k), float) else f"{short_name(k)}{c.get(k)}"
+             for k in keys]
+    return "_".join(parts) + f"_{trial.trial_id}"
+
+
+def _search(spec: StudySpec, experiment: Experiment, options: StudyOptions) -> tuple[dict, Any, int]:
+    """(param_space, search algorithm, samples): the whole sub-grid for a grid experiment; a seeded Optuna TPE
+    search pinned to the experiment's grid point otherwise."""
+    base_flat = to_flat_dict(spec.base)
+    if spec.search is None:
+        return {**base_flat, **to_tune(experiment.grid)}, None, 1
+    searched = keys_of(spec.search)
+    constants = {k: v for k, v in {**base_flat, **grid_points(experiment.grid)[0], **experiment.point}.items()
+                 if k not in searched}
+    # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up phase
+    # (Optuna's default: 10) would be the whole search.
+    sampler = TPESampler(seed=options.seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
+    search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=M.KNN_TOP1, mode="max",
+                              sampler=sampler)
+    return {}, search_alg, spec.num_samples
+
+
+def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptions,
+                    tracker: tracking.StudyTracker) -> Any:
+    """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``."""
+    storage = str(options.storage)
+    exp_uri = storage_join(storage, experiment.name)
+    fn = tune.with_resources(
+        tune.with_parameters(trainable, resources=options.resources, train_storage=storage_join(exp_uri, "_train")),
+        options.resources.trial_resources(),
+    )
+    # A study of several experiments may have been killed before its later ones started: those start afresh.
+    if options.resume and tune.Tuner.can_restore(exp_uri):
+        return tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True).fit()
+    param_space, search_alg, num_samples = _search(spec, experiment, options)
+    scheduler = None
+    if options.asha:
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
+                                  grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
+    callback = tracking.MLflowTrialCallback(tracker, tag_keys={"loss": "loss.name", "seed": "seed"},
+                                            save_checkpoint=options.save_checkpoints, storage=storage)
+    name = functools.partial(_trial_name, keys=varied_keys(spec))
+    tuner = tune.Tuner(
+        fn,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=M.KNN_TOP1, mode="max", search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+            max_concurrent_trials=options.max_concurrent, trial_name_creator=name, trial_dirname_creator=name,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment.name, storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=options.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[callback], verbose=1,
+        ),
+    )
+    return tuner.fit()

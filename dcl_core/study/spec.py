@@ -1,0 +1,225 @@
+"""What a study runs and how: the :class:`StudySpec` (base config, grids, optional search space), the
+:class:`StudyOptions` of one invocation, and their validation, all before Ray starts.
+
+A study runs as one or more Tune experiments (:func:`experiments`): one per sub-grid, or, with a search, one
+Optuna search per grid point.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.storage import absolute_storage, default_tracking_uri
+from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial uses: ``num_workers`` DDP workers, each with these CPUs/GPUs."""
+
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    @property
+    def threads(self) -> int:
+        """Torch intra-op threads of each worker: its whole CPUs (at least one)."""
+        return max(1, math.floor(self.cpus_per_worker))
+
+    def trial_resources(self) -> dict[str, float]:
+        if self.num_workers <= 1:
+            return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
+        return {"cpu": 0.01}  # the trial only drives a TorchTrainer; its workers hold the resources
+
+
+def _fixed(default: Any) -> Any:
+    """An option a resumed study must keep (Tune pickles the callbacks and scheduler it was started with)."""
+    return field(default=default, metadata={"fixed_on_resume": True})
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """How one invocation of a study runs: where results go, resources, resume. Field names are the study
+    command line's option names (``--max-failures`` -> ``max_failures``); :meth:`resolved` fills in the
+    defaults that depend on ``output_dir``. ``asdict`` of it is written next to the summary, and a
+    ``--resume`` must match it in every field marked ``fixed_on_resume``."""
+
+    output_dir: Path = Path("outputs")
+    tracking_uri: str | None = _fixed(None)
+    storage: str | None = _fixed(None)
+    resume: bool = False
+    overwrite: bool = False
+    workers: int = _fixed(1)
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_concurrent: int | None = None
+    asha: bool = _fixed(False)
+    max_failures: int = 2
+    seed: int = 0
+    address: str | None = None
+    num_cpus: int | None = None
+    save_checkpoints: bool = _fixed(False)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
+            raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+
+    @classmethod
+    def from_namespace(cls, args: Any) -> StudyOptions:
+        """From parsed command-line options (attributes named like the fields; missing ones keep defaults)."""
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        values["output_dir"] = Path(values.get("output_dir", cls.output_dir))
+        return cls(**values)
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(self.workers, self.cpus_per_worker, self.gpus_per_worker)
+
+    def resolved(self) -> StudyOptions:
+        """Absolute output folder; Ray storage and MLflow store defaulting to folders inside it."""
+        out = self.output_dir.expanduser().resolve()
+        return replace(
+            self, output_dir=out,
+            storage=absolute_storage(self.storage) if self.storage else str(out / "ray_results"),
+            tracking_uri=self.tracking_uri or default_tracking_uri(out),
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+
+    def check_resume(self, before: dict[str, Any]) -> None:
+        """ConfigError naming the first ``fixed_on_resume`` option that differs from ``before`` (the
+        :meth:`to_json_dict` the study started with)."""
+        now = self.to_json_dict()
+        for f in fields(self):
+            if f.metadata.get("fixed_on_resume") and f.name in before and before[f.name] != now[f.name]:
+                raise ConfigError(f"--resume must use the options the study started with: {f.name} was "
+                                  f"{before[f.name]!r}, now {now[f.name]!r}")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What to run.
+
+    Attributes:
+        name: study (and MLflow experiment) name.
+        base: the configuration every trial starts from.
+        grid: keys run exhaustively (``Grid``) or fixed. A sequence of such spaces runs each as its own
+            Tune experiment (e.g. SimCLR's and SiMo's K live in different keys). With a search, one Optuna
+            search per grid point.
+        search: an Optuna space (``None`` = pure grid).
+        num_samples: trials per Optuna search.
+        x_key / x_label: the swept quantity for tables and plots: a config key (``loss.temperature``) or a
+            results-table column (``num_negatives``, the derived K).
+        series: results-table columns whose values name one line of the table/plot (``framework`` +
+            ``method`` gives e.g. ``simo+eqco(α=256)``).
+        gap: add the DCL − InfoNCE row (Table 1 style) to the table and summary.
+    """
+
+    name: str
+    base: Config
+    grid: Space | Sequence[Space]
+    x_key: str
+    x_label: str
+    search: Space | None = None
+    num_samples: int = 1
+    log_x: bool = False
+    gap: bool = False
+    title: str = ""
+    series: tuple[str, ...] = ("loss",)
+
+    @property
+    def grids(self) -> list[Space]:
+        return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
+
+
+def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
+    """The same study with overrides applied to its base config (validated)."""
+    return replace(spec, base=apply_overrides(spec.base, overrides))
+
+
+def grid_points(grid: Space) -> list[dict[str, Any]]:
+    """Every combination of the grid's ``Grid`` values (constants included in each)."""
+    points: list[dict[str, Any]] = [{}]
+    for key, value in grid.items():
+        values = value.values if isinstance(value, Grid) else (value,)
+        points = [{**p, key: v} for p in points for v in values]
+    return points
+
+
+def validate_spec(spec: StudySpec) -> None:
+    """Apply every grid point, and at each point both ends of every range its search can sample, to the base
+    config; ConfigError (one line) if any trial the study could run is invalid."""
+    for key in set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set()):
+        if key not in CONFIG_KEYS:
+            raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
+    points = [apply_overrides(spec.base, point) for grid in spec.grids for point in grid_points(grid)]
+    if spec.search:
+        for cfg in points:
+            _validate_search(cfg, spec.search, sampled=keys_of(spec.search))
+
+
+def _validate_search(cfg: Config, space: Space, sampled: set[str]) -> None:
+    """Every extreme value ``space`` can give a trial starting from ``cfg``. A conditional branch is checked
+    where a trial can enter it: its key is fixed to a matching value, or sampled (then for each match)."""
+    for key, dist in space.items():
+        if isinstance(dist, LogUniform):
+            for value in (dist.low, dist.high):
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Choice | Grid):
+            for value in dist.values:
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Conditional):
+            if dist.key in sampled:
+                for value in dist.equals:
+                    _validate_search(apply_overrides(cfg, {dist.key: value}), dist.params, sampled)
+            elif to_flat_dict(cfg)[dist.key] in dist.equals:
+                _validate_search(cfg, dist.params, sampled)
+
+
+def varied_keys(spec: StudySpec) -> tuple[str, ...]:
+    """The config keys whose values tell the study's trials apart (they name trials and their folders)."""
+    keys = ["loss.name"]
+    for grid in spec.grids:
+        keys += [k for k, v in grid.items() if isinstance(v, Grid) or k == "framework.name"]
+    keys += sorted(keys_of(spec.search)) if spec.search else []
+    return tuple(dict.fromkeys(keys))
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One Tune experiment of a study: a sub-grid, the grid point an Optuna search is pinned to (``{}`` for a
+    grid experiment, which runs the whole sub-grid), and its name."""
+
+    grid: Space
+    point: dict[str, Any]
+    name: str
+
+
+def experiments(spec: StudySpec) -> list[Experiment]:
+    """Grid mode: one experiment per sub-grid. Search mode: one Optuna search per grid point. With several
+    sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``)."""
+    grids = spec.grids
+    labels = []
+    for i, g in enumerate(grids):
+        constants = {k: v for k, v in g.items() if not isinstance(v, Grid)}
+        distinct = {k: v for k, v in constants.items() if any(o.get(k) != v for o in grids if o is not g)}
+        labels.append(distinct or ({"part": i} if len(grids) > 1 else {}))
+    out = []
+    for g, label in zip(grids, labels, strict=True):
+        points = [{}] if spec.search is None else [
+            {k: v for k, v in p.items() if isinstance(g.get(k), Grid)} for p in grid_points(g)]
+        for point in points:
+            suffix = "-".join(str(v) for v in {**label, **point}.values())
+            out.append(Experiment(g, point, f"{spec.name}-{suffix}" if suffix else spec.name))
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
+        raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")
+    return out
