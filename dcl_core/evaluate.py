@@ -16,8 +16,16 @@ import torch
 
 from dcl_core import metrics as M
 from dcl_core.cli import setup_logging
-from dcl_core.config import ConfigError, apply_overrides, check_device, from_flat_dict, parse_overrides
-from dcl_core.training.checkpoint import load_checkpoint
+from dcl_core.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    check_device,
+    from_flat_dict,
+    parse_overrides,
+    to_flat_dict,
+)
+from dcl_core.training.checkpoint import CheckpointError, load_checkpoint
 
 
 def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.ArgumentParser:
@@ -56,31 +64,52 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
             overrides["eval.linear_preset"] = args.linear_preset
         check_device(args.device)
         state = load_checkpoint(args.checkpoint)
-        cfg = apply_overrides(from_flat_dict(state["config"]), overrides)
+        trained = from_flat_dict(state["config"])
+        cfg = apply_overrides(trained, overrides)
         device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
         model = build_model(cfg)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as err:  # e.g. --set model.width=... against the trained encoder
-            first = str(err).splitlines()[0]
-            raise ConfigError(f"the checkpoint's weights do not fit the configured model: {first}") from None
+            raise ConfigError(
+                f"the checkpoint's weights do not fit the configured model: {_misfit(trained, cfg, err)}"
+            ) from None
         model.to(device)
         data = build_data(cfg)
-    except (ConfigError, DataError, FileNotFoundError, ValueError) as err:
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as err:
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     ev = cfg.eval
     results: dict[str, float] = {"epoch": state["epoch"]}
-    if not args.no_knn:
-        results[M.KNN_TOP1] = evaluate_knn(
-            model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size, device=device
-        )
-    if args.linear:
-        results |= linear_eval(
-            model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size, device=device
-        )
+    try:
+        if not args.no_knn:
+            results[M.KNN_TOP1] = evaluate_knn(
+                model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size,
+                device=device,
+            )
+        if args.linear:
+            results |= linear_eval(
+                model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size,
+                device=device,
+            )
+    except DataError as err:  # a streamed image that cannot be decoded, found while reading it
+        sys.stderr.write(f"error: {err}\n")
+        return 2
     print(json.dumps(results))
     return 0
+
+
+def _misfit(trained: Config, cfg: Config, err: RuntimeError) -> str:
+    """Why the trained weights do not load into the model ``cfg`` builds: the model keys that differ from the
+    checkpoint's (``model.width is 0.125 in the checkpoint, 0.5 here``), else the first specific line of
+    torch's error (``size mismatch for ...``)."""
+    before, now = to_flat_dict(trained), to_flat_dict(cfg)
+    changed = [k for k in now if k.startswith("model.") and before[k] != now[k]]
+    if changed:
+        return "; ".join(f"{k} is {before[k]} in the checkpoint, {now[k]} here" for k in changed)
+    lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
+    detail = lines[0] if lines else str(err).strip()
+    return detail if len(detail) <= 300 else detail[:297] + "..."
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """Pretrain one configuration: ``python -m dcl_core.train --preset cpu --loss dcl --tau 0.1``.
 
-Every config field is an option (``--loss.temperature 0.2``), with the paper's value in its help; the common
-ones have short aliases (``--tau``). Order of application: preset, then options, then ``--set KEY=VALUE``.
-Bad input exits with code 2 and one line, before any training.
+Every config field is an option (``--loss.temperature 0.2``), with the paper's value and its range in its
+help; the common ones have short aliases (``--tau``). Order of application: preset, then options, then
+``--set KEY=VALUE``. Bad input (a value out of range, missing data, a batch larger than the data, an output
+folder that cannot be written or already holds a run, a checkpoint that cannot be resumed) exits with code 2
+and one line, before any training; a run that fails (the loss diverges, the disk fills up) exits with code 1
+and one line.
 """
 
 from __future__ import annotations
@@ -10,8 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 import typing
+from pathlib import Path
 from typing import Any
 
 from dcl_core import metrics as M
@@ -73,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="override any config key, e.g. --set loss.alpha=4096 (repeatable)",
     )
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace the run already in OUTPUT_DIR (its checkpoint.pt)"
+    )
     p.add_argument("--download", action="store_true", help="download the dataset with torchvision if missing")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -81,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         short.add_argument(
             flag, dest=key, default=None, metavar=_type_name(field_specs()[key][0]).upper(), help=f"= --{key}"
         )
-    full = p.add_argument_group("every config key (default; paper value)")
+    full = p.add_argument_group("every config key (default; paper value; range)")
     defaults = to_flat_dict(Config())
     for key, (tp, f) in field_specs().items():
         meta = f.metadata
@@ -90,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
             extra.append(f"paper: {meta['paper']}")
         if meta.get("choices"):
             extra.append("one of " + "/".join(map(str, meta["choices"])))
+        if meta.get("range") is not None:
+            extra.append(f"range {meta['range']}")
         full.add_argument(
             f"--{key}",
             dest=key,
@@ -116,22 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(verbose=args.verbose)
     # Deferred: the data code and the trainer import torchvision (seconds), which --help does not need.
-    from dcl_core.data import DataError, check_dataset
-    from dcl_core.training import NonFiniteLossError, train
+    from dcl_core.data import DataError
+    from dcl_core.training import NonFiniteLossError, RunOutputError, train
+    from dcl_core.training.checkpoint import CheckpointError
 
     try:
         cfg = config_from_args(args)
         if args.print_config:
             print(json.dumps(to_flat_dict(cfg), indent=1))
             return 0
-        check_dataset(cfg.data.dataset, cfg.data.root, cfg.data.download)  # before any compute
-        check_device(cfg.device)
+        preflight(cfg, resume=args.resume, overwrite=args.overwrite)
         try:
             result = train(cfg, resume=args.resume)
-        except NonFiniteLossError as err:  # a failed run, not bad input: exit 1, still one line
+        except (NonFiniteLossError, RunOutputError) as err:  # a failed run, not bad input: exit 1, still one line
             sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
             return 1
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, CheckpointError) as err:
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     final = result.final
@@ -142,6 +153,56 @@ def main(argv: list[str] | None = None) -> int:
         result.output_dir,
     )
     return 0
+
+
+def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
+    """Everything about a run that can be checked before any compute: the data is there, the device exists,
+    the batch fits the pretraining set (when its size is known without reading it), the output folder is
+    writable and holds no earlier run unless ``resume`` (its checkpoint must then match ``cfg``) or
+    ``overwrite`` (its checkpoint is removed) says what to do with it.
+
+    Raises:
+        ConfigError, DataError, CheckpointError: one line each.
+    """
+    from dcl_core.data import check_dataset, pretraining_images
+    from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
+    from dcl_core.training.trainer import check_resumable, steps_per_epoch
+
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in OUTPUT_DIR and --overwrite replaces it; pass one")
+    dc = cfg.data
+    check_dataset(dc.dataset, dc.root, dc.download)
+    check_device(cfg.device)
+    n_images = pretraining_images(dc.dataset, dc.root, dc.download, dc.train_per_class)
+    if n_images is not None:  # otherwise the trainer checks once the data is loaded, still before training
+        steps_per_epoch(n_images, cfg.optim.batch_size, int(os.environ.get("WORLD_SIZE", "1")))
+    out_dir = Path(cfg.output_dir).expanduser().resolve()
+    _check_writable(out_dir)
+    checkpoint = out_dir / CHECKPOINT_NAME
+    if not checkpoint.exists():
+        return
+    if resume:
+        check_resumable(cfg, load_checkpoint(checkpoint, mmap=True), checkpoint)  # mmap: reads only the config
+    elif overwrite:
+        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this; one removes
+            checkpoint.unlink(missing_ok=True)
+    else:
+        raise ConfigError(
+            f"{out_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it or --overwrite "
+            "to replace it"
+        )
+
+
+def _check_writable(out_dir: Path) -> None:
+    """ConfigError unless ``out_dir`` is (or can be made) a directory this process can create files in."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"output_dir {out_dir} exists and is not a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to output_dir {out_dir}: {err.strerror or err}") from None
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The config is the single source of truth: dotted keys, strict overrides, presets, derived values."""
 
 import dataclasses
+import typing
 
 import pytest
 
@@ -9,11 +10,14 @@ from dcl_core.config import (
     PRESETS,
     Config,
     ConfigError,
+    Range,
     apply_overrides,
     derive,
+    field_specs,
     from_flat_dict,
     preset,
     to_flat_dict,
+    validate,
 )
 
 
@@ -107,3 +111,72 @@ def test_derived_values_computed_in_one_place():
 def test_knn_temperature_is_independent_of_training_tau():
     cfg = apply_overrides(Config(), {"loss.temperature": 0.5})
     assert cfg.eval.knn_temperature == 0.1
+
+
+# Issue #9, late validation: every value has a range at its field, checked before anything runs.
+
+
+def _numeric(tp) -> type | None:
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    return args[0] if args[0] in (int, float) else None
+
+
+def test_every_numeric_field_declares_its_range():
+    for key, (tp, f) in field_specs().items():
+        assert (f.metadata["range"] is not None) == (_numeric(tp) is not None), key
+
+
+def test_range_text_and_messages_hand_computed():
+    tau = Range(gt=0, cap=100)
+    assert str(tau) == "(0, 100]"
+    assert [tau.problem(v) for v in (0.1, 100.0, 0.0, -1.0, 100.5, float("nan"), float("-inf"))] == [
+        None, None, "> 0", "> 0", "<= 100", "in (0, 100]", "in (0, 100]"
+    ]
+    momentum = Range(ge=0, lt=1)  # bounded on both sides: the interval is the message
+    assert str(momentum) == "[0, 1)"
+    assert [momentum.problem(v) for v in (0.0, 0.999, 1.0, -0.1)] == [None, None, "in [0, 1)", "in [0, 1)"]
+    assert str(Range(ge=0)) == "[0, inf)" and Range(ge=0).problem(float("inf")) == "in [0, inf)"
+    assert str(Range(ge=1 / 64, cap=16)) == "[0.015625, 16]"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("data.jitter_strength", -0.5, "data.jitter_strength must be in [0, 2.5]"),
+        ("data.jitter_strength", "nan", "data.jitter_strength must be in [0, 2.5]"),
+        ("optim.min_lr_ratio", 1.5, "optim.min_lr_ratio must be in [0, 1], got 1.5"),
+        ("model.width", 1e-9, "model.width must be >= 0.015625, got 1e-09"),
+        ("loss.temperature", 1e308, "loss.temperature must be <= 100, got 1e+308"),
+        ("eval.knn_temperature", "inf", "eval.knn_temperature must be in (0, 100], got inf"),
+        ("data.image_size", 100000, "data.image_size must be <= 1024, got 100000"),
+        ("data.image_size", 0, "data.image_size must be >= 8, got 0"),
+        ("optim.momentum", 1.0, "optim.momentum must be in [0, 1)"),
+        ("optim.epochs", 0, "optim.epochs must be >= 1"),
+        ("seed", -1, "seed must be >= 0"),
+        ("loss.alpha", "inf", "loss.alpha must be in (0, inf), got inf"),
+        ("optim.base_lr", "-inf", "optim.base_lr must be in (0, inf)"),
+    ],
+)
+def test_out_of_range_values_raise_one_line_naming_the_key(key, value, message):
+    overrides = {key: value, **({"loss.name": "eqco"} if key == "loss.alpha" else {})}
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("key", [k for k, (tp, _) in field_specs().items() if _numeric(tp) is float])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_no_float_field_takes_nan_or_inf(key, value):
+    overrides = {key: value, **({"loss.name": "eqco"} if key == "loss.alpha" else {})}
+    with pytest.raises(ConfigError, match=f"^{key} must be in "):
+        apply_overrides(Config(), overrides)
+
+
+def test_validate_checks_a_config_built_without_apply_overrides():
+    # validate iterates the fields' metadata: a config made with dataclasses.replace is checked the same way.
+    bad = dataclasses.replace(Config(), data=dataclasses.replace(Config().data, jitter_strength=float("nan")))
+    with pytest.raises(ConfigError, match=r"data\.jitter_strength must be in"):
+        validate(bad)
+    for name in PRESETS:
+        validate(preset(name))  # every preset is in range
+    validate(Config())

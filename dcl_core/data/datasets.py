@@ -80,6 +80,22 @@ class DataError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+class UnreadableImageError(DataError):
+    """An image file that cannot be read or decoded; the message names the file.
+
+    Raised in a DataLoader worker (``data.loader=stream``), it reaches the main process re-created by torch from
+    the worker's formatted traceback (``"Caught UnreadableImageError in DataLoader worker process 0. Original
+    Traceback ...: <message>"``); the constructor keeps only the original message, the traceback's last line.
+    """
+
+    def __init__(self, message: str) -> None:
+        message = str(message)
+        if "Original Traceback" in message:
+            last = message.strip().splitlines()[-1]  # "dcl_core.data.datasets.UnreadableImageError: <message>"
+            message = last.partition(": ")[2] or last
+        super().__init__(message)
+
+
 @dataclass(frozen=True)
 class ImageTensors:
     """A whole dataset split held in memory.
@@ -247,7 +263,19 @@ def _decode_one(data: torch.Tensor, path: str) -> torch.Tensor:
         try:
             return TF.pil_to_tensor(default_loader(path))
         except Exception as exc:
-            raise DataError(f"cannot decode image {path}: {exc}") from exc
+            raise UnreadableImageError(f"cannot decode image {path}: {exc}") from exc
+
+
+def _read_one(path: str) -> torch.Tensor:
+    """The bytes of one image file as a uint8 tensor; UnreadableImageError naming the file if it is empty or
+    cannot be read."""
+    try:
+        data = torchvision.io.read_file(path)
+    except RuntimeError as exc:  # "read_file, <source>.cpp:83, <reason>"
+        raise UnreadableImageError(f"cannot read image {path}: {str(exc).split(', ')[-1]}") from exc
+    if data.numel() == 0:  # torchvision refuses an empty file (above) in some versions
+        raise UnreadableImageError(f"cannot read image {path}: the file is empty")
+    return data
 
 
 def _decode_files(paths: Sequence[str], image_size: int | None, pretty: str) -> torch.Tensor:
@@ -280,10 +308,7 @@ def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> to
     out: torch.Tensor | None = None
     for begin in range(0, len(paths), _DECODE_CHUNK):
         chunk = paths[begin : begin + _DECODE_CHUNK]
-        try:
-            encoded = [torchvision.io.read_file(p) for p in chunk]
-        except RuntimeError as exc:
-            raise DataError(f"cannot read {pretty} image file: {exc}") from exc
+        encoded = [_read_one(p) for p in chunk]
         decoded: list[torch.Tensor | None] = [None] * len(chunk)
         jpeg_pos = [k for k, data in enumerate(encoded) if bytes(data[:3].tolist()) == _JPEG_MAGIC]
         if jpeg_pos:
@@ -512,6 +537,22 @@ def split_location(name: str, split: str, root: str | None = None, download: boo
     streaming loader can read as well), ``("torchvision", dir)`` for torchvision's format. DataError if absent."""
     _check_name(name)
     return _locate(name, split, resolve_data_root(name, root, download), explicit=bool(root), download=download)
+
+
+def pretraining_images(name: str, root: str | None, download: bool, per_class: int) -> int | None:
+    """How many pretraining images :func:`load_dataset` will give, if that is known without reading them: a
+    class-balanced subset's ``per_class`` times the number of classes (the train split's class folders, or the
+    dataset's fixed count). None otherwise (the whole split, or STL-10's train + unlabeled): only loading it
+    tells. A pre-flight for the CLIs, like :func:`check_dataset`.
+    """
+    if per_class <= 0 or name == "stl10":
+        return None
+    try:
+        kind, where = split_location(name, "train", root, download)
+        classes = len(find_classes(str(where))[0]) if kind == "folder" else _EXPECTED_CLASSES[name]
+    except (DataError, OSError):  # no class folders: load_dataset says so, in its own words
+        return None
+    return classes * per_class
 
 
 def check_dataset(name: str, root: str | None = None, download: bool = False) -> Path:

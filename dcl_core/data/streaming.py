@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import default_loader
 from torchvision.transforms import v2
 
 from dcl_core.data.augment import ViewAugmentation, ViewPolicy
-from dcl_core.data.datasets import DataError, class_balanced_subset
+from dcl_core.data.datasets import DataError, UnreadableImageError, class_balanced_subset
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,15 @@ class TwoViews:
 
     def __call__(self, image: object) -> tuple[torch.Tensor, torch.Tensor]:
         return self.views[0](image), self.views[1](image)
+
+
+def load_image(path: str) -> Image.Image:
+    """``ImageFolder``'s loader (PIL, RGB), but a file it cannot read or decode raises
+    :class:`~dcl_core.data.datasets.UnreadableImageError` naming the file, not PIL's error without it."""
+    try:
+        return default_loader(path)
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+        raise UnreadableImageError(f"cannot decode image {path}: {exc}") from None
 
 
 def eval_transform(image_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
@@ -121,7 +132,7 @@ def folder_split(
     """
     if not split_dir.is_dir():
         raise DataError(f"ImageFolder split not found: {split_dir}")
-    folder = ImageFolder(str(split_dir), transform=transform)
+    folder = ImageFolder(str(split_dir), transform=transform, loader=load_image)
     if classes is not None and tuple(folder.classes) != tuple(classes):
         raise DataError(f"{split_dir} has classes {folder.classes[:5]}... unlike the train split's")
     labels = torch.tensor(folder.targets, dtype=torch.long)  # (N,)

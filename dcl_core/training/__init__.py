@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dcl_core.training.trainer import EpochCallback, NonFiniteLossError, TrainResult, train
+    from dcl_core.training.trainer import EpochCallback, NonFiniteLossError, RunOutputError, TrainResult, train
 
-__all__ = ["EpochCallback", "NonFiniteLossError", "TrainResult", "train"]
+__all__ = ["EpochCallback", "NonFiniteLossError", "RunOutputError", "TrainResult", "train"]
 
 
 def __getattr__(name: str) -> Any:

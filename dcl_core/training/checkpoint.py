@@ -1,9 +1,18 @@
-"""Atomic checkpoint files: written to a temporary name, then renamed, so a crash never leaves half a file."""
+"""Checkpoint files: written atomically (a temporary name, then renamed, so a crash never leaves half a file) and
+read back as data only.
+
+A checkpoint holds tensors and plain values (dicts, lists, numbers, strings), so it is loaded with
+``torch.load(weights_only=True)``: a ``.pt`` file from elsewhere cannot run code when ``python -m dcl_core.eval``
+or ``--resume`` reads it. Anything that is not a checkpoint this module wrote raises :class:`CheckpointError`.
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
+import re
+import secrets
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -11,28 +20,105 @@ import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
+# What every checkpoint holds (the trainer's ``_save``), with the type each entry must have.
+REQUIRED = {"epoch": int, "model": dict, "optimizer": dict, "scaler": dict, "config": dict, "history": list}
+_REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+class CheckpointError(ValueError):
+    """A file that is not a readable dcl_core checkpoint; ``str(err)`` is one line naming it and why."""
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"not a dcl_core checkpoint: {path} ({reason})")
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``state`` atomically to ``path`` (same-directory temp file + ``os.replace``)."""
+    """Write ``state`` atomically to ``path`` (same-directory temp file + ``os.replace``).
+
+    The file gets the permissions of any other file the process creates (0666 less the umask, as the run's
+    ``metrics.jsonl``), not ``mkstemp``'s 0600.
+
+    Raises:
+        OSError: the file could not be written (disk full, quota, permissions); no temporary file is left.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
     try:
-        with os.fdopen(fd, "wb") as f:
+        # O_EXCL: never follows or reuses an existing name; mode 0o666 is filtered by the umask.
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
             torch.save({"format": FORMAT_VERSION, **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        cause = _os_error(err)
+        if cause is not None and cause is not err:
+            raise cause from None  # torch.save reports a failed write as RuntimeError("unexpected pos ...")
         raise
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint`."""
-    state = torch.load(Path(path), map_location=map_location, weights_only=False)
-    if state.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{path} is not a dcl_core checkpoint (format {state.get('format')!r})")
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err``, if any: torch.save raises a RuntimeError while handling the write's."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def load_checkpoint(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint`, as data only (``weights_only=True``).
+
+    Args:
+        path: the checkpoint file.
+        map_location: where its tensors go.
+        mmap: map the tensors instead of reading them (cheap, for looking at ``config`` and ``epoch`` only).
+
+    Raises:
+        CheckpointError: a missing path, a directory, a damaged or foreign file, or one that holds objects other
+            than tensors and plain values (which are refused, never built).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "no such file")
+    if path.is_dir():
+        raise CheckpointError(path, "a directory")
+    try:
+        if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
+            raise CheckpointError(path, "damaged, or not written by torch.save")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. torch's note on an unusual pickle protocol
+            state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except CheckpointError:
+        raise
+    except OSError as err:
+        raise CheckpointError(path, f"cannot read it: {err.strerror or err}") from None
+    except Exception as err:  # an untrusted file may fail in any of torch's readers
+        raise CheckpointError(path, _load_failure(err)) from None
+    _check_contents(path, state)
     return state
+
+
+def _load_failure(err: Exception) -> str:
+    """Why ``torch.load(weights_only=True)`` refused a file, in a few words."""
+    refused = _REFUSED_GLOBAL.search(str(err))
+    if refused:
+        return f"it would call {refused.group(1)}, which a weights-only load refuses"
+    if "weights only" in str(err).lower():
+        return "it holds objects other than tensors and plain values, which a weights-only load refuses"
+    first = str(err).strip().split(". ")[0].splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"damaged: {first}"
+
+
+def _check_contents(path: Path, state: Any) -> None:
+    """CheckpointError unless ``state`` is a dict in this module's format with every entry the trainer writes."""
+    if not isinstance(state, dict):
+        raise CheckpointError(path, f"holds a {type(state).__name__}, not a dict")
+    if state.get("format") != FORMAT_VERSION:
+        raise CheckpointError(path, f"format {state.get('format')!r}, expected {FORMAT_VERSION}")
+    for key, kind in REQUIRED.items():
+        if not isinstance(state.get(key), kind):
+            raise CheckpointError(path, f"{key!r} is missing or not a {kind.__name__}")

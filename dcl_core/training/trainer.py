@@ -11,15 +11,16 @@ which gives the epoch's metrics; then the kNN monitor when due, the checkpoint, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from dcl_core import metrics as M
-from dcl_core.config import Config, Derived, derive, to_flat_dict
+from dcl_core.config import Config, ConfigError, Derived, derive, to_flat_dict
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
     TrainingData,
@@ -53,6 +54,39 @@ RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or inf; the run stops as failed."""
+
+
+class RunOutputError(RuntimeError):
+    """The run's output folder could not be written (disk full, quota, permissions); the run stops as failed.
+    ``str(err)`` is one line naming the file."""
+
+
+def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
+
+    Raises:
+        ConfigError: if there is none (a batch larger than the pretraining set).
+    """
+    # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
+    steps = (n_images // world_size) // (batch_size // world_size)
+    if steps == 0:
+        raise ConfigError(
+            f"{n_images} pretraining images give no full batch of {batch_size}; "
+            "lower optim.batch_size or raise data.train_per_class"
+        )
+    return steps
+
+
+def check_resumable(cfg: Config, state: dict[str, Any], path: Path) -> None:
+    """ConfigError unless the checkpoint ``state`` (read from ``path``) was written by a run of ``cfg``:
+    every key but :data:`RESUME_FREE_KEYS` must match."""
+    # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
+    saved = to_flat_dict(Config()) | state["config"]
+    now = to_flat_dict(cfg)
+    changed = [k for k in sorted(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k} (checkpoint {saved.get(k)!r}, now {now[k]!r})" for k in changed)
+        raise ConfigError(f"cannot resume {path}: config differs in {diffs}")
 
 
 class EpochCallback(Protocol):
@@ -153,8 +187,11 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
 
     Raises:
         NonFiniteLossError: if the loss becomes NaN/inf.
-        DataError: if the dataset is missing (before any training).
-        ValueError: if the data gives no full batch, or ``resume`` finds a checkpoint of another config.
+        RunOutputError: if the output folder cannot be written (e.g. the disk is full).
+        DataError: if the dataset is missing or an image cannot be decoded (in-memory data: before any training).
+        ConfigError: if the data gives no full batch, or ``resume`` finds a checkpoint of another config
+            (before any training).
+        CheckpointError: if ``resume`` finds a file that is not a readable checkpoint (before any training).
     """
     runtime = _setup_runtime(cfg)
     try:
@@ -231,7 +268,7 @@ def _build_run(cfg: Config, runtime: Runtime) -> Run:
     """Output folder, data, model (seeded: the same initial weights on every rank), framework, optimizer.
 
     Raises:
-        ValueError: if the pretraining set gives no full batch.
+        ConfigError: if the pretraining set gives no full batch.
     """
     rank, world, device = runtime.rank, runtime.world_size, runtime.device
     derived = derive(cfg, world)
@@ -247,6 +284,8 @@ def _build_run(cfg: Config, runtime: Runtime) -> Run:
     data = build_data(cfg)
     if fetch_first and rank == 0:
         dist.barrier()
+    n_images = len(data)
+    steps = steps_per_epoch(n_images, cfg.optim.batch_size, world)  # before building anything else
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
     model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)
@@ -261,16 +300,9 @@ def _build_run(cfg: Config, runtime: Runtime) -> Run:
     use_amp = cfg.amp and device.type == "cuda"
     scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
 
-    n_images = len(data)
     sampler = DistributedSampler(
         range(n_images), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
     )
-    steps_per_epoch = len(sampler) // derived.per_rank_batch
-    if steps_per_epoch == 0:
-        raise ValueError(
-            f"{n_images} pretraining images give no full batch of {cfg.optim.batch_size}; "
-            "lower optim.batch_size or raise data.train_per_class"
-        )
     return Run(
         cfg=cfg,
         derived=derived,
@@ -283,9 +315,9 @@ def _build_run(cfg: Config, runtime: Runtime) -> Run:
         optimizer=optimizer,
         scaler=scaler,
         sampler=sampler,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=steps_per_epoch * cfg.optim.epochs,
-        warmup_steps=round(cfg.optim.warmup_epochs * steps_per_epoch),
+        steps_per_epoch=steps,
+        total_steps=steps * cfg.optim.epochs,
+        warmup_steps=round(cfg.optim.warmup_epochs * steps),
         use_amp=use_amp,
     )
 
@@ -298,27 +330,27 @@ def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
     to match it. Otherwise rank 0 starts the output folder afresh: ``config.json``, no metrics file.
 
     Raises:
-        ValueError: if the checkpoint's config or framework state differs from the run's.
+        CheckpointError: if the checkpoint is not a readable checkpoint.
+        ConfigError: if the checkpoint's config differs from the run's.
+        ValueError: if its framework state does not match the run's.
     """
     cfg, path = run.cfg, run.checkpoint_path
     if not (resume and path.exists()):
         if run.runtime.rank == 0:
-            (run.out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))
-            (run.out_dir / METRICS_NAME).unlink(missing_ok=True)
+            with _writing(run.out_dir / "config.json"):
+                (run.out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))
+                (run.out_dir / METRICS_NAME).unlink(missing_ok=True)
         return 0, []
     state = load_checkpoint(path, map_location=run.runtime.device)
-    # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
-    saved = to_flat_dict(Config()) | state["config"]
-    changed = sorted(k for k, v in to_flat_dict(cfg).items() if k not in RESUME_FREE_KEYS and saved.get(k) != v)
-    if changed:
-        raise ValueError(f"cannot resume {path}: config differs in {', '.join(changed)}")
+    check_resumable(cfg, state, path)
     _unwrap(run.model).load_state_dict(state["model"])
     load_framework_state(run.framework, state.get("framework", {}))  # momentum encoder, queues (none: SimCLR)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
     history = list(state["history"])
     if run.runtime.rank == 0:  # the metrics file matches the checkpoint (drops epochs trained after it, if any)
-        (run.out_dir / METRICS_NAME).write_text("".join(json.dumps(m) + "\n" for m in history))
+        with _writing(run.out_dir / METRICS_NAME):
+            (run.out_dir / METRICS_NAME).write_text("".join(json.dumps(m) + "\n" for m in history))
     log.info("resumed from %s at epoch %d", path, state["epoch"])
     return state["epoch"], history
 
@@ -461,24 +493,36 @@ def _knn_metrics(run: Run) -> dict[str, float]:
 
 def _save(run: Run, epoch: int, history: list[dict[str, float]]) -> None:
     """Rank 0 checkpoints the run after ``epoch`` and appends its metrics (``history[-1]``) to the metrics
-    file; every rank waits until it has."""
+    file; every rank waits until it has.
+
+    Raises:
+        RunOutputError: if either cannot be written (e.g. the disk is full).
+    """
     if run.runtime.rank == 0:
-        save_checkpoint(
-            {
-                "epoch": epoch,
-                "model": _unwrap(run.model).state_dict(),
-                "framework": framework_state(run.framework),
-                "optimizer": run.optimizer.state_dict(),
-                "scaler": run.scaler.state_dict(),
-                "config": to_flat_dict(run.cfg),
-                "history": history,
-            },
-            run.checkpoint_path,
-        )
-        with (run.out_dir / METRICS_NAME).open("a") as f:
+        state = {
+            "epoch": epoch,
+            "model": _unwrap(run.model).state_dict(),
+            "framework": framework_state(run.framework),
+            "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "config": to_flat_dict(run.cfg),
+            "history": history,
+        }
+        with _writing(run.checkpoint_path):
+            save_checkpoint(state, run.checkpoint_path)
+        with _writing(run.out_dir / METRICS_NAME), (run.out_dir / METRICS_NAME).open("a") as f:
             f.write(json.dumps(history[-1]) + "\n")
     if run.runtime.world_size > 1:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` into a one-line :class:`RunOutputError`."""
+    try:
+        yield
+    except OSError as err:
+        raise RunOutputError(f"cannot write {err.filename or path}: {err.strerror or err}") from err
 
 
 def _log_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:

@@ -381,6 +381,11 @@ def test_grayscale_rgba_and_corrupt_files(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="cannot decode") as info:
         load_dataset("cifar10", "train", root=str(root))
     assert str(bad) in str(info.value) and "\n" not in str(info.value)
+    # An empty file: torchvision's own message names a C++ source line, not the file.
+    bad.write_bytes(b"")
+    with pytest.raises(DataError, match="cannot read image") as info:
+        load_dataset("cifar10", "train", root=str(root))
+    assert str(bad) in str(info.value) and "\n" not in str(info.value) and ".cpp" not in str(info.value)
 
 
 def test_large_tensor_warning(
@@ -568,3 +573,29 @@ def test_stl10_is_stored_at_the_training_size_with_antialiasing(
     assert (data.bank.images.int() - reference.int()).abs().max() <= 1
     # Not every third pixel, which is what cropping-and-resizing the 96 px images without antialiasing gave.
     assert (data.bank.images.int() - full[..., 1::3, 1::3].int()).abs().float().mean() > 5
+
+
+def test_pretraining_images_is_known_from_the_config_when_subsetting(tmp_path: Path) -> None:
+    from dcl_core.data import pretraining_images
+
+    for c in ("a", "b", "c"):  # an ImageFolder of 3 classes: per_class x 3, nothing decoded (no images at all)
+        (tmp_path / "f" / "train" / c).mkdir(parents=True)
+    (tmp_path / "f" / "val").mkdir()
+    assert pretraining_images("imagefolder", str(tmp_path / "f"), False, per_class=5) == 15
+    assert pretraining_images("imagefolder", str(tmp_path / "f"), False, per_class=0) is None  # all: unknown
+    assert pretraining_images("cifar100", str(tmp_path / "dl"), True, per_class=4) == 400  # to be downloaded
+    assert pretraining_images("stl10", str(tmp_path), False, per_class=4) is None  # train + unlabeled
+
+
+def test_unreadable_image_error_keeps_its_message_across_a_dataloader_worker() -> None:
+    from dcl_core.data import UnreadableImageError
+
+    # What torch's ExceptionWrapper hands the constructor in the main process:
+    reraised = (
+        "Caught UnreadableImageError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in f\n    raise UnreadableImageError(...)\n'
+        "dcl_core.data.datasets.UnreadableImageError: cannot decode image /d/a: b.jpg: Truncated File Read\n"
+    )
+    assert str(UnreadableImageError(reraised)) == "cannot decode image /d/a: b.jpg: Truncated File Read"
+    assert str(UnreadableImageError("cannot decode image x.jpg: y")) == "cannot decode image x.jpg: y"
+    assert isinstance(UnreadableImageError("x"), DataError)

@@ -33,6 +33,10 @@ def test_help_documents_every_key_with_paper_values():
     for key in CONFIG_KEYS:
         assert f"--{key}" in out.stdout, key
     assert "paper: 0.07" in out.stdout  # tau
+    # Each numeric key's range, as validate checks it (whitespace-normalized: argparse wraps the help).
+    assert "softmax temperature tau of the training loss (default: 0.1; paper: 0.07; range (0, 100])" in " ".join(
+        out.stdout.split()
+    )
     assert "--tau" in out.stdout and "--preset" in out.stdout
 
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import dcl_core.training
-from dcl_core.config import apply_overrides, preset
+from dcl_core.config import ConfigError, apply_overrides, preset
 from dcl_core.data import resolve_data_root
 from dcl_core.training import NonFiniteLossError, train, trainer
 from dcl_core.training.checkpoint import load_checkpoint
 from dcl_core.training.schedule import cosine_lr
-from dcl_core.training.trainer import EpochStats, Runtime
+from dcl_core.training.trainer import EpochStats, Runtime, steps_per_epoch
 
 
 def _embedded_available() -> bool:
@@ -40,6 +40,15 @@ def test_cosine_schedule_hand_computed():
     assert cosine_lr(9, 14, 1.0, warmup_steps=4) == pytest.approx(0.5)  # halfway through the decay
     assert cosine_lr(14, 14, 1.0, warmup_steps=4, min_ratio=0.1) == pytest.approx(0.1)
     assert cosine_lr(0, 10, 0.3) == pytest.approx(0.3)
+
+
+def test_steps_per_epoch_match_the_distributed_sampler():
+    # Full per-rank batches in each rank's drop_last shard; the CLI checks this before loading the data.
+    for n, batch, world in [(160, 32, 1), (161, 32, 2), (10, 4, 4), (99, 8, 4), (64, 64, 2)]:
+        shard = len(torch.utils.data.DistributedSampler(range(n), num_replicas=world, rank=0, drop_last=True))
+        assert steps_per_epoch(n, batch, world) == shard // (batch // world)
+    with pytest.raises(ConfigError, match=r"^160 pretraining images give no full batch of 4096; lower"):
+        steps_per_epoch(160, 4096)
 
 
 def test_epoch_stats_hand_computed():

@@ -1,0 +1,305 @@
+"""Hostile and clumsy input to a single run (issue: nothing lost, nobody in): ``python -m dcl_core.train`` and
+``python -m dcl_core.eval`` answer bad input with exit code 2 and one line before any compute, a failed run with
+exit code 1 and one line, never a traceback; a checkpoint file cannot run code. Real processes, real files."""
+
+import os
+import pathlib
+import pickle
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from dcl_core.data import resolve_data_root
+
+REPO = Path(__file__).resolve().parents[2]
+needs_cifar = pytest.mark.skipif(
+    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
+)
+
+
+def run(module, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout)
+
+
+def assert_one_line(proc, needle, code=2):
+    assert proc.returncode == code, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A real one-epoch smoke run of the CLI (checkpoint.pt, config.json, metrics.jsonl); copy before changing."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--threads", "2", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def copy_run(trained_run, tmp_path):
+    return Path(shutil.copytree(trained_run, tmp_path / "run"))
+
+
+class TouchOnLoad:
+    """Unpickling this creates ``path``: what a crafted checkpoint would do (run code) if loaded as a pickle."""
+
+    def __init__(self, path):
+        self.path = pathlib.Path(path)
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (self.path,))
+
+
+def crafted_files(tmp_path, marker, real_checkpoint=None):
+    """{name: path} of files that are not checkpoints: code-running pickles (torch.save'd and plain), a
+    directory, text, an empty file, a foreign torch file, a truncated real checkpoint."""
+    files = {}
+    files["evil_torch"] = tmp_path / "evil_torch.pt"
+    torch.save({"format": 1, "epoch": 1, "model": TouchOnLoad(marker), "config": {}}, files["evil_torch"])
+    files["evil_pickle"] = tmp_path / "evil_pickle.pt"
+    files["evil_pickle"].write_bytes(pickle.dumps({"format": 1, "model": TouchOnLoad(marker)}))
+    files["directory"] = tmp_path / "dir.pt"
+    files["directory"].mkdir()
+    files["text"] = tmp_path / "text.pt"
+    files["text"].write_text("not a checkpoint\n")
+    files["empty"] = tmp_path / "empty.pt"
+    files["empty"].write_bytes(b"")
+    files["foreign"] = tmp_path / "foreign.pt"
+    torch.save({"weight": torch.zeros(3)}, files["foreign"])
+    if real_checkpoint is not None:
+        data = Path(real_checkpoint).read_bytes()
+        files["truncated"] = tmp_path / "truncated.pt"
+        files["truncated"].write_bytes(data[: len(data) // 2])
+    return files
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Item 7: every value has a range, checked before anything runs
+
+
+@pytest.mark.parametrize(
+    ("setting", "needle"),
+    [
+        ("data.jitter_strength=-0.5", "data.jitter_strength must be in [0, 2.5]"),
+        ("data.jitter_strength=nan", "data.jitter_strength must be in [0, 2.5]"),
+        ("optim.min_lr_ratio=1.5", "optim.min_lr_ratio must be in [0, 1], got 1.5"),
+        ("model.width=1e-9", "model.width must be >= 0.015625"),
+        ("loss.temperature=1e308", "loss.temperature must be <= 100"),
+        ("data.image_size=100000", "data.image_size must be <= 1024"),
+        ("optim.base_lr=inf", "optim.base_lr must be in (0, inf), got inf"),
+        ("loss.sigma=nan", "loss.sigma must be in (0, 1e+06], got nan"),
+    ],
+)
+def test_out_of_range_values_exit_2_in_one_line(setting, needle):
+    assert_one_line(run("dcl_core.train", "--print-config", "--set", setting, timeout=120), needle)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Item 2: a checkpoint can run code
+
+
+def test_load_checkpoint_never_runs_a_crafted_pickle_and_names_every_bad_file(tmp_path):
+    from dcl_core.training.checkpoint import CheckpointError, load_checkpoint
+
+    marker = tmp_path / "pwned"
+    files = crafted_files(tmp_path, marker)
+    files["missing"] = tmp_path / "missing.pt"
+    for name, path in files.items():
+        with pytest.raises(CheckpointError, match="not a dcl_core checkpoint") as err:
+            load_checkpoint(path)
+        assert str(path) in str(err.value) and "\n" not in str(err.value), name
+        assert isinstance(err.value, ValueError)
+    assert not marker.exists()
+
+
+@needs_cifar
+def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, tmp_path, capsys):
+    from dcl_core.evaluate import main
+
+    marker = tmp_path / "pwned"
+    files = crafted_files(tmp_path, marker, real_checkpoint=trained_run / "checkpoint.pt")
+    files["missing"] = tmp_path / "missing.pt"
+    for path in files.values():  # in-process: the same main() as the command, without a torch import each
+        assert main([str(path), "--device", "cpu"]) == 2
+        errors = capsys.readouterr().err.splitlines()
+        assert len(errors) == 1 and errors[0].startswith(f"error: not a dcl_core checkpoint: {path} ("), errors
+    proc = run("dcl_core.eval", str(files["evil_torch"]), "--device", "cpu", timeout=120)
+    assert_one_line(proc, f"not a dcl_core checkpoint: {files['evil_torch']} (it would call ")
+    assert not marker.exists()
+
+
+@needs_cifar
+@pytest.mark.parametrize("name", ["evil_torch", "truncated"])
+def test_resume_refuses_a_bad_checkpoint_before_training(trained_run, tmp_path, name):
+    out = copy_run(trained_run, tmp_path)
+    marker = tmp_path / "pwned"
+    (tmp_path / "bad").mkdir()
+    bad = crafted_files(tmp_path / "bad", marker, real_checkpoint=out / "checkpoint.pt")[name]
+    shutil.move(bad, out / "checkpoint.pt")
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--output-dir", str(out), "--resume")
+    assert_one_line(proc, f"not a dcl_core checkpoint: {out / 'checkpoint.pt'} (")
+    assert "decoded" not in proc.stderr  # refused before the data was loaded
+    assert not marker.exists()
+
+
+@needs_cifar
+def test_checkpoints_get_the_permissions_of_the_other_outputs(trained_run):
+    checkpoint = stat.S_IMODE((trained_run / "checkpoint.pt").stat().st_mode)
+    assert checkpoint == stat.S_IMODE((trained_run / "config.json").stat().st_mode)  # 0644 under umask 022
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002], ids=["022", "077", "002"])
+def test_save_checkpoint_respects_the_umask(tmp_path, umask):
+    from dcl_core.training.checkpoint import load_checkpoint, save_checkpoint
+
+    old = os.umask(umask)
+    try:
+        path = save_checkpoint({"epoch": 1, "model": {}, "optimizer": {}, "scaler": {}, "config": {},
+                                "history": [{"loss": 1.5, "q_hist": [0.5, 0.5]}]}, tmp_path / "c" / "checkpoint.pt")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert load_checkpoint(path)["history"] == [{"loss": 1.5, "q_hist": [0.5, 0.5]}]
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.pt"]  # no temporary file left
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Item 15: a previous run is not overwritten silently; the width mismatch says what differs
+
+
+@needs_cifar
+def test_a_second_run_into_the_same_folder_needs_resume_or_overwrite(trained_run, tmp_path):
+    out = copy_run(trained_run, tmp_path)
+    before = (out / "checkpoint.pt").read_bytes()
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--output-dir", str(out))
+    assert_one_line(proc, f"{out} already holds a run (checkpoint.pt); pass --resume to continue it or "
+                          "--overwrite to replace it")
+    assert (out / "checkpoint.pt").read_bytes() == before and "decoded" not in proc.stderr
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--output-dir", str(out), "--resume",
+               "--overwrite")
+    assert_one_line(proc, "pass one")
+    # --overwrite replaces it: a new run of another config, from epoch 1.
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--tau", "0.3", "--output-dir", str(out),
+               "--overwrite", "--threads", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torch.load(out / "checkpoint.pt", weights_only=True)["config"]["loss.temperature"] == 0.3
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+@needs_cifar
+def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_path):
+    out = copy_run(trained_run, tmp_path)
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--tau", "0.3", "--output-dir", str(out),
+               "--resume")
+    line = assert_one_line(proc, f"cannot resume {out / 'checkpoint.pt'}: config differs in loss.temperature")
+    assert "0.1" in line and "0.3" in line
+    assert "decoded" not in proc.stderr
+
+
+@needs_cifar
+def test_eval_with_another_width_says_which_key_differs(trained_run):
+    proc = run("dcl_core.eval", str(trained_run / "checkpoint.pt"), "--set", "model.width=0.5", "--device", "cpu",
+               timeout=120)
+    assert_one_line(proc, "do not fit the configured model: model.width is 0.125 in the checkpoint, 0.5 here")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Item 11: batch larger than the data, corrupt images, unwritable output, full disk
+
+
+@needs_cifar
+def test_a_batch_larger_than_the_data_exits_2_before_loading_it(tmp_path):
+    proc = run("dcl_core.train", "--preset", "smoke", "--set", "optim.batch_size=4096", "--output-dir",
+               str(tmp_path / "o"))
+    assert_one_line(proc, "160 pretraining images give no full batch of 4096")
+    assert "decoded" not in proc.stderr  # known from the config: 16 per class x 10 classes
+
+
+def write_folder(root, per_class=4, size=20):
+    """root/{train,val}/{a,b,c}/<i>.jpg with random pixels."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("a", "b", "c"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / c / f"{i}.jpg")
+
+
+def folder_args(root, out, *extra):
+    return ["--preset", "smoke", "--dataset", "imagefolder", "--data-root", str(root), "--set",
+            "data.image_size=16", "--set", "data.train_per_class=0", "--set", "data.test_per_class=0", "--set",
+            "eval.knn_k=3", "--output-dir", str(out), "--threads", "1", *extra]
+
+
+def test_a_batch_larger_than_a_whole_folder_exits_2_once_loaded_before_training(tmp_path):
+    write_folder(tmp_path / "data")  # 12 training images; their number is known only once listed
+    proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "16"))
+    assert_one_line(proc, "12 pretraining images give no full batch of 16")
+    assert "training simclr" not in proc.stderr and not (tmp_path / "o" / "checkpoint.pt").exists()
+
+
+@pytest.mark.parametrize(
+    ("loader", "workers", "damage"),
+    [("memory", 0, "truncated"), ("memory", 0, "text"), ("memory", 0, "empty"), ("stream", 0, "truncated"),
+     ("stream", 1, "empty")],  # stream with workers: the error crosses from a DataLoader worker process
+)
+def test_a_corrupt_image_is_named_in_one_line(tmp_path, loader, workers, damage):
+    write_folder(tmp_path / "data")
+    bad = tmp_path / "data" / "train" / "b" / "1.jpg"
+    good = bad.read_bytes()
+    bad.write_bytes({"truncated": good[: len(good) // 2], "text": b"not an image\n", "empty": b""}[damage])
+    proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "4", "--set",
+                                              f"data.loader={loader}", "--set", f"data.workers={workers}"))
+    assert_one_line(proc, f"image {bad}")
+    if loader == "memory":
+        assert "training simclr" not in proc.stderr  # decoded, and refused, before training
+
+
+def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
+    write_folder(tmp_path / "data")
+    proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "4", "--epochs",
+                                              "1", "--set", "data.loader=stream", "--set", "data.workers=0"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad = tmp_path / "data" / "val" / "c" / "2.jpg"
+    bad.write_bytes(b"not an image\n")
+    proc = run("dcl_core.eval", str(tmp_path / "o" / "checkpoint.pt"), "--device", "cpu")
+    assert_one_line(proc, f"cannot decode image {bad}")
+
+
+@needs_cifar
+def test_an_output_dir_that_cannot_be_written_exits_2_before_training(tmp_path):
+    (tmp_path / "file").write_text("x")
+    proc = run("dcl_core.train", "--preset", "smoke", "--output-dir", str(tmp_path / "file"))
+    assert_one_line(proc, f"output_dir {tmp_path / 'file'} exists and is not a directory")
+    proc = run("dcl_core.train", "--preset", "smoke", "--output-dir", str(tmp_path / "file" / "run"))
+    assert_one_line(proc, f"cannot write to output_dir {tmp_path / 'file' / 'run'}: Not a directory")
+    assert "decoded" not in proc.stderr
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o555)
+        proc = run("dcl_core.train", "--preset", "smoke", "--output-dir", str(tmp_path / "ro"))
+        assert_one_line(proc, "Permission denied")
+
+
+@needs_cifar
+def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
+    # Files may not grow beyond 256 KB (ulimit -f, in KB): the 1.5 MB checkpoint cannot be written, as on a full
+    # disk. Python ignores SIGXFSZ, so the write fails with EFBIG instead of killing the process.
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "dcl_core.train", "--preset", "smoke", "--epochs", "1", "--threads", "2",
+           "--output-dir", str(out)]
+    proc = subprocess.run(["bash", "-c", f"ulimit -f 256 && exec {shlex.join(cmd)}"], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert_one_line(proc, f"cannot write {out / 'checkpoint.pt'}: File too large", code=1)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # no half-written checkpoint left
