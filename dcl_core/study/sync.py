@@ -1,0 +1,101 @@
+"""Push to MLflow what a study journaled while MLflow was unreachable.
+
+    python -m dcl_core.study.sync OUTPUT_DIR [--name STUDY] [--tracking-uri URI]
+
+Every study under ``OUTPUT_DIR/summary/`` with a ``pending_mlflow.jsonl`` (or only ``--name STUDY``) is replayed
+against the tracking URI it ran with (from its ``study_options.json``; ``--tracking-uri`` overrides, e.g. when
+the recorded one has its credentials redacted). Replaying is idempotent: runs are found by their trial id or the
+summary tag before any is created, and the journal keeps only what MLflow did not take. Exit code 0 when
+everything was pushed, 1 when some operations are left (MLflow still unreachable), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dcl_core.cli import setup_logging
+from dcl_core.config import ConfigError
+
+OPTIONS_FILE = "study_options.json"  # written by the runner into the study's summary folder
+
+
+def _experiment_of(journal: Path) -> str | None:
+    """The experiment the journal's runs belong to (the study's name), from its first run creation."""
+    for line in journal.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("experiment"):
+            return str(rec["experiment"])
+    return None
+
+
+def _tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
+    from dcl_core.study.storage import default_tracking_uri
+
+    if given:
+        return given
+    options = study_dir / OPTIONS_FILE
+    uri = None
+    if options.exists():
+        try:
+            uri = json.loads(options.read_text()).get("tracking_uri")
+        except ValueError:
+            uri = None
+    if uri and "***" in uri:
+        raise ConfigError(f"the tracking URI recorded in {options} has its credentials redacted ({uri}); pass "
+                          "--tracking-uri, or set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD and pass it "
+                          "without them")
+    return uri or default_tracking_uri(output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dcl_core.study.sync", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("output_dir", type=Path, help="the studies' --output-dir")
+    parser.add_argument("--name", default=None, help="only this study (default: every study with a journal)")
+    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's own)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    setup_logging(args.verbose)
+
+    from dcl_core.study.storage import summary_dir
+    from dcl_core.study.tracking import JOURNAL_FILE, StudyTracker, preflight, redact_uri
+
+    out = args.output_dir.expanduser().resolve()
+    if args.name:
+        journals = [summary_dir(out, args.name) / JOURNAL_FILE]
+    else:
+        journals = sorted((out / "summary").glob(f"*/{JOURNAL_FILE}"))
+    journals = [j for j in journals if j.exists()]
+    if not journals:
+        print(f"nothing to sync: no {JOURNAL_FILE} under {out / 'summary'}"
+              + (f"/{args.name}" if args.name else ""))
+        return 0
+    code = 0
+    for journal in journals:
+        study_dir = journal.parent
+        experiment = _experiment_of(journal) or study_dir.name
+        try:
+            uri = _tracking_uri(study_dir, out, args.tracking_uri)
+            preflight(uri)
+        except ConfigError as err:
+            sys.stderr.write(f"error: {study_dir.name}: {err}\n")
+            code = 2
+            continue
+        tracker = StudyTracker(uri, experiment, artifact_root=out / "mlartifacts", journal_dir=study_dir)
+        pushed = tracker.sync()
+        left = tracker.pending()
+        print(f"{study_dir.name}: {pushed} operations pushed to {redact_uri(uri)}, {left} left"
+              + (f" ({tracker.last_error})" if left and tracker.last_error else ""))
+        if left:
+            code = max(code, 1)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
