@@ -21,3 +21,5 @@ EPOCH_SECONDS = "time/epoch_seconds"
 NUM_NEGATIVES = "derived/num_negatives"  # K, negatives per anchor (config.derive)
 EQCO_ALPHA = "derived/eqco_alpha"  # EqCo's α actually used (α = K when unset)
 DIVERGED = "diverged"  # 1 in the final report of a trial whose loss became NaN/inf
+FAILED = "failed"  # 1 in the final report of a trial that failed the same way twice (not retried)
+ERROR = "error"  # that failure's cause, one plain line (a string, not a metric)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,8 +20,10 @@ import torch
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
 from dcl_core.data import DataError, check_dataset, resolve_data_root
-from dcl_core.study.spec import StudyOptions, validate_spec, with_base
+from dcl_core.study.spec import StudyInterruptedError, StudyOptions, validate_spec, with_base
+from search_spaces import keys_of
 
+MAX_SEEDS = 1000
 SpecBuilder = Callable[[argparse.Namespace], "object"]
 
 
@@ -85,11 +88,12 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
-        if args.seeds is not None and args.seeds < 1:
-            raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
+            raise ConfigError(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
         options = StudyOptions.from_namespace(args)
         spec = build_spec(args)
         validate_spec(spec)
+        _check_set_not_swept(spec, parse_overrides(args.set))
         data = spec.base.data
         on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
         if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
@@ -111,10 +115,38 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
         # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
         from dcl_core.study.results import summary_lines
         from dcl_core.study.runner import run_study
+        from dcl_core.study.tracking import preflight
+
+        if options.tracking_uri:  # a bad or unreachable MLflow store: one line now, not minutes after Ray starts
+            preflight(options.tracking_uri)
 
         outcome = run_study(spec, options)
     except (ConfigError, DataError) as err:
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
+    except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
+        why = f" ({err})" if str(err) else ""
+        sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
+                         f"Continue with:\n  {resume_command(argv)}\n")
+        return 130
     print("\n".join(summary_lines(outcome)))
+    failed = [r for r in outcome.rows if r["status"] != "ok"]
+    if outcome.rows and len(failed) == len(outcome.rows):
+        sys.stderr.write(f"error: every trial failed; the first: {failed[0].get('error') or failed[0]['status']}\n")
+        return 1
     return 0
+
+
+def resume_command(argv: list[str] | None) -> str:
+    """The command line that continues this study: the same options, ``--resume`` instead of ``--overwrite``."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--overwrite", "--resume")]
+    return " ".join(shlex.quote(a) for a in [sys.executable, sys.argv[0], *args, "--resume"])
+
+
+def _check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:
+    """``--set`` of a key the study itself sets per trial would be silently overridden: refused."""
+    swept = set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set())
+    clash = sorted(swept & set(overrides))
+    if clash:
+        raise ConfigError(f"--set {clash[0]}: this study sets {clash[0]} per trial (its grid or search space), "
+                          "so a fixed value would be ignored; drop it (or use --losses / --seeds / --search)")

@@ -49,16 +49,22 @@ def main(argv=None) -> int:
         return 2
     import ray
 
+    from dcl_core.config import ConfigError
     from dcl_core.mi_toy import format_table5, plot_table5
     from dcl_core.study import init_ray, summary_dir
     from dcl_core.study.report import write_rows
-    from dcl_core.study.storage import default_tracking_uri
-    from dcl_core.study.tracking import StudyTracker, git_commit
+    from dcl_core.study.storage import atomic_write_text, default_tracking_uri
+    from dcl_core.study.tracking import StudyTracker, git_commit, preflight
 
     pr = PRESETS[args.preset]
     root = Path(args.output_dir).expanduser().resolve()
     out = summary_dir(root, "eqco_mi_toy")
     uri = args.tracking_uri or default_tracking_uri(root)
+    try:
+        preflight(uri)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
                for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
     init_ray(None, args.num_cpus)
@@ -75,9 +81,9 @@ def main(argv=None) -> int:
     rows.sort(key=lambda r: (r["true_mi"], r["k"], r["method"]))
     table = format_table5(rows, pr["ks"])
     files = [*write_rows(rows, out, "mi_toy"), plot_table5(rows, out / "mi_toy.png")]
-    (out / "table.txt").write_text(table + "\n")
+    atomic_write_text(out / "table.txt", table + "\n")
     tracker = StudyTracker(uri, "eqco_mi_toy", artifact_root=root / "mlartifacts",
-                           tags={"study": "eqco_mi_toy", "git_commit": git_commit()}).open()
+                           tags={"study": "eqco_mi_toy", "git_commit": git_commit()}, journal_dir=out).open()
     tracker.log_summary({f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
                         [*files, out / "table.txt"],
                         params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"]})

@@ -37,11 +37,23 @@ def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tu
     columns = {c: [r.get(c) for r in rows] for c in COLUMN_NAMES}
     for c in FLOAT_COLUMNS:
         columns[c] = [None if v is None else float(v) for v in columns[c]]
-    table = pa.table(columns)
-    parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
-    pq.write_table(table, parquet)
-    pacsv.write_csv(table, csv)
-    return parquet, csv
+    return _write(pa.table(columns), out_dir, stem)
+
+
+def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
+    """Parquet and CSV, each written to a temporary name and renamed: never half a file (full disk, crash)."""
+    paths = []
+    for suffix, write in ((".parquet", pq.write_table), (".csv", pacsv.write_csv)):
+        path = out_dir / f"{stem}{suffix}"
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            write(table, tmp)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        paths.append(path)
+    return paths[0], paths[1]
 
 
 def read_table(path: Path) -> list[Row]:
@@ -176,11 +188,7 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
 def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
     """Any list of flat dicts as Parquet + CSV (columns from the first row)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(list(rows))
-    parquet, csv = out_dir / f"{stem}.parquet", out_dir / f"{stem}.csv"
-    pq.write_table(table, parquet)
-    pacsv.write_csv(table, csv)
-    return parquet, csv
+    return _write(pa.Table.from_pylist(list(rows)), out_dir, stem)
 
 
 def q_hist_edges(bins: int) -> list[float]:

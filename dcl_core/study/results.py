@@ -17,8 +17,9 @@ from dcl_core.study.columns import COLUMNS, x_column
 from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.spec import StudySpec
-from dcl_core.study.storage import summary_dir
+from dcl_core.study.storage import atomic_write_text, redact_uri, summary_dir
 from dcl_core.study.tracking import StudyTracker, metric_name
+from dcl_core.study.trainable import error_text
 from search_spaces import keys_of
 
 
@@ -65,11 +66,12 @@ def trial_row(config: dict[str, Any], metrics: dict[str, Any], error: BaseExcept
     if M.NUM_NEGATIVES not in metrics:
         row["num_negatives"], row["alpha_used"] = _derived(config)
     row["trial_id"] = metrics.get("trial_id") or ""
-    row["status"] = "error" if error else ("diverged" if metrics.get(M.DIVERGED) else "ok")
+    failed = error or metrics.get(M.FAILED)
+    row["status"] = "error" if failed else ("diverged" if metrics.get(M.DIVERGED) else "ok")
     row["method"] = _method(config)
     best = max((v for v in history if not math.isnan(v)), default=math.nan)
     row["best_knn_top1"] = None if math.isnan(best) else best
-    row["error"] = str(error).splitlines()[0][:300] if error else None
+    row["error"] = error_text(error) if error else metrics.get(M.ERROR)
     row["q_hist"] = metrics.get(M.Q_HIST)  # not a table column: the q_B plots read it
     row["config"] = config  # not a table column: the search report reads the sampled values from it
     return row
@@ -103,7 +105,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     if spec.search:
         table += "\n\n" + format_best(rows, spec.search)
         files += write_search_plots(rows, spec.search, out_dir)
-    (out_dir / "table.txt").write_text(table + "\n")
+    atomic_write_text(out_dir / "table.txt", table + "\n")
     rob = report.robustness(shown, x, series="series")
     tracker.log_summary(_summary_metrics(spec, shown, rows, x, rob), files)
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri)
@@ -132,11 +134,16 @@ def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
 
 
 def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
+    uri = redact_uri(outcome.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        browse = f"browse: open {uri} in a browser"
+    else:
+        browse = f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
     return [
         outcome.table,
         "",
         f"results: {outcome.files[0]} (+ .csv)",
         f"plot:    {outcome.files[2]}",
-        f"MLflow:  experiment {outcome.experiment!r} at {outcome.tracking_uri}",
-        f"         browse: mlflow ui --backend-store-uri {outcome.tracking_uri} --host 127.0.0.1",
+        f"MLflow:  experiment {outcome.experiment!r} at {uri}",
+        f"         {browse}",
     ]

@@ -7,13 +7,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import ray
 from optuna.samplers import TPESampler
 from ray import tune
+from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
@@ -24,8 +27,10 @@ from dcl_core.study.columns import short_name
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.spec import (
+    DDP_TRIAL_CPU,
     Experiment,
     Resources,
+    StudyInterruptedError,
     StudyOptions,
     StudySpec,
     experiments,
@@ -34,13 +39,23 @@ from dcl_core.study.spec import (
     varied_keys,
     with_base,
 )
-from dcl_core.study.storage import storage_delete, storage_exists, storage_join, summary_dir
+from dcl_core.study.storage import (
+    atomic_write_text,
+    check_output_dir,
+    storage_delete,
+    storage_exists,
+    storage_join,
+    study_lock,
+    summary_dir,
+)
 from dcl_core.study.trainable import trainable
 from search_spaces import keys_of, to_optuna, to_tune
 
 log = logging.getLogger(__name__)
 
 OPTIONS_FILE = "study_options.json"
+
+
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> None:
@@ -72,7 +87,12 @@ def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
 
 
 def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
-    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts."""
+    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts.
+
+    Raises:
+        ConfigError: bad input (one line), before Ray starts.
+        StudyInterruptedError: Ctrl-C stopped it; the finished trials and every checkpoint are kept for --resume.
+    """
     validate_spec(spec)
     if options.asha and spec.search is None:
         raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
@@ -83,22 +103,84 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         spec = with_base(spec, {"eval.knn_every": 1})
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
-    exps = experiments(spec)
-    existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
-    _prepare_output(spec, options, exps, existing)
+    check_output_dir(options.output_dir)
+    local = not (options.address or os.environ.get("RAY_ADDRESS"))
+    if local:
+        check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
+    with study_lock(options.output_dir, spec.name):
+        exps = experiments(spec)
+        existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
+        _prepare_output(spec, options, exps, existing)
 
-    init_ray(options.address, options.num_cpus)
-    if options.workers > 1 and options.max_concurrent is None:
-        options = replace(options, max_concurrent=ddp_concurrency(options.resources, ray.cluster_resources()))
-        log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)",
-                 options.max_concurrent, options.workers)
-    tracker = tracking.StudyTracker(options.tracking_uri, spec.name, artifact_root=options.output_dir / "mlartifacts",
-                                    tags={"study": spec.name, "git_commit": tracking.git_commit()})
-    tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
-    rows: list[Row] = []
-    for experiment in exps:
-        rows.extend(tune_rows(_run_experiment(spec, experiment, options, tracker)))
-    return summarize(spec, rows, options.output_dir, tracker)
+        init_ray(options.address, options.num_cpus)
+        if not local:
+            _warn_if_cluster_too_small(options.resources, ray.cluster_resources())
+        if options.workers > 1 and options.max_concurrent is None:
+            options = replace(options, max_concurrent=ddp_concurrency(options.resources, ray.cluster_resources()))
+            log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)",
+                     options.max_concurrent, options.workers)
+        tracker = tracking.StudyTracker(options.tracking_uri, spec.name,
+                                        artifact_root=options.output_dir / "mlartifacts",
+                                        tags={"study": spec.name, "git_commit": tracking.git_commit()},
+                                        journal_dir=summary_dir(options.output_dir, spec.name))
+        tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
+        rows: list[Row] = []
+        for experiment in exps:
+            results = _run_experiment(spec, experiment, options, tracker)
+            _raise_if_interrupted(storage_join(options.storage, experiment.name))
+            rows.extend(tune_rows(results))
+        return summarize(spec, rows, options.output_dir, tracker)
+
+
+def _raise_if_interrupted(exp_uri: str) -> None:
+    """Ctrl-C: Tune stops gracefully, saves its state and returns from ``fit`` as if done, and its results
+    then count the interrupted trials as terminated. The saved state tells them apart (PENDING/RUNNING/PAUSED);
+    they must not be summarized as finished."""
+    done = (Trial.TERMINATED, Trial.ERROR)
+    unfinished = [t for t in tune.ExperimentAnalysis(exp_uri).trials if t.status not in done]
+    if unfinished:
+        raise StudyInterruptedError(f"{len(unfinished)} trial(s) of {Path(exp_uri).name} did not finish")
+
+
+def check_fits(resources: Resources, cpus: float) -> None:
+    """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
+    own = DDP_TRIAL_CPU if resources.num_workers > 1 else 0.0
+    need = resources.num_workers * resources.cpus_per_worker + own
+    if need > cpus + 1e-9:
+        fit = math.floor((cpus - own) / resources.num_workers * 100) / 100
+        hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
+        raise ConfigError(
+            f"one trial needs {need:g} CPUs ({resources.num_workers} worker(s) x {resources.cpus_per_worker:g}"
+            f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
+            f"use {hint}")
+
+
+def _warn_if_cluster_too_small(resources: Resources, cluster: dict[str, float]) -> None:
+    need = resources.num_workers * resources.cpus_per_worker
+    if cluster.get("CPU", 0.0) < need or cluster.get("GPU", 0.0) < resources.num_workers * resources.gpus_per_worker:
+        log.warning("the cluster has %s now; one trial needs %g CPUs and %g GPUs: trials wait until the "
+                    "autoscaler adds nodes", cluster, need, resources.num_workers * resources.gpus_per_worker)
+
+
+def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
+    """What a resumed study must still run: the base config, the grids and the search space."""
+    return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
+            "num_samples": spec.num_samples}
+
+
+def _check_same_study(spec: StudySpec, before: dict[str, Any]) -> None:
+    """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
+    silently ignored, so it is refused."""
+    now = spec_fingerprint(spec)
+    for key, value in now["base"].items():
+        old = before.get("base", {}).get(key, value)
+        if old != value:
+            raise ConfigError(f"--resume must run the study it continues: {key} was {old!r}, now {value!r} "
+                              "(a changed --set, --preset or --data-root)")
+    for part in ("grids", "search", "num_samples"):
+        if part in before and before[part] != now[part]:
+            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed --losses, "
+                              "--seeds, --search, --num-samples or --preset)")
 
 
 def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experiment], existing: list[str]) -> None:
@@ -110,13 +192,15 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experimen
         raise ConfigError(f"nothing to resume at {storage_join(str(options.storage), exps[0].name)}")
     options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
     if options.resume and options_file.exists():
-        options.check_resume(json.loads(options_file.read_text()))
+        before = json.loads(options_file.read_text())
+        options.check_resume(before)
+        _check_same_study(spec, before.get("spec", {}))
     options.output_dir.mkdir(parents=True, exist_ok=True)
     if options.overwrite:
         for uri in existing:
-            storage_delete(uri)
+            storage_delete(uri, root=str(options.storage))
     options_file.parent.mkdir(parents=True, exist_ok=True)
-    options_file.write_text(json.dumps(options.to_json_dict(), indent=1))
+    atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec)}, indent=1))
 
 
 def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:

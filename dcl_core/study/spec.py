@@ -8,14 +8,22 @@ Optuna search per grid point.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
-from dcl_core.study.storage import absolute_storage, default_tracking_uri
+from dcl_core.study.storage import absolute_storage, default_tracking_uri, redact_uri
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
+
+
+class StudyInterruptedError(Exception):
+    """The study stopped before every trial finished (Ctrl-C): nothing is summarized; ``--resume`` continues."""
+
+
+DDP_TRIAL_CPU = 0.01  # what a DDP trial reserves itself: it only drives a TorchTrainer, whose workers hold CPUs
 
 
 @dataclass(frozen=True)
@@ -34,7 +42,20 @@ class Resources:
     def trial_resources(self) -> dict[str, float]:
         if self.num_workers <= 1:
             return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
-        return {"cpu": 0.01}  # the trial only drives a TorchTrainer; its workers hold the resources
+        return {"cpu": DDP_TRIAL_CPU}
+
+
+MAX_FAILURES = 20  # retries of a crashed trial; more is a loop, not resilience
+MAX_TRIALS = 100_000  # a grid larger than this is a typo (e.g. --seeds 1000000), refused before validating it
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(name: str) -> None:
+    """A study name is a folder and an MLflow experiment: a plain identifier (letters, digits, ``_ . -``, not
+    starting with ``.`` or ``-``), so it can never point outside the output folder (``..``, ``/``, ``""``)."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"study name {name!r} must be 1-100 letters, digits, '_', '.' or '-', start with a letter "
+                          "or digit and not contain '..'")
 
 
 def _fixed(default: Any) -> Any:
@@ -66,10 +87,16 @@ class StudyOptions:
     save_checkpoints: bool = _fixed(False)
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.cpus_per_worker <= 0 or self.gpus_per_worker < 0:
+        if self.workers < 1 or not 0 < self.cpus_per_worker < math.inf or not 0 <= self.gpus_per_worker < math.inf:
             raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
+        if not 0 <= self.max_failures <= MAX_FAILURES:
+            raise ConfigError(f"--max-failures must be in [0, {MAX_FAILURES}], got {self.max_failures}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"--num-cpus must be >= 1, got {self.num_cpus}")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ConfigError(f"--max-concurrent must be >= 1, got {self.max_concurrent}")
 
     @classmethod
     def from_namespace(cls, args: Any) -> StudyOptions:
@@ -92,7 +119,11 @@ class StudyOptions:
         )
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        """The options as stored next to the summary; credentials in a tracking URI are redacted."""
+        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        if out["tracking_uri"]:
+            out["tracking_uri"] = redact_uri(out["tracking_uri"])
+        return out
 
     def check_resume(self, before: dict[str, Any]) -> None:
         """ConfigError naming the first ``fixed_on_resume`` option that differs from ``before`` (the
@@ -154,13 +185,25 @@ def grid_points(grid: Space) -> list[dict[str, Any]]:
     return points
 
 
+def num_grid_points(grid: Space) -> int:
+    return math.prod(len(v.values) for v in grid.values() if isinstance(v, Grid))
+
+
 def validate_spec(spec: StudySpec) -> None:
     """Apply every grid point, and at each point both ends of every range its search can sample, to the base
     config; ConfigError (one line) if any trial the study could run is invalid."""
+    check_name(spec.name)
+    trials = sum(map(num_grid_points, spec.grids)) * (spec.num_samples if spec.search else 1)
+    if trials > MAX_TRIALS:
+        raise ConfigError(f"study {spec.name} would run {trials} trials (more than {MAX_TRIALS}); check --seeds, "
+                          "--num-samples and the grid")
     for key in set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set()):
         if key not in CONFIG_KEYS:
             raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
-    points = [apply_overrides(spec.base, point) for grid in spec.grids for point in grid_points(grid)]
+    # A seed interacts with no other key: its extremes stand for all of them (a 1000-seed grid stays cheap).
+    grids = [{k: Grid((min(v.values), max(v.values))) if k == "seed" and isinstance(v, Grid) else v
+              for k, v in grid.items()} for grid in spec.grids]
+    points = [apply_overrides(spec.base, point) for grid in grids for point in grid_points(grid)]
     if spec.search:
         for cfg in points:
             _validate_search(cfg, spec.search, sampled=keys_of(spec.search))

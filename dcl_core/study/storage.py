@@ -3,10 +3,22 @@ summary folder, through pyarrow's filesystems so every scheme Ray accepts works 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import os
+import posixpath
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs
+
+from dcl_core.config import ConfigError
 
 
 def storage_join(storage: str, name: str) -> str:
@@ -23,20 +35,105 @@ def absolute_storage(storage: str) -> str:
     return storage if "://" in storage else str(Path(storage).expanduser().resolve())
 
 
+def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
+    """pyarrow's filesystem for ``uri``; ConfigError (one line) for a scheme it cannot open (``foo://``,
+    ``hdfs://`` without Hadoop)."""
+    try:
+        return pyarrow.fs.FileSystem.from_uri(uri)
+    except (pyarrow.ArrowException, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"storage {uri} is not a filesystem Ray can use: {reason[:200]}") from None
+
+
 def storage_exists(uri: str) -> bool:
-    fs, path = pyarrow.fs.FileSystem.from_uri(uri)
-    return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+    fs, path = _filesystem(uri)
+    try:
+        return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+    except (pyarrow.ArrowException, OSError) as err:
+        raise ConfigError(f"storage {uri} cannot be read: {str(err).splitlines()[0][:200]}") from None
 
 
-def storage_delete(uri: str) -> None:
-    fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+def _inside(uri: str, root: str) -> bool:
+    """Whether ``uri`` lies strictly inside ``root`` (both local paths, or URIs of one scheme and host)."""
+    if "://" not in uri and "://" not in root:
+        path, base = Path(uri).resolve(), Path(root).resolve()
+        return base in path.parents
+    a, b = urlsplit(uri), urlsplit(root)
+    if (a.scheme, a.netloc) != (b.scheme, b.netloc):
+        return False
+    path, base = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
+    return path != base and path.startswith(base.rstrip("/") + "/")
+
+
+def storage_delete(uri: str, root: str) -> None:
+    """Delete the folder ``uri``, which must lie strictly inside the storage ``root`` (``--overwrite`` never
+    deletes anything else, whatever a study name says)."""
+    if not _inside(uri, root):
+        raise ConfigError(f"refusing to delete {uri}: it is not inside the study storage {root}")
+    fs, path = _filesystem(uri)
     fs.delete_dir(path)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """ConfigError (one line) unless ``output_dir`` is, or can be made, a writable folder."""
+    existing = output_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"--output-dir {output_dir}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--output-dir {output_dir}: {existing} is not writable")
+
+
+@contextlib.contextmanager
+def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
+    """Hold an exclusive lock on one study of an output folder for the whole run: a second run of the same
+    study into the same folder (which would mix Tune state and log every trial twice) stops with ConfigError
+    naming the holder. The lock is the kernel's (``flock``): a killed run (even ``kill -9``) releases it."""
+    path = output_dir / f".{study}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise ConfigError(f"study {study} in {output_dir} is already running ({holder}); wait for it, or "
+                              "use another --name or --output-dir") from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join(sys.argv)[:300]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def default_tracking_uri(output_dir: Path) -> str:
     """A local SQLite MLflow store under the study output directory (absolute: Tune changes each trial's
     working directory)."""
     return f"sqlite:///{(output_dir / 'mlflow.db').resolve()}"
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` safe to print or store: credentials (``user:password@`` before the host, and query values named
+    like a token, password, secret or key) become ``***``."""
+    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1***@", uri)
+    return re.sub(r"([?&][^=&#]*(?:token|passw|secret|key|sig)[^=&#]*=)[^&#]*", r"\1***", out, flags=re.I)
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a full disk or a
+    crash leaves the previous file (or none), never half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def summary_dir(output_dir: Path, study: str) -> Path:

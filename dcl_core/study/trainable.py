@@ -5,7 +5,9 @@ the epoch callbacks of :mod:`dcl_core.study.tracking`."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,16 @@ from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
 from dcl_core.study import tracking
 from dcl_core.study.spec import Resources
 from dcl_core.training import NonFiniteLossError, train
-from dcl_core.training.checkpoint import CHECKPOINT_NAME
+from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError
 
-CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"  # fault injection for tests: every trial crashes once at this epoch
+# Fault injection for tests: every trial crashes once at this epoch / every attempt fails before training.
+CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"
+FAIL_ENV = "DCL_FAIL_EVERY_ATTEMPT"
+FAILURES_FILE = ".failures"  # in the trial directory: the cause of each failed attempt, one per line
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+CAUSE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*:")  # "RuntimeError: ...", "ray.x.Error: ..."
+
+log = logging.getLogger(__name__)
 
 
 def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
@@ -39,15 +48,59 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
     resources = resources or Resources()
     trial_id, trial_dir, work_dir = tracking.trial_context()
     if resources.num_workers > 1:
-        _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"))
+        try:
+            _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"))
+        except Exception as err:
+            _fail_or_retry(trial_dir, err, {})
         return
     cfg = _run_config(config, work_dir / "run", resources.threads)
     resume = tracking.restore_latest_checkpoint(Path(cfg.output_dir) / CHECKPOINT_NAME)
     last = _LastMetrics(crash_marker=trial_dir)
     try:
-        train(cfg, callbacks=[tracking.TuneReporter(), last], resume=resume)
+        if os.environ.get(FAIL_ENV):
+            raise RuntimeError(f"injected failure at every attempt ({FAIL_ENV})")
+        _train_or_restart(cfg, [tracking.TuneReporter(), last], resume)
     except NonFiniteLossError as err:
         tracking.report_diverged(last.metrics, str(err))
+    except Exception as err:
+        _fail_or_retry(trial_dir, err, last.metrics)
+
+
+def _train_or_restart(cfg: Config, callbacks: list[Any], resume: bool) -> None:
+    """Train, resuming from the restored checkpoint; if that checkpoint is unreadable (a damaged file on shared
+    storage), restart the trial from scratch instead of failing every retry on the same file."""
+    try:
+        train(cfg, callbacks=callbacks, resume=resume)
+    except CheckpointError as err:
+        if not resume:
+            raise
+        log.warning("restarting the trial from scratch: its latest checkpoint is unreadable (%s)", err)
+        (Path(cfg.output_dir) / CHECKPOINT_NAME).unlink(missing_ok=True)
+        train(cfg, callbacks=callbacks, resume=False)
+
+
+def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -> None:
+    """Re-raise (Tune retries the trial from its checkpoint, up to --max-failures), unless this trial already
+    failed the same way once: then a retry would only repeat it (bad data, bad config), so the trial ends as
+    failed, with the cause in plain text."""
+    cause = error_text(err)
+    log_file = trial_dir / FAILURES_FILE
+    seen = log_file.read_text().splitlines() if log_file.exists() else []
+    with log_file.open("a") as f:
+        f.write(cause.replace("\n", " ") + "\n")
+    if cause.replace("\n", " ") not in seen:
+        raise err
+    log.error("trial failed twice with %s: not retried", cause)
+    tracking.report_failed(metrics, cause)
+
+
+def error_text(err: BaseException) -> str:
+    """A failure's cause in one plain line: the innermost ``Type: message`` of a (Ray-wrapped) error, without
+    the terminal colour codes Ray adds."""
+    text = ANSI.sub("", str(err)).strip()
+    causes = [line.strip() for line in text.splitlines() if CAUSE.match(line.strip())]
+    line = causes[-1] if causes else f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+    return line[:300]
 
 
 def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str) -> None:
@@ -111,3 +164,4 @@ def _maybe_crash(trial_dir: Path, epoch: int) -> None:
     if at and epoch == int(at) and not marker.exists():
         marker.write_text("injected")
         raise RuntimeError(f"injected crash at epoch {epoch} ({CRASH_ENV})")
+

@@ -195,7 +195,7 @@ def test_resume_after_killed_driver(tmp_path):
     assert {r.data.tags["mlflow.parentRunId"] for r in trials} == {parent_before}
     for r in trials:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
-        assert sorted(set(steps)) == list(range(1, epochs + 1))
+        assert sorted(steps) == list(range(1, epochs + 1))  # each epoch once, even one retrained after the kill
 
 
 def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path):
@@ -263,8 +263,6 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
             "--cpus-per-worker",
             "0.9",  # no --max-concurrent: DDP trials are capped to what the 2 CPUs hold (one at a time)
             "--save-checkpoints",
-            "--set",
-            "loss.temperature=0.2",
         ),
         timeout=600,
     )

@@ -1,0 +1,152 @@
+"""Hostile and clumsy input to the studies (issue: nothing lost, nobody in): each case exits 2 with one line
+before Ray starts, and nothing outside the study's own folders is touched. Real processes, real files."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dcl_core.config import ConfigError
+from dcl_core.data import resolve_data_root
+from dcl_core.study.storage import storage_delete, study_lock
+
+REPO = Path(__file__).resolve().parents[2]
+needs_data = pytest.mark.skipif(
+    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
+)
+
+
+def study(out, *args, timeout=120):
+    cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--output-dir", str(out),
+           "--num-cpus", "2", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def assert_one_line_exit_2(proc, needle):
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["../..", ".", "", "../../x", "a/b", "-rf", "x" * 101])
+def test_a_study_name_cannot_escape_the_output_folder(tmp_path, name):
+    # --name ../.. --overwrite once emptied the folder two levels above ray_results (here: tmp_path/a/b).
+    out = tmp_path / "a" / "b" / "out"
+    (out / "ray_results").mkdir(parents=True)
+    keep = [tmp_path / "a" / "keep.txt", tmp_path / "a" / "b" / "keep.txt", out / "ray_results" / "other" / "k"]
+    for path in keep:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("precious")
+    proc = study(out, f"--name={name}", "--overwrite")
+    assert_one_line_exit_2(proc, "study name")
+    assert all(path.read_text() == "precious" for path in keep)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "a" / "x").exists()
+
+
+def test_overwrite_deletes_only_strictly_inside_the_storage_root(tmp_path):
+    root = tmp_path / "ray_results"
+    (root / "exp").mkdir(parents=True)
+    for outside in (root, tmp_path, root / ".." / "x", root / "exp" / ".." / ".."):
+        with pytest.raises(ConfigError, match="refusing to delete"):
+            storage_delete(str(outside), str(root))
+    with pytest.raises(ConfigError, match="refusing to delete"):
+        storage_delete("s3://bucket/studies/../other", "s3://bucket/studies")
+    with pytest.raises(ConfigError, match="refusing to delete"):
+        storage_delete("s3://other-bucket/studies/exp", "s3://bucket/studies")
+    storage_delete(str(root / "exp"), str(root))
+    assert root.is_dir() and not (root / "exp").exists()
+
+
+@needs_data
+def test_bad_options_exit_2_with_one_line(tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    cases = [
+        (["--set", "loss.temperature=0.2"], "--set loss.temperature: this study sets"),  # the grid would win
+        (["--max-failures", "-1"], "--max-failures must be in [0, 20]"),
+        (["--num-cpus", "-1"], "--num-cpus must be >= 1"),
+        (["--max-concurrent", "0"], "--max-concurrent must be >= 1"),
+        (["--seeds", "1000000"], "--seeds must be in [1, 1000]"),
+        (["--storage", "foo://bar"], "storage foo://bar/temperature_sweep is not a filesystem Ray can use"),
+        (["--storage", "hdfs://namenode/x"], "is not a filesystem Ray can use"),
+        (["--workers", "2", "--cpus-per-worker", "1"], "use --cpus-per-worker 0.99"),  # 2 + 0.01 never fit 2 CPUs
+        (["--cpus-per-worker", "3"], "one trial needs 3 CPUs"),
+    ]
+    for args, needle in cases:
+        t0 = time.monotonic()
+        proc = study(tmp_path / "out", *args)
+        assert_one_line_exit_2(proc, needle)
+        assert time.monotonic() - t0 < 60, args
+    proc = study(tmp_path / "a_file" / "out")
+    assert_one_line_exit_2(proc, "is a file, not a folder")
+    assert not (tmp_path / "out" / "ray_results").exists()
+
+
+@needs_data
+def test_a_second_run_of_the_same_study_into_the_same_folder_is_refused(tmp_path):
+    out = tmp_path / "out"
+    with study_lock(out, "temperature_sweep"):  # as a running study holds it
+        proc = study(out)
+        assert_one_line_exit_2(proc, "study temperature_sweep in")
+        holder = json.loads((out / ".temperature_sweep.lock").read_text())
+        assert f"pid\": {os.getpid()}" in proc.stderr.replace("'", '"') or str(holder["pid"]) in proc.stderr
+    assert not (out / "ray_results").exists()
+    with study_lock(out, "temperature_sweep"):  # released by the refused run, and by the holder on exit
+        pass
+
+
+def _smoke_spec(seeds=(0,), losses=("dcl",)):
+    from dcl_core.config import preset
+    from dcl_core.study import StudySpec
+    from search_spaces import Grid
+
+    return StudySpec(name="s", base=preset("smoke"), x_key="loss.temperature", x_label="tau",
+                     grid={"loss.name": Grid(losses), "seed": Grid(seeds), "loss.temperature": Grid((0.1,))})
+
+
+def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
+    from dataclasses import replace
+
+    from dcl_core.study import StudyOptions
+    from dcl_core.study.runner import _prepare_output
+    from dcl_core.study.spec import experiments, with_base
+
+    spec = _smoke_spec()
+    options = StudyOptions(tmp_path, tracking_uri="http://alice:s3cret@127.0.0.1:5000").resolved()
+    existing = [str(tmp_path / "ray_results" / "s")]
+    _prepare_output(spec, options, experiments(spec), existing=[])
+    stored = (tmp_path / "summary" / "s" / "study_options.json").read_text()
+    assert "s3cret" not in stored and "http://***@127.0.0.1:5000" in stored
+    resume = replace(options, resume=True)
+    _prepare_output(spec, resume, experiments(spec), existing)  # the same study: fine
+    for changed, needle in ((with_base(spec, {"optim.epochs": 3}), "optim.epochs was 2, now 3"),
+                            (_smoke_spec(seeds=(0, 1)), "its grids changed"),
+                            (_smoke_spec(losses=("dcl", "infonce")), "its grids changed")):
+        with pytest.raises(ConfigError, match=needle):
+            _prepare_output(changed, resume, experiments(changed), existing)
+
+
+def test_the_browse_hint_fits_the_store_and_hides_credentials():
+    from dcl_core.study.results import StudyOutcome, summary_lines
+
+    files = [Path("r.parquet"), Path("r.csv"), Path("p.png")]
+    server = summary_lines(StudyOutcome([], "table", {}, files, "s", "http://bob:tok@127.0.0.1:5000"))
+    assert server[-1].strip() == "browse: open http://***@127.0.0.1:5000 in a browser" and "tok" not in "".join(server)
+    local = summary_lines(StudyOutcome([], "table", {}, files, "s", "sqlite:////x/mlflow.db"))
+    assert local[-1].strip() == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db --host 127.0.0.1"
+
+
+@needs_data
+def test_a_bad_tracking_uri_is_refused_in_seconds(tmp_path):
+    for uri, needle in (("http://127.0.0.1:9", "is unreachable"), ("notauri", "not a valid MLflow tracking URI"),
+                        ("foo://bar", "not a valid MLflow tracking URI")):
+        t0 = time.monotonic()
+        proc = study(tmp_path / "out", "--tracking-uri", uri)
+        assert_one_line_exit_2(proc, needle)
+        assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "out" / "ray_results").exists()

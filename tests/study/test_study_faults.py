@@ -1,0 +1,91 @@
+"""Faults injected into running studies (real Ray, real files): Ctrl-C, a corrupt checkpoint, a trial that
+fails the same way every time. Each test states the behaviour the README promises."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dcl_core.data import resolve_data_root
+from dcl_core.study import summary_dir
+from dcl_core.study.report import read_table
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(
+    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
+)
+
+
+def study_cmd(out, *args):
+    return [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
+            "--output-dir", str(out), "--num-cpus", "2", *args]
+
+
+def _epochs(result_file):
+    if not result_file.exists():
+        return []
+    return [json.loads(line)["epoch"] for line in result_file.read_text().splitlines() if line.strip()]
+
+
+def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp_path):
+    out, epochs = tmp_path / "o", 12
+    cmd = study_cmd(out, "--max-concurrent", "1", "--set", f"optim.epochs={epochs}")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    exp = out / "ray_results" / "temperature_sweep"
+    deadline, partial = time.monotonic() + 300, None
+    try:
+        while time.monotonic() < deadline and partial is None:
+            trials = {d.name: _epochs(d / "result.json") for d in exp.glob("dcl_*")} if exp.exists() else {}
+            done = [n for n, e in trials.items() if e and e[-1] == epochs]
+            running = [n for n, e in trials.items() if e and 2 <= e[-1] < epochs - 4]
+            partial = running[0] if done and running else None
+            time.sleep(0.2)
+        assert partial, "never saw one finished and one running trial"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Interrupted: exit 130, the resume command printed, no summary written for half-trained trials.
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "--resume" in stderr and "Traceback" not in stderr.split("interrupted")[-1]
+    assert not (summary_dir(out, "temperature_sweep") / "results.csv").exists()
+
+    # The interrupted trial's checkpoints are damaged (a disk error, a partial copy on shared storage).
+    ckpts = list((exp / partial).glob("checkpoint_*/checkpoint.pt"))
+    assert ckpts
+    for ckpt in ckpts:
+        ckpt.write_bytes(ckpt.read_bytes()[:100])
+    resumed = subprocess.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 2, rows
+    assert all(r["status"] == "ok" and r["epochs"] == epochs for r in rows), [(r["status"], r["error"]) for r in rows]
+    assert "restarting the trial from scratch" in resumed.stdout + resumed.stderr
+    assert _epochs(exp / partial / "result.json")[-1] == epochs
+
+
+def test_a_trial_failing_the_same_way_twice_is_not_retried_and_a_study_that_only_failed_exits_1(tmp_path):
+    out = tmp_path / "f"
+    proc = subprocess.run(study_cmd(out, "--max-failures", "5"), cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "DCL_FAIL_EVERY_ATTEMPT": "1"})
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "error: every trial failed" in proc.stderr
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"error"}
+    # The cause in plain text (not Ray's "ray::ImplicitFunc.train() (pid=...)" wrapper with colour codes).
+    assert all(r["error"] == "RuntimeError: injected failure at every attempt (DCL_FAIL_EVERY_ATTEMPT)" for r in rows)
+    exp = out / "ray_results" / "temperature_sweep"
+    for d in exp.glob("dcl_*"):  # two attempts each, not 1 + --max-failures 5
+        assert len((d / ".failures").read_text().splitlines()) == 2
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name("temperature_sweep").experiment_id
+    trials = [r for r in client.search_runs([exp_id]) if r.data.tags.get("dcl.summary") != "true"]
+    assert len(trials) == 2 and all(r.info.status == "FAILED" for r in trials)
+    assert all(r.data.tags["error"].startswith("RuntimeError: injected failure") for r in trials)
