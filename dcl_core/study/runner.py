@@ -42,6 +42,7 @@ from dcl_core.study.spec import (
 from dcl_core.study.storage import (
     atomic_write_text,
     check_output_dir,
+    check_storage,
     storage_delete,
     storage_exists,
     storage_join,
@@ -104,6 +105,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
     check_output_dir(options.output_dir)
+    check_storage(options.storage)
     local = not (options.address or os.environ.get("RAY_ADDRESS"))
     if local:
         check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)

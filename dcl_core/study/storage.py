@@ -45,6 +45,11 @@ def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
         raise ConfigError(f"storage {uri} is not a filesystem Ray can use: {reason[:200]}") from None
 
 
+def check_storage(uri: str) -> None:
+    """ConfigError (one line) unless pyarrow can open ``uri``'s filesystem."""
+    _filesystem(uri)
+
+
 def storage_exists(uri: str) -> bool:
     fs, path = _filesystem(uri)
     try:

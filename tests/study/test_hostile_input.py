@@ -72,10 +72,11 @@ def test_bad_options_exit_2_with_one_line(tmp_path):
         (["--num-cpus", "-1"], "--num-cpus must be >= 1"),
         (["--max-concurrent", "0"], "--max-concurrent must be >= 1"),
         (["--seeds", "1000000"], "--seeds must be in [1, 1000]"),
-        (["--storage", "foo://bar"], "storage foo://bar/temperature_sweep is not a filesystem Ray can use"),
+        (["--storage", "foo://bar"], "storage foo://bar is not a filesystem Ray can use"),
         (["--storage", "hdfs://namenode/x"], "is not a filesystem Ray can use"),
         (["--workers", "2", "--cpus-per-worker", "1"], "use --cpus-per-worker 0.99"),  # 2 + 0.01 never fit 2 CPUs
         (["--cpus-per-worker", "3"], "one trial needs 3 CPUs"),
+        (["--data-root", str(tmp_path / "no_data")], "CIFAR-10 not found"),
     ]
     for args, needle in cases:
         t0 = time.monotonic()
@@ -84,7 +85,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path):
         assert time.monotonic() - t0 < 60, args
     proc = study(tmp_path / "a_file" / "out")
     assert_one_line_exit_2(proc, "is a file, not a folder")
-    assert not (tmp_path / "out" / "ray_results").exists()
+    assert not (tmp_path / "out").exists()  # a refused study leaves no (empty) output folder behind
 
 
 @needs_data

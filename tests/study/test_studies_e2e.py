@@ -107,7 +107,7 @@ def test_bad_input_exits_2_before_ray_starts(tmp_path):
     cases = [
         (["--set", "loss.temperature=0"], "loss.temperature must be > 0"),
         (["--losses", "simclr"], "loss.name must be one of"),
-        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--seeds", "0"], "--seeds must be in [1, 1000]"),
         (["--data-root", str(tmp_path / "missing")], "missing"),
         (["--data-root", str(tmp_path / "empty")], "CIFAR-10 not found"),  # exists, but holds no dataset
         (["--set", "optim.batch_size=1"], "batch_size must be >= 2"),

@@ -21,6 +21,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dcl_core.config import ConfigError
+from dcl_core.data import resolve_data_root
+from dcl_core.study.report import read_table
 from dcl_core.study.storage import summary_dir
 from dcl_core.study.tracking import (
     IDS_FILE,
@@ -351,3 +353,57 @@ def test_temporary_artifacts_are_copied_only_when_journaled(tmp_path):
         tracker.log_artifact(tracker.parent_run_id, png, "npc", temporary=True)
     record = json.loads((tmp_path / "j" / JOURNAL_FILE).read_text().splitlines()[-1])
     assert record["op"] == "artifact" and record["owned"] and Path(record["path"]).read_bytes() == b"\x89PNG"
+
+
+@pytest.mark.skipif(
+    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
+)
+def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
+    """The issue's case: the tracking server dies mid-study. Training goes on, the summary is written, the
+    study says what is pending, and the sync command pushes it once a server is back."""
+    server = Server(tmp_path, free_port())
+    server.start()
+    out, epochs = tmp_path / "out", 6
+    cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
+           "--output-dir", str(out), "--num-cpus", "2", "--tracking-uri", server.uri,
+           "--set", f"optim.epochs={epochs}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    exp = out / "ray_results" / "temperature_sweep"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # the server dies once a trial has logged epoch 2
+            logged = [d for d in exp.glob("dcl_*") if (d / "result.json").exists()
+                      and len((d / "result.json").read_text().splitlines()) >= 2] if exp.exists() else []
+            if logged:
+                break
+            time.sleep(0.2)
+        assert logged, "no trial reached epoch 2"
+        server.stop()
+        t0 = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        server.stop()
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert time.monotonic() - t0 < 240  # no minutes of HTTP retries per call
+    assert "pending_mlflow.jsonl" in stdout + stderr and "Traceback" not in stderr
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 2 and all(r["status"] == "ok" and r["epochs"] == epochs for r in rows)
+
+    server.start()
+    try:
+        sync = subprocess.run([sys.executable, "-m", "dcl_core.study.sync", str(out)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert sync.returncode == 0, sync.stdout[-2000:] + sync.stderr[-2000:]
+        client = MlflowClient(tracking_uri=server.uri)
+        runs = client.search_runs([client.get_experiment_by_name("temperature_sweep").experiment_id])
+        (parent,) = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
+        trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+        assert len(trials) == 2 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in trials)
+        assert all(r.info.status == "FINISHED" for r in [parent, *trials])
+        for r in trials:
+            assert sorted(metric_steps(client, r.info.run_id, "train/loss")) == list(range(1, epochs + 1))
+        assert "results.parquet" in artifact_paths(client, parent.info.run_id)
+    finally:
+        server.stop()
