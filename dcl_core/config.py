@@ -606,7 +606,7 @@ def _check_framework(cfg: Config) -> None:
 def check_device(device: str) -> None:
     """ConfigError (one line, before any compute) if ``device=cuda`` is asked for on a machine without CUDA."""
     if device == "cuda":
-        import torch
+        import torch  # only here: this module stays torch-free so configs are checked before torch loads
 
         if not torch.cuda.is_available():
             raise ConfigError("device=cuda but this machine has no usable CUDA device; use device=auto or cpu")

@@ -164,6 +164,7 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
     Raises:
         ConfigError, DataError, CheckpointError: one line each.
     """
+    # Deferred as in main(): torchvision and the trainer load only once the options parsed.
     from dcl_core.data import check_dataset, pretraining_images
     from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint
     from dcl_core.training.trainer import check_resumable, steps_per_epoch

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError
+from dcl_core.study.storage import default_tracking_uri, summary_dir
 
 OPTIONS_FILE = "study_options.json"  # written by the runner into the study's summary folder
 
@@ -35,8 +36,6 @@ def _experiment_of(journal: Path) -> str | None:
 
 
 def _tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
-    from dcl_core.study.storage import default_tracking_uri
-
     if given:
         return given
     options = study_dir / OPTIONS_FILE
@@ -63,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
 
-    from dcl_core.study.storage import summary_dir
+    # Imports Ray and MLflow (seconds): not needed for --help or a bad argument.
     from dcl_core.study.tracking import JOURNAL_FILE, StudyTracker, preflight, redact_uri
 
     out = args.output_dir.expanduser().resolve()
