@@ -19,6 +19,7 @@ from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
 from dcl_core.study.report import read_table
+from dcl_core.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
@@ -82,7 +83,7 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
         assert len(hist["fraction"]) == 40 and abs(sum(hist["fraction"]) - 1) < 1e-6
         # --save-checkpoints: the final checkpoint Tune kept, loadable by the standalone evaluator.
         ckpt = Path(client.download_artifacts(r.info.run_id, "checkpoint/checkpoint.pt", str(tmp_path / r.info.run_id)))
-        assert torch.load(ckpt, map_location="cpu", weights_only=False)["epoch"] == 1
+        assert load_checkpoint(ckpt)["epoch"] == 1
     arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
     assert {"results.parquet", "results.csv", "temperature_sweep.png", "table.txt", "npc_q_hist.png"} <= arts
     assert "infonce/std" in summary[0].data.metrics and "dcl/std" in summary[0].data.metrics
@@ -113,7 +114,6 @@ def test_bad_input_exits_2_before_ray_starts(tmp_path):
         (["--set", "optim.batch_size=1"], "batch_size must be >= 2"),
         (["--set", "loss.alpha=256"], "loss.alpha is EqCo's and has no effect"),
     ]
-    import torch
 
     if not torch.cuda.is_available():  # a local Ray without GPUs would leave every trial pending forever
         cases.append((["--gpus-per-worker", "1"], "--gpus-per-worker needs GPUs"))
@@ -272,7 +272,7 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
     for r in trials:  # the Ray Train run's final checkpoint, logged from the study's storage
         ckpt = Path(client.download_artifacts(r.info.run_id, "checkpoint/checkpoint.pt", str(tmp_path / r.info.run_id)))
-        assert torch.load(ckpt, map_location="cpu", weights_only=False)["epoch"] == 1  # the smoke preset's last
+        assert load_checkpoint(ckpt)["epoch"] == 1  # the smoke preset's last
 
 
 def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):
