@@ -95,7 +95,7 @@ def test_a_second_run_of_the_same_study_into_the_same_folder_is_refused(tmp_path
         proc = study(out)
         assert_one_line_exit_2(proc, "study temperature_sweep in")
         holder = json.loads((out / ".temperature_sweep.lock").read_text())
-        assert f"pid\": {os.getpid()}" in proc.stderr.replace("'", '"') or str(holder["pid"]) in proc.stderr
+        assert holder["pid"] == os.getpid() and f'"pid": {os.getpid()}' in proc.stderr  # names the holder
     assert not (out / "ray_results").exists()
     with study_lock(out, "temperature_sweep"):  # released by the refused run, and by the holder on exit
         pass
