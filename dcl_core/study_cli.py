@@ -1,7 +1,8 @@
 """The command line shared by every study script (so ``studies/*.py`` stay thin).
 
 A study script supplies its question (docstring), per-preset study specs, and calls :func:`main`. Everything
-is validated before Ray starts: bad values exit with code 2 and one line.
+is validated before Ray starts: bad values exit with code 2 and one line. ``--dry-run`` then prints the trials,
+their totals and an estimated cost (:mod:`dcl_core.study.cost`) instead of running them.
 """
 
 from __future__ import annotations
@@ -11,19 +12,33 @@ import logging
 import os
 import shlex
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
 from dcl_core.data import DataError, check_dataset, resolve_data_root
-from dcl_core.study.spec import StudyInterruptedError, StudyOptions, validate_spec, with_base
+from dcl_core.study.spec import (
+    DDP_TRIAL_CPU,
+    StudyInterruptedError,
+    StudyOptions,
+    StudySpec,
+    validate_spec,
+    with_asha,
+    with_base,
+)
+from dcl_core.study.storage import check_output_dir
 from search_spaces import keys_of
 
+if TYPE_CHECKING:
+    from dcl_core.study.cost import ExperimentPlan, TrialWork
+
 MAX_SEEDS = 1000
+MAX_TRIAL_LINES = 16  # a dry run lists an experiment's cells one per line up to this many, else summarizes them
 SpecBuilder = Callable[[argparse.Namespace], "object"]
 
 
@@ -42,6 +57,9 @@ def build_parser(doc: str, default_name: str) -> argparse.ArgumentParser:
     g.add_argument("--losses", default=None, help="comma-separated losses (default: preset's)")
     g.add_argument("--seeds", type=int, default=None, help="number of seeds per cell (default: preset's)")
     g.add_argument("--data-root", default=None, help="dataset root (default: embedded CIFAR-10 / $DCL_DATA_ROOT)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the trials, their resources, total epochs and images, and an estimated cost (CPU "
+                        "minutes on this machine, GPU-hours), then exit: no Ray, nothing written")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a base config key for every trial, e.g. --set optim.epochs=50")
     o = p.add_argument_group("where results go")
@@ -78,7 +96,8 @@ def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str,
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
          defaults: dict[str, Any] | None = None) -> int:
-    """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment.
+    """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment; with
+    ``--dry-run``, print what it would run and cost instead (no Ray, nothing written).
 
     ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``)."""
     parser = build_parser(doc, default_name)
@@ -96,8 +115,11 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
         _check_set_not_swept(spec, parse_overrides(args.set))
         data = spec.base.data
         on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+        # What only this machine lacks (the data, a GPU) stops a run here; a dry run, which may plan a cluster
+        # run, reports it instead.
+        local_problems: list[str] = []
         if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
-            root = data.root or str(resolve_data_root(data.dataset, None, data.download))
+            root: str | None = data.root or str(resolve_data_root(data.dataset, None, data.download))
             if not Path(args.output_dir).expanduser().is_absolute():
                 # Under `ray job submit --working-dir .` a relative folder is inside the job's temporary copy.
                 raise ConfigError("on a cluster, pass an absolute --output-dir on storage that outlives the job "
@@ -107,11 +129,27 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
                     "no --storage: Ray results go to %s/ray_results; with trials on several nodes it must be "
                     "shared storage (NFS, s3://, gs://)", args.output_dir)
         else:
-            root = str(check_dataset(data.dataset, data.root, data.download))
+            try:
+                root = str(check_dataset(data.dataset, data.root, data.download))
+            except DataError as err:
+                if not args.dry_run:
+                    raise
+                root = None
+                local_problems.append(str(err))
             if args.gpus_per_worker > 0 and not torch.cuda.is_available():
-                raise ConfigError("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device "
-                                      "here); submit to a GPU cluster (--address or ray job submit)")
-        spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
+                message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
+                           "submit to a GPU cluster (--address or ray job submit)")
+                if not args.dry_run:
+                    raise ConfigError(message)
+                local_problems.append(message)
+        if root is not None:
+            spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
+        if args.dry_run:
+            spec = with_asha(spec, options.asha)
+            check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
+            lines = dry_run_lines(spec, options, args, local_problems)
+            print("\n".join(lines))
+            return 0
         # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
         from dcl_core.study.results import summary_lines
         from dcl_core.study.runner import run_study
@@ -150,3 +188,136 @@ def _check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:
     if clash:
         raise ConfigError(f"--set {clash[0]}: this study sets {clash[0]} per trial (its grid or search space), "
                           "so a fixed value would be ignored; drop it (or use --losses / --seeds / --search)")
+
+
+def dry_run_lines(spec: StudySpec, options: StudyOptions, args: argparse.Namespace,
+                  local_problems: list[str]) -> list[str]:
+    """What ``--dry-run`` prints: the trials (grouped by seed), their resources, totals, and the estimated cost
+    with its assumptions (:mod:`dcl_core.study.cost`). Times a few training steps; starts nothing."""
+    # The models, the trainer and FlopCounterMode: only a dry run needs them, a real run loads them in its trials.
+    from dcl_core.study import cost
+
+    res = options.resources
+    plans = cost.plan_study(
+        spec, res.num_workers,
+        sizes_of=lambda c: cost.data_sizes(c.data.dataset, c.data.root, c.data.train_per_class,
+                                           c.data.test_per_class),
+        flops_of=cost.default_flops_of)
+    rates: dict[tuple[Any, ...], cost.Rate] = {}
+    for group in (g for plan in plans for g in plan.groups):
+        if cost.model_key(group.cfg) not in rates:
+            rates[cost.model_key(group.cfg)] = cost.default_rate_of(group.cfg, group.flops, res.num_workers,
+                                                                    res.threads)
+    cpus = options.num_cpus or os.cpu_count() or 1
+    slots = cost.trial_slots(res, cpus, options.max_concurrent)
+    est = cost.estimate(plans, {k: r.flops_per_second for k, r in rates.items()}, res.num_workers, slots)
+    upto = "at most " if options.asha else ""
+
+    mode = "Optuna search" if spec.search is not None else "grid"
+    out = [f"dry run of study {spec.name} (preset {args.preset}, {mode}): nothing was started or written", ""]
+    for plan in plans:
+        out += _experiment_lines(plan, upto, cost.format_space)
+    where = f"this machine's {cpus:g} CPUs" + (" (--num-cpus)" if options.num_cpus else "")
+    at_once = f"{slots} trial(s) at a time on {where}" if slots else f"one trial does not fit {where}"
+    out += ["", f"resources per trial: {res.num_workers} worker(s) x ({res.cpus_per_worker:g} CPU, "
+                f"{res.gpus_per_worker:g} GPU), {res.threads} torch thread(s) per worker; {at_once}"]
+    out.append(f"total: {est.trials:,} trials, {upto}{est.epochs:,} epochs, {upto}{est.train_images:,} training "
+               f"images (2 views each), kNN evaluations over {upto}{est.eval_images:,} images")
+    sources = sorted({g.sizes.source for plan in plans for g in plan.groups})
+    out.append(f"images: {'; '.join(sources)}")
+
+    total = est.train_flops + est.eval_flops
+    out += ["", f"cost estimate ({'an upper bound, ASHA may stop trials early; ' if upto else ''}from FLOP "
+                "counts and a rate measured now, not a measurement of the study; assumptions below):",
+            f"  FLOPs: {_si(est.train_flops)}FLOP training + {_si(est.eval_flops)}FLOP kNN = {_si(total)}FLOP"]
+    for key, rate in rates.items():
+        group = next(g for plan in plans for g in plan.groups if cost.model_key(g.cfg) == key)
+        out.append(f"    {cost.describe_model(group.cfg)}: {group.flops.train_view / 1e9:.3g} GFLOP per view "
+                   f"forward+backward, {group.flops.backbone_forward / 1e9:.3g} GFLOP per kNN image; CPU rate "
+                   f"measured now: {rate.flops_per_second / 1e9:.1f} GFLOP/s ({rate.steps} step(s) of "
+                   f"{rate.views} views, {rate.threads} thread(s))")
+    if est.wall_seconds is None:
+        wall = "no wall-clock estimate: one trial does not fit this machine's CPUs"
+    else:
+        wall = (f"wall-clock ~ {_minutes(est.wall_seconds)} with {slots} trial(s) at a time, incl. "
+                f"{cost.TRIAL_STARTUP_S:g} s start-up per trial")
+    out.append(f"  CPU, this machine: {_minutes(est.cpu_seconds)} of compute (all trials, all workers); {wall}")
+    out.append(f"  GPU: {est.gpu_hours:.3g} GPU-hours at {cost.GPU_UTILIZATION:.0%} of {cost.GPU_NAME}'s "
+               f"{cost.GPU_PEAK_FLOPS / 1e12:g} TFLOP/s (GPU_PEAK_FLOPS x GPU_UTILIZATION in dcl_core/study/cost.py)")
+    out += ["assumptions:", *(textwrap.fill(a, 116, initial_indent="  - ", subsequent_indent="    ")
+                              for a in cost.assumption_lines())]
+    if not slots:
+        need = res.num_workers * res.cpus_per_worker + (DDP_TRIAL_CPU if res.num_workers > 1 else 0.0)
+        local_problems = [*local_problems, f"one trial needs {need:g} CPUs and the local Ray has {cpus:g} "
+                                           "(--num-cpus)"]
+    notes = [f"a run on this machine would stop: {p}" for p in local_problems]
+    if spec.search is not None:
+        notes += [f"searched {k} changes a trial's cost; counted at its base value"
+                  for k in cost.costly_search_keys(spec.search)]
+    if any(g.cfg.eval.linear for plan in plans for g in plan.groups):
+        notes.append("eval.linear: the linear probe after pretraining is not counted")
+    if options.resume:
+        notes.append("--resume: trials that already finished are counted, though a resume does not rerun them")
+    notes.append("not checked by a dry run: the MLflow store (--tracking-uri), --storage, what --resume continues")
+    out += ["notes:", *(f"  - {n}" for n in notes)]
+    return out
+
+
+def _experiment_lines(plan: ExperimentPlan, upto: str, format_space: Callable[[Any], str]) -> list[str]:
+    """An experiment's trials: a search's samples in one line; a grid's cells one per line (seeds together), or
+    a summary of its keys' values when there are more than :data:`MAX_TRIAL_LINES` cells."""
+    if plan.search is not None:
+        fixed = ", ".join(f"{k}={_value(v)}" for k, v in plan.fixed.items())
+        group = plan.groups[0]
+        return [f"experiment {plan.name}: Optuna TPE search, {plan.trials} trials sampling "
+                f"{format_space(plan.search)}",
+                f"  fixed: {fixed or 'nothing'}, {_seeds(group.seeds)}; each trial {_work(group.work, upto)}"]
+    seeds = sorted({s for g in plan.groups for s in g.seeds})
+    out = [f"experiment {plan.name}: grid, {plan.trials} trials "
+           f"({len(plan.groups)} cell(s) x {_seeds(tuple(seeds))})"]
+    if len(plan.groups) <= MAX_TRIAL_LINES:
+        for g in plan.groups:
+            cell = " ".join(f"{k}={_value(v)}" for k, v in g.point.items()) or "(one cell)"
+            out.append(f"  {cell}, {_seeds(g.seeds)}: {_work(g.work, upto)}")
+        return out
+    for key in plan.varied:
+        values = list(dict.fromkeys(_value(g.point[key]) for g in plan.groups))
+        out.append(f"  {key} in {{{', '.join(values)}}}")
+    works: dict[str, int] = {}
+    for g in plan.groups:
+        works[_work(g.work, upto)] = works.get(_work(g.work, upto), 0) + g.count
+    out += [f"  {n} trials: {w}" for w, n in works.items()]
+    return out
+
+
+def _work(work: TrialWork, upto: str) -> str:
+    """``8 epochs x 2,496 images, kNN 1x over 3,500 images``."""
+    return (f"{upto}{work.epochs} epochs x {work.images_per_epoch:,} images, kNN {work.evaluations}x over "
+            f"{work.eval_images:,} images")
+
+
+def _value(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _seeds(seeds: tuple[int, ...]) -> str:
+    """``seed 0``, ``seeds 0-2``, ``seeds 0, 5``."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if list(seeds) == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
+
+
+def _si(x: float) -> str:
+    """``5.1 T``: a count with an SI prefix (three significant digits)."""
+    for exponent, prefix in ((21, "Z"), (18, "E"), (15, "P"), (12, "T"), (9, "G"), (6, "M"), (3, "k")):
+        if x >= 10**exponent:
+            return f"{x / 10**exponent:.3g} {prefix}"
+    return f"{x:.3g} "
+
+
+def _minutes(seconds: float) -> str:
+    """``21.3 min``, and in days too when it is more than one."""
+    days = seconds / 86400
+    return f"{seconds / 60:,.1f} min" + (f" (~{days:,.1f} days)" if days >= 1 else "")

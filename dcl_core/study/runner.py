@@ -37,7 +37,7 @@ from dcl_core.study.spec import (
     grid_points,
     validate_spec,
     varied_keys,
-    with_base,
+    with_asha,
 )
 from dcl_core.study.storage import (
     atomic_write_text,
@@ -95,13 +95,10 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         StudyInterruptedError: Ctrl-C stopped it; the finished trials and every checkpoint are kept for --resume.
     """
     validate_spec(spec)
-    if options.asha and spec.search is None:
-        raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
-                          "--search optuna")
-    if options.asha and spec.base.eval.knn_every != 1:
-        # ASHA compares trials at intermediate epochs: they need a fresh kNN accuracy every epoch.
-        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", spec.base.eval.knn_every)
-        spec = with_base(spec, {"eval.knn_every": 1})
+    knn_every = spec.base.eval.knn_every
+    spec = with_asha(spec, options.asha)
+    if spec.base.eval.knn_every != knn_every:
+        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
     check_output_dir(options.output_dir)

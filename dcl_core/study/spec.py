@@ -176,6 +176,18 @@ def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
     return replace(spec, base=apply_overrides(spec.base, overrides))
 
 
+def with_asha(spec: StudySpec, asha: bool) -> StudySpec:
+    """The study as ``--asha`` runs it: kNN every epoch (ASHA compares trials at intermediate epochs, so each
+    needs a fresh accuracy every epoch). ConfigError for ``--asha`` on a grid sweep, whose cells it would cut
+    short."""
+    if not asha:
+        return spec
+    if spec.search is None:
+        raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
+                          "--search optuna")
+    return with_base(spec, {"eval.knn_every": 1})
+
+
 def grid_points(grid: Space) -> list[dict[str, Any]]:
     """Every combination of the grid's ``Grid`` values (constants included in each)."""
     points: list[dict[str, Any]] = [{}]
