@@ -8,11 +8,14 @@ to MLflow as the study's summary run.
 
     python studies/eqco_mi_toy.py            # the paper's full scale on CPU: 40 runs x 5000 steps, 7-8 min on 2 cores
     python studies/eqco_mi_toy.py --smoke    # seconds, for tests
+    python studies/eqco_mi_toy.py --dry-run  # the runs and their estimated time (times a few steps), no Ray
 """
 
 import argparse
+import dataclasses
 import logging
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,6 +36,29 @@ def _run_one(cfg: ToyConfig) -> dict:
     return {"true_mi": cfg.true_mi, "k": cfg.k, "method": cfg.method, **run_toy(cfg)}
 
 
+def dry_run(configs: list[ToyConfig], slots: int) -> str:
+    """The runs and an estimate of the study's wall time from a few timed steps per K on this machine."""
+    import torch
+
+    torch.set_num_threads(1)
+    lines = [f"dry run of study eqco_mi_toy: {len(configs)} runs (true MI x K x method), nothing was started",
+             f"  {configs[0].steps} training steps + {configs[0].eval_repeats} evaluation batches each"]
+    seconds = 0.0
+    for k in sorted({c.k for c in configs}):
+        probe = dataclasses.replace(next(c for c in configs if c.k == k), steps=20, eval_repeats=20)
+        run_toy(probe)  # warm-up
+        t0 = time.perf_counter()
+        run_toy(probe)
+        per_step = (time.perf_counter() - t0) / 20  # a training step plus (less) an evaluation batch: upper bound
+        runs = [c for c in configs if c.k == k]
+        seconds += sum(per_step * (c.steps + c.eval_repeats) for c in runs)
+        lines.append(f"  K={k}: {len(runs)} runs, ~{per_step * 1e3:.1f} ms per step measured now (1 thread)")
+    lines.append(f"cost estimate (timed steps x step counts, {slots} runs at a time, the machine's current load "
+                 "included; evaluation batches counted as training steps, Ray start-up not): at most "
+                 f"~{seconds / slots / 60:.1f} min wall-clock")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=tuple(PRESETS), default="paper", help="paper (default, CPU-sized) or smoke")
@@ -42,11 +68,20 @@ def main(argv=None) -> int:
                    help="study folder shared with the other studies: MLflow store, summary/eqco_mi_toy/")
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in OUTPUT_DIR)")
     p.add_argument("--num-cpus", type=int, default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the runs and an estimated time, then exit")
     args = p.parse_args(argv)
     setup_logging()
     if not args.alpha > 0:
         print(f"error: --alpha must be > 0, got {args.alpha}", file=sys.stderr)
         return 2
+    pr = PRESETS[args.preset]
+    configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
+               for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
+    if args.dry_run:
+        import os
+
+        print(dry_run(configs, args.num_cpus or os.cpu_count() or 1))
+        return 0
     import ray
 
     from dcl_core.config import ConfigError
@@ -56,7 +91,6 @@ def main(argv=None) -> int:
     from dcl_core.study.storage import atomic_write_text, default_tracking_uri
     from dcl_core.study.tracking import StudyTracker, git_commit, preflight
 
-    pr = PRESETS[args.preset]
     root = Path(args.output_dir).expanduser().resolve()
     out = summary_dir(root, "eqco_mi_toy")
     uri = args.tracking_uri or default_tracking_uri(root)
@@ -65,8 +99,6 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"])
-               for mi in pr["mis"] for k in pr["ks"] for m in ("infonce", "eqco")]
     init_ray(None, args.num_cpus)
     task = ray.remote(num_cpus=1)(_run_one)
     pending = {task.remote(c): c for c in configs}

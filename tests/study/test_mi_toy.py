@@ -66,3 +66,14 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     (run,) = client.search_runs([exp.experiment_id])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"mi_toy.parquet", "mi_toy.png", "table.txt"}
     assert len(run.data.metrics) == 2 * 2 * 2
+
+
+def test_dry_run_lists_the_runs_and_an_estimate_without_starting_anything(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "studies" / "eqco_mi_toy.py"), "--smoke", "--dry-run", "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=os.environ.copy(),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "8 runs" in proc.stdout and "K=64: 4 runs" in proc.stdout and "cost estimate" in proc.stdout
+    assert not out.exists()  # no MLflow store, no summary folder
