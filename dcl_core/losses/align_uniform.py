@@ -77,8 +77,9 @@ class AlignUniformLoss(ContrastiveLoss):
             align = (a - b).pow(2).sum(dim=1).mean()
             uniform = 0.5 * (uniformity(a, self.uniformity_t) + uniformity(b, self.uniformity_t))
             loss = align + self.uniformity_weight * uniform
-        pos = sims.pos / self.temperature  # (A,)
-        log_u = torch.logsumexp(sims.neg / self.temperature, dim=1)  # (A,)
+        with torch.no_grad():  # the logits serve the diagnostics only
+            pos = sims.pos / self.temperature  # (A,)
+            log_u = sims.negative_logsumexp(self.temperature)  # (A,)
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["align"] = align.detach()
         diagnostics["uniform"] = uniform.detach()

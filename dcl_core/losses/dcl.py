@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
@@ -38,9 +36,8 @@ class DCLLoss(ContrastiveLoss):
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
         pos = sims.pos / self.temperature  # (A,)
-        neg = sims.neg / self.temperature  # (A, M)
         # Key difference from InfoNCE: the denominator sums over negatives only (no positive term).
-        log_u = torch.logsumexp(neg, dim=1)  # (A,)
+        log_u = sims.negative_logsumexp(self.temperature)  # (A,) log U_{i,k}
         loss = (log_u - pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))

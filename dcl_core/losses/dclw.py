@@ -65,8 +65,7 @@ class DCLWLoss(ContrastiveLoss):
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
         pos = sims.pos / self.temperature  # (A,)
-        neg = sims.neg / self.temperature  # (A, M)
-        log_u = torch.logsumexp(neg, dim=1)  # (A,) negatives only, as in DCL
+        log_u = sims.negative_logsumexp(self.temperature)  # (A,) negatives only, as in DCL
         w = vmf_weights(sims.pos, sims.pos_batch, self.sigma)  # (A,)
         # Departs from DCL (and InfoNCE) here: the positive logit is reweighted per pair.
         loss = (log_u - w * pos).mean()

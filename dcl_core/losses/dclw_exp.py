@@ -53,8 +53,7 @@ class DCLWExpLoss(ContrastiveLoss):
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
         pos = sims.pos / self.temperature  # (A,)
-        neg = sims.neg / self.temperature  # (A, M)
-        log_u = torch.logsumexp(neg, dim=1)  # (A,) negatives only, as in DCL
+        log_u = sims.negative_logsumexp(self.temperature)  # (A,) negatives only, as in DCL
         w = self.delta * torch.exp(-self.sigma * sims.pos.detach())  # (A,)
         # Departs from DCL here: the positive logit is reweighted by δ·exp(−σ⟨z1,z2⟩).
         loss = (log_u - w * pos).mean()

@@ -11,28 +11,43 @@ from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
     PairSimilarities,
+    negative_columns,
     npc_diagnostics,
     npc_multiplier,
     similarity_diagnostics,
 )
 
 
-def sample_negatives(neg: Tensor, k: int, generator: torch.Generator | None = None) -> Tensor:
+def sample_negatives(
+    neg: Tensor, k: int, generator: torch.Generator | None = None, exclude: Tensor | None = None
+) -> Tensor:
     """K negatives drawn without replacement, independently for each anchor (EqCo Sec. 2.3).
 
     Args:
-        neg: (A, M) negative similarities.
-        k: 1 <= k <= M.
+        neg: (A, M) similarities.
+        k: 1 <= k <= K_all, the number of negatives per row (M − E).
         generator: optional RNG for reproducible draws.
+        exclude: (A, E) columns of each row that are not negatives (:attr:`PairSimilarities.neg_exclude`);
+            never drawn. The draw is the one made on the (A, M − E) matrix of the negatives alone, so a masked
+            matrix and its compact copy give the same K negatives for the same RNG state.
+
+    Returns:
+        (A, K) the drawn similarities; for K = K_all every negative in column order, without a draw.
     """
     a, m = neg.shape
-    if not 1 <= k <= m:
-        raise ValueError(f"cannot sample K={k} negatives from {m}")
-    if k == m:
+    available = m if exclude is None else m - exclude.shape[1]
+    if not 1 <= k <= available:
+        raise ValueError(f"cannot sample K={k} negatives from {available}")
+    if k == available and exclude is None:
         return neg
-    scores = torch.rand(a, m, device=neg.device, generator=generator)  # (A, M)
-    idx = scores.topk(k, dim=1).indices  # (A, K), a uniform random K-subset per row
-    return neg.gather(1, idx)  # (A, K)
+    if k == available:
+        positions = torch.arange(k, device=neg.device).expand(a, k)  # (A, K) all of them, in order
+    else:
+        scores = torch.rand(a, available, device=neg.device, generator=generator)  # (A, K_all)
+        positions = scores.topk(k, dim=1).indices  # (A, K), a uniform random K-subset per row
+    if exclude is not None:
+        positions = negative_columns(positions, exclude)  # (A, K) columns of neg
+    return neg.gather(1, positions)  # (A, K)
 
 
 class EqCoLoss(ContrastiveLoss):
@@ -44,7 +59,7 @@ class EqCoLoss(ContrastiveLoss):
         L = -\log \frac{e^{(q^\top k_0 - m)/\tau}}{e^{(q^\top k_0 - m)/\tau} + \sum_{i=1}^{K} e^{q^\top k_i/\tau}}
           = -\log \frac{s_0}{s_0 + \frac{\alpha}{K}\sum_{i=1}^{K} s_i},\qquad m = \tau\log\frac{\alpha}{K}
 
-    with :math:`s_i = e^{q^\top k_i/\tau}`. K is the number of negatives per anchor: every column the framework
+    with :math:`s_i = e^{q^\top k_i/\tau}`. K is the number of negatives per anchor: every negative the framework
     hands over (2N−2 in SimCLR, the queue size in MoCo, N−1 or its own K-sample in SiMo, N−1 in NNCLR), or
     ``num_negatives`` of them sampled per anchor (EqCo Sec. 2.3) so K can be studied apart from the batch.
     α = K is exactly InfoNCE. In SimCLR form every one of the 2N views is an anchor (symmetric, as in DCL Eq. 1).
@@ -78,16 +93,16 @@ class EqCoLoss(ContrastiveLoss):
         self.num_negatives = int(num_negatives)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
-        neg_sims = sims.neg
-        if self.num_negatives:
-            neg_sims = sample_negatives(neg_sims, self.num_negatives)  # (A, K)
-        k = neg_sims.shape[1]
+        negatives = sims
+        if self.num_negatives and self.num_negatives != sims.num_negatives:  # K < all (K > all raises)
+            sampled = sample_negatives(sims.neg, self.num_negatives, exclude=sims.neg_exclude)  # (A, K)
+            negatives = PairSimilarities(pos=sims.pos, neg=sampled, pos_batch=sims.pos_batch)
+        k = negatives.num_negatives
         alpha = float(k) if self.alpha is None else self.alpha
         pos = sims.pos / self.temperature  # (A,)
         # Departs from InfoNCE here: each negative is scaled by α/K, i.e. the positive gets margin τ·log(α/K).
-        neg = neg_sims / self.temperature + math.log(alpha / k)  # (A, K)
-        log_u = torch.logsumexp(neg, dim=1)  # (A,) log((α/K) Σ s_i)
-        log_denominator = torch.logsumexp(torch.cat([pos[:, None], neg], dim=1), dim=1)  # (A,)
+        log_u = negatives.negative_logsumexp(self.temperature) + math.log(alpha / k)  # (A,) log((α/K) Σ s_i)
+        log_denominator = torch.logaddexp(pos, log_u)  # (A,) log(s_0 + (α/K) Σ s_i)
         loss = (log_denominator - pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
         diagnostics["mi_bound"] = (math.log1p(alpha) - loss).detach()

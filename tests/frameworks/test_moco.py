@@ -203,7 +203,8 @@ def test_batch_queue_gives_simclr_form_similarities():
     fw(v1, v2)
     sims = fw.loss.sims
     off_diag = ~torch.eye(n, dtype=torch.bool)
-    ref = two_view_similarities(model(v1)[1], model(v2)[1])  # SimCLR: rows 0..n-1 are the view-1 anchors
+    # SimCLR's negatives copied to (2n, 2n − 2), column order kept: rows 0..n-1 are the view-1 anchors.
+    ref = two_view_similarities(model(v1)[1], model(v2)[1]).compact()
     torch.testing.assert_close(sims.pos, ref.pos[:n])
     torch.testing.assert_close(sims.neg.diagonal(), sims.pos)  # the queue holds each anchor's own positive
     # The other images' view-2 keys are exactly SimCLR's cross-view negatives (its last n-1 columns).
@@ -215,7 +216,7 @@ def test_moco_dcl_with_the_positive_queued_is_infonce_over_the_other_keys():
     # InfoNCE whose negatives are the other images' keys (one-sided SimCLR with view-2 negatives only).
     fw, model, v1, v2, n = _batch_queue_moco(DCLLoss(temperature=0.3))
     dcl = fw(v1, v2).loss
-    ref = two_view_similarities(model(v1)[1], model(v2)[1])
+    ref = two_view_similarities(model(v1)[1], model(v2)[1]).compact()  # (2n, 2n − 2) negatives, copied
     one_sided = PairSimilarities(pos=ref.pos[:n], neg=ref.neg[:n, n - 1 :], pos_batch=ref.pos_batch)
     torch.testing.assert_close(dcl, InfoNCELoss(temperature=0.3).from_similarities(one_sided).loss)
 

@@ -25,6 +25,7 @@ from dcl_core.losses import (
     npc_diagnostics,
     two_view_similarities,
 )
+from dcl_core.losses.base import negative_columns, negative_logsumexp
 
 
 def make(name: str, tau: float):
@@ -51,22 +52,134 @@ def test_two_view_similarities_matches_loop_construction(n, d):
     sims = two_view_similarities(z1, z2)
     assert isinstance(sims, PairSimilarities)
     assert sims.pos.shape == (2 * n,)
-    assert sims.neg.shape == (2 * n, 2 * n - 2)
+    assert sims.neg.shape == (2 * n, 2 * n)  # every view, not copied: each row excludes 2 columns
+    assert sims.neg_exclude is not None and sims.neg_exclude.shape == (2 * n, 2)
+    assert sims.num_negatives == 2 * n - 2
     assert sims.pos_batch.shape == (n,)
     assert sims.pos.dtype == sims.neg.dtype == torch.float32  # float64 inputs are computed in float32
+    compact = sims.compact()
+    assert compact.neg.shape == (2 * n, 2 * n - 2) and compact.neg_exclude is None
+    assert compact.num_negatives == 2 * n - 2
 
     views = unit_views(z1, z2)
     for a in range(2 * n):
         s_pos, s_neg, js = anchor_logits(views, a, tau=1.0)
         assert len(js) == 2 * n - 2 and a not in js and positive_of(a, n) not in js
+        assert set(sims.neg_exclude[a].tolist()) == {a, positive_of(a, n)}  # exactly the anchor and its positive
         assert sims.pos[a].item() == pytest.approx(float(s_pos), abs=1e-6)
         torch.testing.assert_close(
-            sims.neg[a].double(), torch.stack(s_neg).double(), rtol=0, atol=1e-6
+            compact.neg[a].double(), torch.stack(s_neg).double(), rtol=0, atol=1e-6
         )  # same negatives, same (view) order
+        row = torch.stack([torch.dot(views[a], views[j]) for j in range(2 * n)])  # every column, in view order
+        torch.testing.assert_close(sims.neg[a].double(), row, rtol=0, atol=1e-6)
     pair = torch.tensor([float(torch.dot(views[i], views[i + n])) for i in range(n)], dtype=torch.float64)
     torch.testing.assert_close(sims.pos_batch.double(), pair, rtol=0, atol=1e-6)
     assert not sims.pos_batch.requires_grad
 
+
+
+# --- masked negatives (PairSimilarities.neg_exclude) vs the compact copy
+# name -> constructor kwargs: every loss, EqCo also with a margin and with K-subsampling.
+MASKED_CASES = {
+    "infonce": ("infonce", {}),
+    "dcl": ("dcl", {}),
+    "dclw": ("dclw", {"sigma": 0.5}),
+    "dclw_exp": ("dclw_exp", {"sigma": 0.5, "delta": 3.0}),
+    "eqco": ("eqco", {}),
+    "eqco_alpha": ("eqco", {"alpha": 256.0}),
+    "eqco_sampled": ("eqco", {"alpha": 8.0, "num_negatives": 5}),
+    "align_uniform": ("align_uniform", {}),
+}
+
+
+def run_with_similarities(monkeypatch, loss_fn, z1, z2, compact: bool):
+    """(LossOutput, ∂L/∂z1, ∂L/∂z2) with SimCLR's similarities as built, or copied to the compact layout."""
+    import dcl_core.losses.align_uniform as align_module
+    import dcl_core.losses.base as base_module
+
+    built = base_module.two_view_similarities
+    make = (lambda *args: built(*args).compact()) if compact else built
+    for module in (base_module, align_module):
+        monkeypatch.setattr(module, "two_view_similarities", make)
+    a, b = z1.clone().requires_grad_(True), z2.clone().requires_grad_(True)
+    torch.manual_seed(7)  # EqCo's K-subsample: the same draw on both layouts
+    out = loss_fn(a, b)
+    out.loss.backward()
+    return out, a.grad, b.grad
+
+
+@pytest.mark.parametrize("case", list(MASKED_CASES))
+@pytest.mark.parametrize("tau", [0.005, 0.05, 0.5, 5.0])
+def test_masked_negatives_equal_the_compact_copy(monkeypatch, case, tau):
+    """Excluding the anchor and its positive by −inf in the full matrix gives the loss, gradients and
+    diagnostics of the explicit (2N, 2N − 2) copy of the negatives (the previous implementation)."""
+    key, kwargs = MASKED_CASES[case]
+    z1, z2 = random_pair(6, 8, seed=int(1000 * tau), dtype=torch.float32)
+    loss_fn = LOSSES[key](temperature=tau, **kwargs)
+    masked, g1, g2 = run_with_similarities(monkeypatch, loss_fn, z1, z2, compact=False)
+    copied, c1, c2 = run_with_similarities(monkeypatch, loss_fn, z1, z2, compact=True)
+    torch.testing.assert_close(masked.loss, copied.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g1, c1, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g2, c2, rtol=1e-6, atol=1e-6)
+    assert masked.diagnostics.keys() == copied.diagnostics.keys()
+    for name, value in masked.diagnostics.items():
+        torch.testing.assert_close(value, copied.diagnostics[name], rtol=1e-6, atol=1e-6, msg=name)
+    torch.testing.assert_close(masked.npc, copied.npc, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("tau", [0.005, 0.1, 2.0])
+@pytest.mark.parametrize("excluded", [0, 1, 3])
+def test_negative_logsumexp_equals_torch_logsumexp_of_masked_logits(tau, excluded):
+    g = torch.Generator().manual_seed(excluded)
+    neg = (2 * torch.rand(7, 9, generator=g) - 1).requires_grad_(True)  # similarities in [−1, 1]
+    exclude = torch.rand(7, 9, generator=g).argsort(dim=1)[:, :excluded] if excluded else None  # distinct
+    got = negative_logsumexp(neg, exclude, tau)
+    (grad,) = torch.autograd.grad(got.sum(), neg)
+    logits = neg.detach() / tau
+    if exclude is not None:
+        logits = logits.scatter(1, exclude, float("-inf"))
+    torch.testing.assert_close(got, torch.logsumexp(logits, dim=1), rtol=0, atol=0)  # same shift and sum: bit for bit
+    # ∂ log U / ∂s = softmax(logits) / τ, here in float64 from the same float32 logits (at τ = 0.005 the
+    # float32 rounding of s/τ ≈ 200 alone moves e^{s/τ} by ~1e-5 relative, so both sides start from it).
+    ref_grad = torch.softmax(logits.double(), dim=1) / tau
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-6, atol=1e-6)
+    if exclude is not None:
+        assert (grad.gather(1, exclude) == 0).all()  # excluded columns receive no gradient
+    # float64 gradcheck of the hand-written backward, with a random incoming gradient per row
+    x = neg.detach().double().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: negative_logsumexp(t, exclude, tau) * torch.arange(1.0, 8.0), (x,))
+
+
+def test_negative_logsumexp_without_grad_and_finite_at_extremes():
+    neg = torch.tensor([[1.0, -1.0, 1.0], [-1.0, -1.0, 1.0]])
+    exclude = torch.tensor([[0], [2]])
+    with torch.no_grad():
+        out = negative_logsumexp(neg, exclude, 0.005)  # logits ±200
+    assert not out.requires_grad and torch.isfinite(out).all()
+    torch.testing.assert_close(out, torch.tensor([200.0, math.log(2.0) - 200.0]))
+
+
+def test_pair_similarities_helpers():
+    neg = torch.arange(12.0).view(3, 4)
+    exclude = torch.tensor([[0, 3], [2, 1], [1, 3]])
+    sims = PairSimilarities(pos=torch.zeros(3), neg=neg, pos_batch=torch.zeros(3), neg_exclude=exclude)
+    assert sims.num_negatives == 2
+    kept = [[1.0, 2.0], [4.0, 7.0], [8.0, 10.0]]  # each row's non-excluded columns, in column order
+    assert sims.compact().neg.tolist() == kept
+    assert negative_columns(torch.tensor([[1, 0], [1, 0], [0, 1]]), exclude).tolist() == [[2, 1], [3, 0], [0, 2]]
+    assert sims.negative_mean().item() == pytest.approx(sum(map(sum, kept)) / 6)
+    dense = PairSimilarities(pos=torch.zeros(3), neg=neg, pos_batch=torch.zeros(3))
+    assert dense.num_negatives == 4 and dense.compact() is dense
+    assert dense.negative_mean().item() == pytest.approx(neg.mean().item())
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (2, 1), (3,), (3, 1, 1)])
+def test_pair_similarities_rejects_bad_exclusions(shape):
+    """(A, E) with E < M: the row count of neg (A = 3) and at least one negative left (M = 4)."""
+    with pytest.raises(ValueError):
+        PairSimilarities(
+            pos=torch.zeros(3), neg=torch.zeros(3, 4), pos_batch=torch.zeros(3), neg_exclude=torch.zeros(shape).long()
+        )
 
 def test_two_view_similarities_normalizes_inputs():
     z1, z2 = random_pair(5, 7, seed=3)

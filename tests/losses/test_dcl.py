@@ -1,5 +1,6 @@
 """Decoupled contrastive loss (dcl_core/losses/dcl.py): DCL Eq. 6, its relation to InfoNCE, Prop. 1-2."""
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -70,7 +71,8 @@ def test_infonce_minus_dcl_is_softplus_per_anchor(n, d, tau):
     """Per anchor: L_InfoNCE − L_DCL = log(1 + e^{s⁺}/U) = softplus(s⁺ − log U) ≥ 0."""
     z1, z2 = random_pair(n, d, seed=4 * n + d)
     sims = two_view_similarities(z1, z2)
-    gap = F.softplus(sims.pos / tau - torch.logsumexp(sims.neg / tau, dim=1))  # (2N,)
+    compact = sims.compact()  # (2N, 2N − 2) negatives only, copied
+    gap = F.softplus(compact.pos / tau - torch.logsumexp(compact.neg / tau, dim=1))  # (2N,)
     info, dec = InfoNCELoss(tau)(z1, z2).loss, DCLLoss(tau)(z1, z2).loss
     assert (info - dec).item() == pytest.approx(gap.mean().item(), rel=1e-4, abs=1e-6 / tau)
     assert info.item() >= dec.item()
@@ -79,7 +81,12 @@ def test_infonce_minus_dcl_is_softplus_per_anchor(n, d, tau):
     ref_gap = [float(i - d_) for i, d_ in pairs]
     torch.testing.assert_close(gap.double(), torch.tensor(ref_gap, dtype=torch.float64), **loss_tol(tau))
     for a in range(2 * n):
-        one = PairSimilarities(pos=sims.pos[a : a + 1], neg=sims.neg[a : a + 1], pos_batch=sims.pos_batch)
+        one = PairSimilarities(
+            pos=sims.pos[a : a + 1],
+            neg=sims.neg[a : a + 1],
+            pos_batch=sims.pos_batch,
+            neg_exclude=sims.neg_exclude[a : a + 1],
+        )
         per = InfoNCELoss(tau).from_similarities(one).loss - DCLLoss(tau).from_similarities(one).loss
         assert per.item() == pytest.approx(ref_gap[a], rel=1e-4, abs=1e-6 / tau)
         assert per.item() >= 0
@@ -172,7 +179,7 @@ def test_eqco_scaling_of_negatives_is_a_constant_for_dcl_but_not_for_infonce(rat
         b = z2.clone().requires_grad_(True)
         sims = two_view_similarities(a, b)
         # + τ·log(α/K) on each negative similarity = the negatives' exp-sum scaled by α/K.
-        scaled = PairSimilarities(pos=sims.pos, neg=sims.neg + tau * shift, pos_batch=sims.pos_batch)
+        scaled = dataclasses.replace(sims, neg=sims.neg + tau * shift)
         loss = loss_fn.from_similarities(scaled).loss
         loss.backward()
         return loss.detach(), a.grad, b.grad

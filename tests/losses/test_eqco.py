@@ -20,7 +20,7 @@ from reference import (
     reference_value_and_grads,
 )
 
-from dcl_core.losses import EqCoLoss, InfoNCELoss, sample_negatives
+from dcl_core.losses import EqCoLoss, InfoNCELoss, PairSimilarities, sample_negatives
 
 
 @pytest.mark.parametrize("alpha", [None, 0.25, 3.0, 256.0])
@@ -190,6 +190,34 @@ def test_sample_negatives_rng_handling():
     assert torch.equal(sample_negatives(neg, 4), first)  # the global RNG by default
     assert sample_negatives(neg, 9) is neg  # K = M: everything, in order
 
+
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_sample_negatives_skips_excluded_columns_and_draws_as_on_the_compact_copy(k):
+    """On a masked matrix only real negatives are drawn, and the same ones as on its compact copy."""
+    a, m = 64, 9
+    neg = torch.arange(m, dtype=torch.float32).expand(a, m) + 100 * torch.arange(a)[:, None]  # unique entries
+    g = torch.Generator().manual_seed(4)
+    exclude = torch.rand(a, m, generator=g).argsort(dim=1)[:, :2]  # (A, 2) distinct, in any order
+    sims = PairSimilarities(pos=torch.zeros(a), neg=neg, pos_batch=torch.zeros(a), neg_exclude=exclude)
+    torch.manual_seed(2)
+    picked = sample_negatives(neg, k, exclude=exclude)
+    torch.manual_seed(2)
+    assert torch.equal(picked, sample_negatives(sims.compact().neg, k))
+    assert picked.shape == (a, k)
+    for row in range(a):
+        columns = [int(v) - 100 * row for v in picked[row].tolist()]
+        assert len(set(columns)) == k and not set(columns) & set(exclude[row].tolist())
+
+
+def test_sample_negatives_all_of_a_masked_matrix_is_the_compact_copy_without_a_draw():
+    neg = torch.randn(6, 9)
+    exclude = torch.tensor([[0, 5]] * 3 + [[8, 1]] * 3)
+    compact = PairSimilarities(torch.zeros(6), neg, torch.zeros(6), neg_exclude=exclude).compact().neg
+    state = torch.get_rng_state()
+    assert torch.equal(sample_negatives(neg, 7, exclude=exclude), compact)
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(ValueError):
+        sample_negatives(neg, 8, exclude=exclude)  # 9 columns, 7 negatives
 
 @pytest.mark.parametrize("k", [0, -1, 10])
 def test_sample_negatives_rejects_bad_k(k):
