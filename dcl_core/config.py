@@ -306,8 +306,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval.knn_k": 20,
         "eval.linear_preset": "smoke",
     },
-    # ~3 min on 2 cores (benchmarks/cpu_throughput.py sized the encoder); kNN top-1 rises from ~33% after one
-    # epoch to ~45% after 15 for DCL and InfoNCE alike (chance: 10%).
+    # ~3 min on 2 idle cores (`benchmarks/run.py --sections levers,roofline` measures its step); kNN top-1 rises
+    # from ~33% after one epoch to ~45% after 15 for DCL and InfoNCE alike (chance: 10%).
     "cpu": {
         "data.train_per_class": 500,
         "data.test_per_class": 100,

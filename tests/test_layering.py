@@ -5,6 +5,7 @@ internals.
   (``dcl_core.study*``, ``dcl_core.tracking``), the command lines (``dcl_core.train``, ``dcl_core.evaluate``,
   ``dcl_core.cli``) or Ray/MLflow/Optuna: checked by importing it in a fresh interpreter (a) and by reading every
   import statement, including those inside functions (b).
+- Nothing in dcl_core imports the benchmark baselines (lightly, kornia), which only the ``bench`` extra installs.
 - ``dcl_core.config`` stays torch-free, since the registries import its name lists (a).
 - No code uses a private (single-underscore) name of Ray, MLflow or Optuna (c): their internals change without
   notice between releases.
@@ -39,6 +40,9 @@ FORBIDDEN = (
     "ray",
     "mlflow",
     "optuna",
+    # Benchmark baselines (the ``bench`` extra): a user without them must be able to import everything.
+    "lightly",
+    "kornia",
 )
 LIBRARY_PACKAGES = ("losses", "data", "models", "frameworks", "eval", "training")
 LIBRARY_MODULES = ("config.py", "distributed.py")

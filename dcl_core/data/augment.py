@@ -402,8 +402,8 @@ class ViewAugmentation:
 
     Speed (measured once, torch 2.14 CPU, 2 cores, a noisy shared VM): a batch of 256 CIFAR images
     (32 px) into two "simclr" views takes 30-50 ms (best runs ~25 ms); 256 STL-size images (96 px,
-    with blur) take ~0.3-0.5 s. ``benchmarks/cpu_throughput.py`` prints the ratio to torchvision's
-    per-sample pipeline.
+    with blur) take ~0.3-0.5 s. ``python benchmarks/run.py --sections augmentation`` measures it against
+    torchvision's per-sample pipeline and kornia's batched one.
 
     Args:
         image_size: Output side length.

@@ -1,0 +1,72 @@
+"""Roofline: how much of this machine's matrix-multiply rate a training step achieves.
+
+The FLOPs of one training step (forward + backward of ``SSLModel`` on both views, plus the DCL loss) are counted
+with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, 2 FLOPs per multiply-add; batch
+norm, activations and the optimizer are not counted) and divided by the measured step time (fp32, channels_last,
+SGD step included, as the trainer runs it; see ``benchmarks/levers.py``). The machine's reference rates are a
+2048×2048 fp32 and bf16 matmul, measured in the same run with the same thread count.
+
+Presets: ResNet-18 ×0.125 batch 32 (CPU study) and ×0.25 batch 128 (single CPU run), CIFAR stem, 32×32.
+
+Reading a row: ``ours`` is the step's achieved GFLOP/s, ``baseline`` the GEMM rate, ``ratio`` the fraction of it
+(0.5 = 50%). Goal: ≥ 50% of the bf16 GEMM rate. The step runs in fp32, so it is compared to both rates.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.common import Row, median_time
+from benchmarks.levers import PRESETS, TrainStep, preset_name
+
+SECTION = "roofline"
+GEMM = 2048
+
+
+def gemm_rate(dtype: torch.dtype, reps: int) -> float:
+    """FLOP/s of a ``GEMM``×``GEMM`` matmul in ``dtype`` at the current thread count."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(GEMM, GEMM, generator=gen).to(dtype)
+    b = torch.randn(GEMM, GEMM, generator=gen).to(dtype)
+    out = torch.empty(GEMM, GEMM, dtype=dtype)
+    seconds = median_time(lambda: torch.mm(a, b, out=out), reps=reps, warmup=2)
+    return 2 * GEMM**3 / seconds
+
+
+def step_flops(step: TrainStep) -> int:
+    """Counted FLOPs of one forward + backward of ``step`` (the optimizer's element-wise update is not counted)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = step.framework(step.view1, step.view2)
+        out.loss.backward()
+    step.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def run(quick: bool) -> list[Row]:
+    """Per preset: achieved GFLOP/s vs the bf16 GEMM rate (goal ≥ 50%) and vs the fp32 GEMM rate (informs)."""
+    threads = torch.get_num_threads()
+    gemm_reps = 3 if quick else 7
+    rows: list[Row] = []
+    rates: dict[str, float] = {}
+    for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        rates[label] = gemm_rate(dtype, gemm_reps)
+        rows.append(Row(SECTION, f"{label} GEMM {GEMM}x{GEMM} rate", rates[label] / 1e9, unit="GFLOP/s",
+                        note=f"{threads} threads, torch.mm"))
+    for width, batch in PRESETS:
+        step = TrainStep(width, batch)
+        flops = step_flops(step)
+        reps = (3 if quick else 9) if width < 0.2 else (2 if quick else 5)
+        seconds = median_time(step, reps=reps)
+        achieved = flops / seconds
+        where = f"{flops / 1e9:.3g} GFLOP/step, {seconds * 1e3:.3g} ms/step, fp32 channels_last, {threads} threads"
+        ratio = achieved / rates["bf16"]
+        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs bf16 GEMM", achieved / 1e9,
+                        rates["bf16"] / 1e9, ratio, ">= 50% of bf16 GEMM rate (ratio >= 0.5)", ratio >= 0.5,
+                        "GFLOP/s", where))
+        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs fp32 GEMM", achieved / 1e9,
+                        rates["fp32"] / 1e9, achieved / rates["fp32"], "", None, "GFLOP/s", where))
+    if rates["bf16"] < rates["fp32"]:
+        rows[1].note += "; slower than fp32 GEMM on this machine"
+    return rows

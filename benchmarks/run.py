@@ -1,0 +1,147 @@
+"""The benchmark suite: every comparison measured in one run, printed as a Markdown table and saved as JSON.
+
+    python benchmarks/run.py [--quick] [--sections losses,augmentation] [--json outputs/benchmarks.json]
+    python benchmarks/studies.py --study-dir outputs   # the platform overhead of a study that already ran
+
+Sections (each ``benchmarks/<section>.py`` with ``run(quick) -> list[Row]``):
+
+* ``losses``: our InfoNCE / DCL / DCLW vs lightly's, forward + backward;
+* ``augmentation``: our batched two-view augmentation vs torchvision per-sample and kornia batched;
+* ``roofline``: a training step's achieved FLOP/s vs this machine's fp32 / bf16 GEMM rate;
+* ``levers``: channels_last, bf16 autocast, torch.compile, processes × threads vs today's trainer setting;
+* ``trainer``: the trainer vs a bare training loop, and where a step's time goes;
+* ``studies``: a study's platform overhead and CPU use, and ASHA's saving on a (τ, lr) search.
+
+Every comparison interleaves its two sides (A B A B …) and reports each side's median and their ratio; ratios
+are what to compare across machines. ``--quick`` (CI) runs smaller sizes with fewer repetitions and asserts no
+speed: it checks that every row can be measured. A section that raises becomes an error row and the script exits
+with status 1 after printing the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import inspect
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # `python benchmarks/run.py` puts benchmarks/ on the path, not the repo root
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.common import Row, markdown_table, write_json  # noqa: E402 - needs the path set above
+
+SECTIONS: tuple[str, ...] = ("losses", "augmentation", "roofline", "levers", "trainer", "studies")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def run_section(name: str, quick: bool, work_dir: Path | None = None) -> tuple[list[Row], bool]:
+    """The section's rows and whether it succeeded; a failure (including a missing module) is one error row.
+    ``work_dir`` goes to sections that write outputs (the studies), which then keep them there."""
+    try:
+        module = importlib.import_module(f"benchmarks.{name}")
+        keeps_outputs = "work_dir" in inspect.signature(module.run).parameters
+        rows = list(module.run(quick, work_dir=work_dir / name) if keeps_outputs and work_dir else module.run(quick))
+        if not rows:
+            raise RuntimeError("the section returned no rows")
+        return rows, True
+    except Exception as err:  # any failure is reported as a row, the run goes on
+        if isinstance(err, ModuleNotFoundError) and err.name == f"benchmarks.{name}":
+            message = f"benchmarks/{name}.py does not exist"
+        else:
+            traceback.print_exc(file=sys.stderr)
+            message = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        return [Row(name, f"ERROR: {message}", math.nan, note="section failed, see stderr")], False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions (CI: checks it runs)")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help=f"comma-separated subset of: {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument("--json", type=Path, default=Path("outputs/benchmarks.json"),
+                        help="where to write the rows as JSON (default: outputs/benchmarks.json)")
+    parser.add_argument("--work-dir", type=Path, default=None,
+                        help="keep what sections write (the studies' output folders) under this folder "
+                             "(default: a temporary folder, deleted)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads for the sections that do not set their own (default: torch's)")
+    args = parser.parse_args(argv)
+    selected = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in selected if s not in SECTIONS]
+    if unknown or not selected:
+        parser.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
+    json_path = args.json.expanduser().resolve()
+
+    import torch  # after argument parsing: --help and bad arguments need no torch import
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+
+    started = time.perf_counter()
+    meta: dict[str, object] = {
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "sections": selected,
+        "load_average_start": load_average(),
+    }
+    print(f"# Benchmarks{' (--quick)' if args.quick else ''}")
+    print(f"torch {meta['torch']}, {meta['cpu']}, {meta['cores']} cores, {meta['threads']} torch threads, "
+          f"{meta['date']}, load average {meta['load_average_start']} (1/5/15 min)", flush=True)
+
+    rows: list[Row] = []
+    failed: list[str] = []
+    for name in selected:
+        t0 = time.perf_counter()
+        work_dir = args.work_dir.expanduser().resolve() if args.work_dir else None
+        section_rows, ok = run_section(name, args.quick, work_dir)
+        rows += section_rows
+        if not ok:
+            failed.append(name)
+        print(f"  {name}: {len(section_rows)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    meta["load_average_end"] = load_average()
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    meta["failed_sections"] = failed
+    print()
+    print(markdown_table(rows))
+    print()
+    print(f"{meta['seconds']} s, load average at the end {meta['load_average_end']}; JSON: {json_path}")
+    sys.stdout.flush()
+    write_json(rows, json_path, meta)
+    if failed:
+        print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
