@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import Row, interleaved, speedup_row
+from benchmarks.common import Row, bench_extra, interleaved, speedup_row
 
 SECTION = "augmentation"
 SIZE = 32
@@ -60,13 +60,7 @@ def _torchvision() -> Callable[[torch.Tensor], object]:
 
 
 def _kornia() -> Callable[[torch.Tensor], object]:
-    try:
-        import kornia.augmentation as K
-    except ImportError as err:  # a bench extra, not a dcl_core dependency
-        raise RuntimeError(
-            "the augmentation benchmark compares against kornia, which is not installed: "
-            "pip install -e '.[bench]' (or pip install 'kornia>=0.7,<1')"
-        ) from err
+    K = bench_extra("kornia.augmentation", "augmentation", "kornia>=0.7,<1")
     from dcl_core.data.augment import CIFAR_MEAN, CIFAR_STD
 
     pipeline = K.AugmentationSequential(

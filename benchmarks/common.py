@@ -6,6 +6,7 @@ both alike; each side's median is reported and the ratio of the medians is what 
 
 from __future__ import annotations
 
+import importlib
 import json
 import statistics
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 
 
 @dataclass
@@ -117,3 +119,15 @@ def speedup_row(section: str, name: str, ours_s: float, baseline_s: float, goal:
     ratio = baseline_s / ours_s
     met = None if at_least is None else ratio >= at_least
     return Row(section, name, ours_s * 1e3, baseline_s * 1e3, ratio, goal, met, "ms", note)
+
+
+def bench_extra(module: str, section: str, requirement: str) -> ModuleType:
+    """Import a baseline that only the ``bench`` extra installs (lightly, kornia), or raise a RuntimeError
+    saying how to install it (the section then becomes an error row)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:  # a bench extra, not a dcl_core dependency
+        raise RuntimeError(
+            f"the {section} benchmark compares against {module.split('.')[0]}, which is not installed: "
+            f"pip install -e '.[bench]' (or pip install '{requirement}')"
+        ) from err

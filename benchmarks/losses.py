@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import Row, interleaved
+from benchmarks.common import Row, bench_extra, interleaved
 
 SECTION = "losses"
 DIM = 128
@@ -28,13 +28,7 @@ MIN_SAMPLE_S = 0.01  # small sizes repeat the call inside one timed sample so th
 
 def _pairs() -> list[tuple[str, Callable[[], torch.nn.Module], Callable[[], torch.nn.Module]]]:
     """(name, ours factory, lightly factory) for the three losses."""
-    try:
-        import lightly.loss as lightly_loss
-    except ImportError as err:  # a bench extra, not a dcl_core dependency
-        raise RuntimeError(
-            "the losses benchmark compares against lightly, which is not installed: "
-            "pip install -e '.[bench]' (or pip install 'lightly>=1.5.21,<2')"
-        ) from err
+    lightly_loss = bench_extra("lightly.loss", "losses", "lightly>=1.5.21,<2")
     from dcl_core.losses import DCLLoss, DCLWLoss, InfoNCELoss
 
     return [
