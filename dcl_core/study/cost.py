@@ -53,10 +53,11 @@ GPU_PEAK_FLOPS = 312e12
 # (FlopCounterMode: forward + backward at 224 px, as counted here) that is ~63 TFLOP/s, i.e. ~20% of peak.
 # Small 32-px convolutions (CIFAR) use a GPU less well, so their GPU-hours are optimistic.
 GPU_UTILIZATION = 0.20
-# Outside its epochs a trial imports torch, decodes its images and writes checkpoints: measured ~10 s for a
-# 2-epoch cpu-preset `python -m dcl_core.train` on this 2-core machine (33.6 s in all, 2 × ~10 s of epochs,
-# ~2 s of kNN). Ray and MLflow add their own start-up, not counted.
-TRIAL_STARTUP_S = 10.0
+# Outside its epochs a trial builds its data and model, checkpoints and reports: trials reuse their Ray actor,
+# so no per-trial imports. Measured on the 40-trial CPU-default temperature sweep (benchmarks/studies.py
+# --study-dir): trial setup, worker start-up, checkpoints and trial end sum to ~25 s of slot time, ~0.6 s a trial;
+# rounded up to 1 s. Ray and MLflow start once per study (~10 s), not counted.
+TRIAL_STARTUP_S = 1.0
 # One timed step does about this much work: ~0.15 s at the ~26 GFLOP/s one core reached here on the cpu-preset
 # model, so the measurement stays well inside the dry run's few seconds. A model bigger than this per view is
 # timed at the smallest batch, 2 views.
@@ -90,7 +91,7 @@ def assumption_lines() -> list[str]:
         "train and test image, plus the test x train similarity matrix",
         f"CPU: FLOPs / the rate measured now (a few training steps on random images, torch threads = the "
         f"trial's whole CPUs per worker; the machine's current load included), the kNN forwards at the same "
-        f"rate; DDP workers split a trial's work evenly; + {TRIAL_STARTUP_S:g} s start-up per trial (imports, "
+        f"rate; DDP workers split a trial's work evenly; + {TRIAL_STARTUP_S:g} s start-up per trial ("
         "data decoding, checkpoints); Ray and MLflow start-up, data augmentation and logging not counted; "
         "trials of one experiment run in order on the concurrent slots, experiments one after another",
         f"GPU: FLOPs at {GPU_NAME} {GPU_PEAK_FLOPS / 1e12:g} TFLOP/s (dense fp16/bf16 tensor-core peak, "
