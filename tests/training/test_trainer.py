@@ -172,3 +172,29 @@ def test_every_loss_trains(tmp_path, loss):
     extra = {"loss.num_negatives": 16, "loss.alpha": 256.0} if loss == "eqco" else {}
     result = train(smoke(tmp_path, **{"loss.name": loss, "optim.epochs": 1, **extra}))
     assert math.isfinite(result.final["train/loss"])
+
+
+@needs_cifar
+def test_same_seed_gives_every_loss_the_same_init_and_data_order(tmp_path):
+    # The studies pair DCL and InfoNCE trials by seed (dcl_core.study.stats.paired_difference): that pairing
+    # is only meaningful if a seed fixes the initial weights, the images, their order and their views whatever
+    # the loss.
+    runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"), owns_process_group=False)
+
+    def start(loss, seed):
+        run = trainer._build_run(smoke(tmp_path / f"{loss}{seed}", **{"loss.name": loss, "seed": seed}), runtime)
+        run.sampler.set_epoch(0)
+        order = list(run.sampler)
+        gen = torch.Generator().manual_seed(trainer._epoch_seed(seed, 0, 0))
+        n = run.derived.per_rank_batch
+        views = next(iter(run.data.epoch_views([torch.tensor(order[:n])], gen, runtime.device)))
+        return run.model.state_dict(), order, views
+
+    weights, order, views = start("infonce", 0)
+    for loss in ("dcl", "dclw", "eqco"):
+        w, o, v = start(loss, 0)
+        assert w.keys() == weights.keys() and all(torch.equal(w[k], weights[k]) for k in w)
+        assert o == order
+        assert all(torch.equal(a, b) for a, b in zip(v, views, strict=True))
+    w, o, _ = start("infonce", 1)  # and a different seed changes them
+    assert o != order and not all(torch.equal(w[k], weights[k]) for k in w)
