@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from dcl_core.losses import EqCoLoss, InfoNCELoss, PairSimilarities
-
-# EqCo Table 5: rows (true MI), columns K = 64, 128, 256, 512.
-PAPER_TABLE5 = {
-    "infonce": {2: (1.7, 1.8, 1.9, 1.9), 4: (2.9, 3.2, 3.4, 3.6), 6: (3.6, 4.1, 4.5, 4.9), 8: (3.9, 4.6, 5.1, 5.6),
-                10: (4.1, 4.7, 5.4, 6.0)},
-    "eqco": {2: (1.9, 1.9, 1.9, 1.9), 4: (3.8, 3.7, 3.6, 3.6), 6: (5.1, 5.0, 4.9, 4.9), 8: (5.8, 5.7, 5.7, 5.6),
-             10: (6.1, 6.0, 6.0, 6.0)},
-}
-PAPER_KS = (64, 128, 256, 512)
+from dcl_core.study.paper import PAPER_KS, PAPER_TABLE5  # EqCo Table 5, typed once (re-exported here)
 
 
 @dataclass(frozen=True)
@@ -70,8 +63,9 @@ def critic_similarities(gx: Tensor, hy: Tensor) -> PairSimilarities:
     return PairSimilarities(pos=scores.diagonal(), neg=scores[off].view(k, k - 1), pos_batch=scores.diagonal())
 
 
-def run_toy(cfg: ToyConfig) -> dict[str, float]:
-    """Train the critic and return the averaged MI bound (and the final training loss)."""
+def run_toy(cfg: ToyConfig) -> dict[str, Any]:
+    """Train the critic and return the averaged MI bound, the final training loss, and the bound of each
+    evaluation batch (``bounds``; InfoNCE's and EqCo's runs of one K and seed see the same batches)."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     g, h = _mlp(cfg.dim, cfg.hidden, cfg.embed), _mlp(cfg.dim, cfg.hidden, cfg.embed)
@@ -89,7 +83,7 @@ def run_toy(cfg: ToyConfig) -> dict[str, float]:
         for _ in range(cfg.eval_repeats):
             x, y = sample_pairs(cfg.k, cfg.dim, rho, gen)
             bounds.append(float(loss_fn.from_similarities(critic_similarities(g(x), h(y))).diagnostics["mi_bound"]))
-    return {"mi_estimate": sum(bounds) / len(bounds), "final_loss": float(out.loss.detach())}
+    return {"mi_estimate": sum(bounds) / len(bounds), "final_loss": float(out.loss.detach()), "bounds": bounds}
 
 
 def format_table5(rows: list[dict], ks: tuple[int, ...]) -> str:
@@ -132,3 +126,25 @@ def plot_table5(rows: list[dict], path):
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def toy_verdict(rows: list[dict]) -> Any:
+    """EqCo's claim at the largest true MI run: InfoNCE's bound grows with K, EqCo's does not, i.e. the slope of
+    (I_NCE − I_EqCo) vs log2 K is positive. Its 95% CI is a bootstrap over evaluation batches (paired: both
+    methods see the same batches); each cell is one trained critic, so training-seed variation is not in it."""
+    from dcl_core.study import stats
+    from dcl_core.study.answer import BOOTSTRAP_DRAWS, BOOTSTRAP_SEED, Question, Verdict
+
+    mi = max(r["true_mi"] for r in rows)
+    series = {m: f"{m}/MI={mi:g}" for m in ("infonce", "eqco")}
+    data: stats.Data = {name: {} for name in series.values()}
+    for r in rows:
+        if r["true_mi"] == mi and r.get("bounds"):
+            data[series[r["method"]]][r["k"]] = dict(enumerate(r["bounds"]))
+    q = Question(f"InfoNCE's MI bound grows with K, EqCo's does not (true MI {mi:g})", "gap_slope",
+                 series["infonce"], series["eqco"], label="slope of I_NCE − I_EqCo per doubling of K (nats)")
+    est = stats.bootstrap(data, q.function(), draws=BOOTSTRAP_DRAWS, seed=BOOTSTRAP_SEED)
+    paper_mi = int(mi) if int(mi) in PAPER_TABLE5["infonce"] else max(PAPER_TABLE5["infonce"])
+    paper = stats.gap_slope({"i": dict(zip(PAPER_KS, PAPER_TABLE5["infonce"][paper_mi], strict=True)),
+                             "e": dict(zip(PAPER_KS, PAPER_TABLE5["eqco"][paper_mi], strict=True))}, "i", "e")
+    return Verdict(q, est, stats.verdict(est, q.paper_sign), paper, stats.seeds_needed(est, est.n))

@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     import ray
 
     from dcl_core.config import ConfigError
-    from dcl_core.mi_toy import format_table5, plot_table5
+    from dcl_core.mi_toy import format_table5, plot_table5, toy_verdict
     from dcl_core.study import init_ray, summary_dir
     from dcl_core.study.report import write_rows
     from dcl_core.study.storage import atomic_write_text, default_tracking_uri
@@ -111,16 +111,26 @@ def main(argv=None) -> int:
                      cfg.true_mi, cfg.k, row["mi_estimate"])
     ray.shutdown()
     rows.sort(key=lambda r: (r["true_mi"], r["k"], r["method"]))
-    table = format_table5(rows, pr["ks"])
+    found = toy_verdict(rows)
+    table = "\n\n".join([format_table5(rows, pr["ks"]), f"Verdict (bootstrap over the {pr['repeats']} evaluation "
+                         "batches of each cell, paired across methods; decided by its 95% CI alone)\n" + found.line()])
+    for r in rows:
+        r.pop("bounds")
     files = [*write_rows(rows, out, "mi_toy"), plot_table5(rows, out / "mi_toy.png")]
     atomic_write_text(out / "table.txt", table + "\n")
     tracker = StudyTracker(uri, "eqco_mi_toy", artifact_root=root / "mlartifacts",
                            tags={"study": "eqco_mi_toy", "git_commit": git_commit()}, journal_dir=out).open()
-    tracker.log_summary({f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
+    e = found.estimate
+    verdict_metrics = {"verdict/gap_slope_0/estimate": e.estimate, "verdict/gap_slope_0/ci_lo": e.lo,
+                       "verdict/gap_slope_0/ci_hi": e.hi, "verdict/gap_slope_0/paper": found.paper_value,
+                       "verdict/gap_slope_0/supports": float(found.words == "supports the paper")}
+    tracker.log_summary({**{f"{r['method']}/mi{r['true_mi']:g}/K{r['k']}": r["mi_estimate"] for r in rows},
+                         **{k: v for k, v in verdict_metrics.items() if v == v}},
                         [*files, out / "table.txt"],
-                        params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"]})
+                        params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"]},
+                        tags={"verdict_0": found.words, "verdict_0_line": found.line(), "verdict": found.words})
+    print(f"plot: {files[-1]}\nMLflow: experiment 'eqco_mi_toy' at {uri}\n")
     print(table)
-    print(f"\nplot: {files[-1]}\nMLflow: experiment 'eqco_mi_toy' at {uri}")
     return 0
 
 

@@ -65,7 +65,13 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     exp = client.get_experiment_by_name("eqco_mi_toy")
     (run,) = client.search_runs([exp.experiment_id])
     assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"mi_toy.parquet", "mi_toy.png", "table.txt"}
-    assert len(run.data.metrics) == 2 * 2 * 2
+    assert len([k for k in run.data.metrics if not k.startswith("verdict/")]) == 2 * 2 * 2
+    # The verdict (EqCo's claim: I_NCE − I_EqCo grows with K), printed last and logged as tag and metrics.
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("InfoNCE's MI bound grows with K, EqCo's does not (true MI 6): ")
+    assert run.data.tags["verdict_0_line"] == last and run.data.tags["verdict_0"] in last
+    assert run.data.metrics["verdict/gap_slope_0/paper"] == pytest.approx(0.5)
+    assert run.data.metrics["verdict/gap_slope_0/ci_lo"] <= run.data.metrics["verdict/gap_slope_0/estimate"]
 
 
 def test_dry_run_lists_the_runs_and_an_estimate_without_starting_anything(tmp_path):
