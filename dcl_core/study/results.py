@@ -4,6 +4,7 @@ study's parent run."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 
 from dcl_core import metrics as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
-from dcl_core.study import report
+from dcl_core.study import answer, report
 from dcl_core.study.columns import COLUMNS, x_column
 from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
@@ -21,6 +22,8 @@ from dcl_core.study.storage import atomic_write_text, redact_uri, summary_dir
 from dcl_core.study.tracking import StudyTracker, metric_name
 from dcl_core.study.trainable import error_text
 from search_spaces import keys_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -31,6 +34,7 @@ class StudyOutcome:
     files: list[Path] = field(default_factory=list)
     experiment: str = ""
     tracking_uri: str = ""
+    verdicts: list[str] = field(default_factory=list)
 
 
 def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -88,27 +92,52 @@ def tune_rows(results: Any) -> list[Row]:
 
 
 def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker) -> StudyOutcome:
-    """Write the table, the text summary and the plots under ``summary/<study>/`` and log them on the study's
-    parent MLflow run."""
+    """Write the table, the text summary (the answer and its verdicts last) and the plots under
+    ``summary/<study>/`` and log them on the study's parent MLflow run."""
     x = x_column(spec.x_key)
     for r in rows:
         r["series"] = "+".join(str(r.get(c)) for c in spec.series)
     out_dir = summary_dir(output_dir, spec.name)
     parquet, csv = report.write_table(rows, out_dir)
     table, shown = _table(spec, rows, x)
+    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper)
+    claim = found.claim
+    paper_curves = answer.paper_curves(claim, sorted({r["series"] for r in shown}))
     png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
-                      log_x=spec.log_x, series="series")
+                      log_x=spec.log_x, series="series", paper=paper_curves,
+                      paper_label=f"paper: {claim.source}" if claim else "paper")
     files = [parquet, csv, png, out_dir / "table.txt"]
     q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series="series")
     if q_png is not None:
         files.append(q_png)
+    points = answer.gap_points({spec.name: rows, **_other_studies(output_dir, spec.name)})
+    files.append(report.plot_gap_vs_q(points, out_dir / "gap_vs_npc.png",
+                                      "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"))
     if spec.search:
         table += "\n\n" + format_best(rows, spec.search)
         files += write_search_plots(rows, spec.search, out_dir)
+    table += "\n\n" + answer.format_answer(found)
     atomic_write_text(out_dir / "table.txt", table + "\n")
     rob = report.robustness(shown, x, series="series")
-    tracker.log_summary(_summary_metrics(spec, shown, rows, x, rob), files)
-    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri)
+    metrics = _summary_metrics(spec, shown, rows, x, rob) | {
+        metric_name(k): v for k, v in answer.answer_metrics(found).items()}
+    tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
+    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
+                        verdicts=[v.line() for v in found.verdicts])
+
+
+def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
+    """The results tables of the other studies summarized in the same output folder (for the gap-vs-q_B figure);
+    a table that cannot be read is skipped with a warning."""
+    out = {}
+    for path in sorted(summary_dir(output_dir, name).parent.glob("*/results.parquet")):
+        if path.parent.name == name:
+            continue
+        try:
+            out[path.parent.name] = report.read_table(path)
+        except Exception as exc:
+            log.warning("skipping %s in the gap-vs-q_B figure: %s", path, exc)
+    return out
 
 
 def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
@@ -134,16 +163,17 @@ def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
 
 
 def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
+    """Where everything is, then the table and the answer: the verdict lines are the last thing printed."""
     uri = redact_uri(outcome.tracking_uri)
     if uri.startswith(("http://", "https://")):
         browse = f"browse: open {uri} in a browser"
     else:
         browse = f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
     return [
-        outcome.table,
-        "",
         f"results: {outcome.files[0]} (+ .csv)",
         f"plot:    {outcome.files[2]}",
         f"MLflow:  experiment {outcome.experiment!r} at {uri}",
         f"         {browse}",
+        "",
+        outcome.table,
     ]

@@ -152,6 +152,11 @@ class StudySpec:
         series: results-table columns whose values name one line of the table/plot (``framework`` +
             ``method`` gives e.g. ``simo+eqco(α=256)``).
         gap: add the DCL − InfoNCE row (Table 1 style) to the table and summary.
+        questions: what the study answers (:class:`dcl_core.study.answer.Question`): each gets a headline
+            statistic with a bootstrap CI and a verdict.
+        pairs: ``(better, base)`` series compared cell by cell, paired by seed (``None``: every DCL/InfoNCE pair).
+        paper: the key of the paper's numbers in :mod:`dcl_core.study.paper` (a study's name can be changed
+            with ``--name``; its paper cannot).
     """
 
     name: str
@@ -165,6 +170,9 @@ class StudySpec:
     gap: bool = False
     title: str = ""
     series: tuple[str, ...] = ("loss",)
+    questions: tuple[Any, ...] = ()
+    pairs: tuple[tuple[str, str], ...] | None = None
+    paper: str | None = None
 
     @property
     def grids(self) -> list[Space]:

@@ -485,7 +485,7 @@ class StudyTracker:
         self._run({"op": "end", "run": run_id, "status": "FAILED" if failed else "FINISHED", "time": _now_ms()})
 
     def log_summary(self, metrics: Mapping[str, float], artifacts: list[Path],
-                    params: Mapping[str, Any] | None = None) -> str:
+                    params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None) -> str:
         """The study summary on the parent run (metrics, the results table, the plots), which then finishes.
 
         A resumed study summarizes all its trials again: metrics get a new point, artifacts are replaced. The
@@ -497,6 +497,8 @@ class StudyTracker:
         rid = self.parent_run_id
         assert rid is not None
         self.log_params(rid, params or {})
+        for key, value in (tags or {}).items():
+            self.set_tag(rid, key, value)
         self.log_metrics(rid, metrics)
         for path in artifacts:
             self.log_artifact(rid, path)

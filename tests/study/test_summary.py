@@ -44,3 +44,42 @@ def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])
     assert run.data.metrics["gap_dcl_minus_infonce/batch_size_16"] == 2.0
     assert run.data.metrics["gap_dcl_minus_infonce/batch_size_32"] == 2.0
+
+
+def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
+    # A batch study with a planted DCL gain at small batches (3 seeds, a shared per-seed offset), summarized
+    # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and
+    # metrics), per-cell CIs, the regime, and the plots (paper curve, gap vs 1 − q_B over both studies).
+    from dcl_core.study.answer import Question
+
+    uri = default_tracking_uri(tmp_path)
+    gap = Question("DCL beats InfoNCE at the smallest batch", "gap_at_smallest", "dcl", "infonce", label="gap")
+    spec = StudySpec(name="batch_study", base=preset("smoke"), grid={"optim.batch_size": Grid((16, 32, 64))},
+                     x_key="optim.batch_size", x_label="batch", gap=True, questions=(gap,), paper="batch_size_sweep")
+    rows = [{"trial_id": f"{loss}{b}{s}", "status": "ok", "loss": loss, "batch_size": b, "seed": s,
+             "knn_top1": 30 + 3 * s + (8 - b / 8 if loss == "dcl" else 0) + 0.1 * ((s * 7 + b) % 3),
+             "q_mean": 0.5 + b / 128, "config": {}}
+            for loss in ("infonce", "dcl") for b in (16, 32, 64) for s in range(3)]
+    earlier = StudySpec(name="tau_study", base=preset("smoke"), grid={"loss.temperature": Grid((0.1,))},
+                        x_key="loss.temperature", x_label="tau")
+    summarize(earlier, [{**r, "temperature": 0.1, "batch_size": None, "trial_id": "t" + r["trial_id"]}
+                        for r in rows if r["batch_size"] == 16],
+              tmp_path, StudyTracker(uri, "tau_study", tmp_path / "mlartifacts", {}).open())
+    outcome = summarize(spec, rows, tmp_path, StudyTracker(uri, "batch_study", tmp_path / "mlartifacts", {}).open())
+
+    text = (summary_dir(tmp_path, "batch_study") / "table.txt").read_text().strip()
+    assert text.splitlines()[-1] == outcome.verdicts[-1]
+    assert outcome.verdicts[0].startswith("DCL beats InfoNCE at the smallest batch: supports the paper")
+    assert "(paper: +4.80)" in outcome.verdicts[0] and "Paper: DCL Table 1" in text
+    assert "NPC regime: InfoNCE cells: mean q_B 0.62–1.00" in text and "1 of 3 cells" not in text
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])
+    assert run.data.tags["verdict_0"] == "supports the paper"
+    assert run.data.tags["verdict_0_line"] == outcome.verdicts[0]
+    assert run.data.tags["npc_regime"].startswith("NPC regime")
+    m = run.data.metrics
+    assert m["verdict/gap_at_smallest_0/supports"] == 1.0 and m["verdict/gap_at_smallest_0/paper"] == 4.8
+    assert m["verdict/gap_at_smallest_0/ci_lo"] > 0 and m["cell/infonce/16/q_b"] == 0.625
+    assert m["cell/dcl/16/ci_hi"] > m["cell/dcl/16/mean"] > m["cell/dcl/16/ci_lo"]
+    assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id)}
