@@ -42,13 +42,20 @@ MAX_TRIAL_LINES = 16  # a dry run lists an experiment's cells one per line up to
 SpecBuilder = Callable[[argparse.Namespace], "object"]
 
 
-def build_parser(doc: str, default_name: str) -> argparse.ArgumentParser:
+PRESET_HELP = {
+    "smoke": "tests (~1 min)", "cpu": "answers the question on 2 CPU cores (default)",
+    "cpu_long": "a longer CPU protocol that reaches the NPC regime (q_B <= 0.6, under an hour)",
+    "paper": "the paper's protocol for a GPU cluster",
+}
+
+
+def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper")
+                 ) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     g = p.add_argument_group("what to run")
-    g.add_argument("--preset", choices=("smoke", "cpu", "paper"), default="cpu",
-                   help="smoke: tests (~1 min); cpu: answers the question on 2 CPU cores (default); "
-                        "paper: the paper's protocol for a GPU cluster")
+    g.add_argument("--preset", choices=presets, default="cpu",
+                   help="; ".join(f"{name}: {PRESET_HELP.get(name, 'see the docstring')}" for name in presets))
     g.add_argument("--smoke", dest="preset", action="store_const", const="smoke", help="same as --preset smoke")
     g.add_argument("--search", choices=("grid", "optuna"), default="grid",
                    help="grid: the paper's exact sweep; optuna: TPE search (seeded) per loss")
@@ -95,12 +102,13 @@ def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str,
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
-         defaults: dict[str, Any] | None = None) -> int:
+         defaults: dict[str, Any] | None = None, presets: tuple[str, ...] = ("smoke", "cpu", "paper")) -> int:
     """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment; with
     ``--dry-run``, print what it would run and cost instead (no Ray, nothing written).
 
-    ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``)."""
-    parser = build_parser(doc, default_name)
+    ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``); ``presets`` are the
+    study's preset names."""
+    parser = build_parser(doc, default_name, presets)
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
     setup_logging(args.verbose)

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
+from dcl_core.study.answer import Question
 from dcl_core.study_cli import base_config, main
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
 
@@ -58,7 +59,13 @@ def build_spec(args) -> StudySpec:
         {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in p["ks"])),
          **common},
     ]
+    fixed = format(p["alpha"], "g")
+    pairs = tuple((f"{fw}+eqco(α={fixed})", f"{fw}+eqco(α=K)") for fw in ("simclr", "simo"))
+    questions = tuple(Question(f"EqCo (α = {fixed}) beats α = K at the smallest K ({fw})", "gap_at_smallest",
+                               better, base, label="gap at smallest K")
+                      for (better, base), fw in zip(pairs, ("SimCLR", "SiMo"), strict=True))
     return StudySpec(
+        pairs=pairs, questions=questions, paper="eqco_negatives_sweep",
         name=args.name, base=base, grid=grids, x_key="num_negatives", x_label="K", log_x=True,
         series=("framework", "method"), search=ALPHA if args.search == "optuna" else None,
         num_samples=args.num_samples or p["samples"], title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",

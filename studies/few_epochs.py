@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
+from dcl_core.study.answer import Question
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, TAU, Grid
 
@@ -49,7 +50,11 @@ def build_spec(args) -> StudySpec:
         if args.search == "grid":  # an Optuna search runs once per (loss, budget), seed 0
             grid["seed"] = Grid(tuple(range(args.seeds or p["seeds"])))
         grids.append(grid)
+    prefix = "simclr+" if len(grids) > 1 else ""
+    question = Question("DCL beats InfoNCE at the smallest epoch budget", "gap_at_smallest", f"{prefix}dcl",
+                        f"{prefix}infonce", label="gap at smallest budget")
     return StudySpec(
+        questions=(question,), paper="few_epochs",
         name=args.name, base=base, grid=grids if len(grids) > 1 else grids[0], x_key="optim.epochs",
         x_label="epochs", log_x=True, gap=True, series=("framework", "loss") if len(grids) > 1 else ("loss",),
         search={**TAU, **LR} if args.search == "optuna" else None, num_samples=args.num_samples or p["samples"],

@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
+from dcl_core.study.answer import Question
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, PAPER_QUEUE_SIZES, TAU, Grid
 
@@ -48,7 +49,9 @@ def build_spec(args) -> StudySpec:
         grid["seed"] = Grid(tuple(range(args.seeds or p["seeds"])))
     return StudySpec(
         name=args.name, base=base_config(args, p["base"]), grid=grid, x_key="framework.queue_size",
-        x_label="queue", log_x=True, gap=True, search={**TAU, **LR} if args.search == "optuna" else None,
+        x_label="queue", log_x=True, gap=True, paper="queue_size_sweep",
+        questions=(Question("MoCo-v2 + DCL beats MoCo-v2 at the smallest queue", "gap_at_smallest", "dcl", "infonce",
+                            label="gap at smallest queue"),), search={**TAU, **LR} if args.search == "optuna" else None,
         num_samples=args.num_samples or p["samples"], title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
     )
 

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
+from dcl_core.study.answer import Question
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, TAU, Grid
 
@@ -43,7 +44,8 @@ def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
     return StudySpec(
         name=args.name, base=base_config(args, p["base"]), grid={"loss.name": Grid(losses_arg(args, p["losses"]))},
-        x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR},
+        x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR}, paper="tau_lr_search",
+        questions=(Question("tuned DCL beats tuned InfoNCE", "best_gap", "dcl", "infonce", label="best gap"),),
         num_samples=args.num_samples or p["samples"], title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
     )
 
