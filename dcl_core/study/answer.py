@@ -219,9 +219,11 @@ def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -
     reached = sum(q <= NPC_REGIME for q in values)
     where = (f"{reached} of {len(values)} cells reach q_B ≤ {NPC_REGIME}" if reached
              else f"no cell reaches q_B ≤ {NPC_REGIME}")
-    return (f"NPC regime: {who}: mean q_B {lo:.2f}–{hi:.2f} → InfoNCE's gradients are {100 * (1 - hi):.0f}–"
-            f"{100 * (1 - lo):.0f}% weaker than DCL's; {where}; the paper's effect is predicted where q_B ≪ 1 "
-            "(DCL Eq. 4, Fig. 1)")
+    q_range = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+    weaker = (f"{100 * (1 - lo):.0f}" if f"{100 * (1 - lo):.0f}" == f"{100 * (1 - hi):.0f}"
+              else f"{100 * (1 - hi):.0f}–{100 * (1 - lo):.0f}")
+    return (f"NPC regime: {who}: mean q_B {q_range} → InfoNCE's gradients are {weaker}% weaker than DCL's; "
+            f"{where}; the paper's effect is predicted where q_B ≪ 1 (DCL Eq. 4, Fig. 1)")
 
 
 def _fmt_x(x: Any) -> str:
@@ -253,6 +255,8 @@ def format_cells(answer: Answer) -> str:
              "q_B = mean NPC multiplier (InfoNCE's, last epoch)" + ("; paper = its value at this x" if paper else ""),
              f"{answer.x_label:<8}" + "".join(f"{c:>{width}}" for c in cols)
              + "".join(f"{c:>{w}}" for c, w in (*q_cols, *p_cols))]
+    if len(lines[1]) > WIDE:  # many or long series names (EqCo's framework+method): one line per cell instead
+        return "\n".join([lines[0], *_long_cells(answer, xs, names, paper)])
     for x in xs:
         line = f"{_fmt_x(x):<8}"
         line += "".join(f"{_ci(answer.cells[s][x]) if x in answer.cells[s] else '-':>{width}}" for s in names)
@@ -264,6 +268,31 @@ def format_cells(answer: Answer) -> str:
             line += f"{format(paper[s][x], '.1f') if x in paper[s] else '-':>{w}}"
         lines.append(line)
     return "\n".join(lines)
+
+
+WIDE = 150  # characters: a per-cell table wider than this is printed one cell per line
+
+
+def _long_cells(answer: Answer, xs: Sequence[Any], names: Sequence[str], paper: Mapping[str, Mapping[Any, float]]
+                ) -> list[str]:
+    """``K=4  simclr+eqco(α=256)  12.5 [10.1, 14.9]  q_B 0.99  paper -`` per cell, then each paired gap."""
+    lw = max(len(n) for n in [*names, *answer.pairs])
+    lines = []
+    for x in xs:
+        label = f"{answer.x_label}={_fmt_x(x)}"
+        for s in names:
+            if x not in answer.cells[s]:
+                continue
+            q = answer.q_b.get(s, {}).get(x, math.nan)
+            p = paper.get(s, {}).get(x)
+            q_text = "-" if math.isnan(q) else format(q, ".2f")
+            lines.append(f"{label:<10}{s:<{lw + 2}}{_ci(answer.cells[s][x]):>20}  q_B {q_text}"
+                         + (f"  paper {p:.1f}" if p is not None else ""))
+            label = ""
+        for name, g in answer.pairs.items():
+            if x in g:
+                lines.append(f"{label:<10}{name:<{lw + 2}}{_ci(g[x], signed=True):>20}  (paired by seed)")
+    return lines
 
 
 def format_paper(claim: PaperClaim, x_label: str) -> str:
