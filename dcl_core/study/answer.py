@@ -316,8 +316,8 @@ def format_answer(answer: Answer) -> str:
     parts.append(answer.regime)
     if answer.verdicts:
         power = [p for v in answer.verdicts if (p := v.power_line())]
-        head = (f"Verdict (headline statistic: bootstrap over seeds, {BOOTSTRAP_DRAWS} draws, seed {BOOTSTRAP_SEED}; "
-                "decided by its 95% CI alone)")
+        head = (f"Verdict (headline statistic: bootstrap over seeds, {BOOTSTRAP_DRAWS} draws, seed {BOOTSTRAP_SEED}, "
+                "percentile interval expanded for few seeds; decided by its 95% CI alone)")
         parts.append("\n".join([head, *(["Power:", *power] if power else []),
                                 *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)

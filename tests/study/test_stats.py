@@ -291,3 +291,14 @@ def test_estimate_properties_and_format():
     assert format_estimate(e, digits=2, signed=False) == "0.60 [-0.90, 2.10]"
     assert format_estimate(Estimate(0.6, math.nan, math.nan, 1)) == "+0.6 (n=1, no interval)"
     assert not Estimate(0.6, -math.inf, 1.0, 3).has_interval
+
+
+def test_expanded_tail_widens_few_seed_intervals_and_tends_to_the_plain_percentile():
+    from dcl_core.study.stats import expanded_tail
+
+    # Φ(−√(k/(k−1))·t_{0.975,k−1}): with 3 seeds the interval spans the bootstrap extremes, with 5 the 0.1/99.9
+    # percentiles (t_{0.975,4} = 2.7764, ×√1.25 = 3.104, Φ(−3.104) = 0.00095), and the usual 2.5% as k grows.
+    assert expanded_tail(0.95, 3) < 1e-6
+    assert expanded_tail(0.95, 5) == pytest.approx(0.000954, rel=1e-2)
+    assert 0.0235 < expanded_tail(0.95, 400) < 0.025
+    assert expanded_tail(0.95, 1) == pytest.approx(0.025)
