@@ -8,11 +8,15 @@ plus a summary run.
 
     python studies/temperature_sweep.py                  # CPU default: 2 cores, 15 min
     python studies/temperature_sweep.py --smoke          # ~1 min, for tests
+    python studies/temperature_sweep.py --preset cpu_long  # 38 min: 40 epochs at batch 16, into the NPC regime
     python studies/temperature_sweep.py --search optuna  # TPE search for the best τ (and lr) per loss
     python studies/temperature_sweep.py --dry-run        # the trials and their estimated cost, nothing run
     ray job submit --working-dir . -- python studies/temperature_sweep.py --preset paper --gpus-per-worker 1
 
-Cost: cpu 14.4 min on 2 cores (measured; 40 trials: 2 losses × 4 τ × 5 seeds, ~43 s each, 2 at a time);
+It ends with the answer: per-cell 95% CIs, DCL − InfoNCE paired by seed, Table 18 beside ours, the cells' q_B
+regime, and the verdict on Std-across-τ(InfoNCE) − Std-across-τ(DCL) with a bootstrap CI.
+
+Cost: cpu_long 37.5 min on 2 cores (measured; 24 trials: 2 losses × 4 τ × 3 seeds); cpu 14.4 min on 2 cores (measured; 40 trials: 2 losses × 4 τ × 5 seeds, ~43 s each, 2 at a time);
 paper = 2 losses × 11 τ × 500 epochs of ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on V100-class GPUs).
 """
 
