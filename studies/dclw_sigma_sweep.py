@@ -58,4 +58,4 @@ def build_spec(args) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "dclw_sigma_sweep", build_spec))
+    sys.exit(main(__doc__, "dclw_sigma_sweep", build_spec, presets=tuple(PRESETS)))

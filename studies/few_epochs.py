@@ -63,4 +63,4 @@ def build_spec(args) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "few_epochs", build_spec))
+    sys.exit(main(__doc__, "few_epochs", build_spec, presets=tuple(PRESETS)))

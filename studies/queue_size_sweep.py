@@ -57,4 +57,4 @@ def build_spec(args) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "queue_size_sweep", build_spec))
+    sys.exit(main(__doc__, "queue_size_sweep", build_spec, presets=tuple(PRESETS)))

@@ -51,4 +51,5 @@ def build_spec(args) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "tau_lr_search", build_spec, defaults={"search": "optuna"}))
+    sys.exit(main(__doc__, "tau_lr_search", build_spec, defaults={"search": "optuna"},
+                  presets=tuple(PRESETS)))

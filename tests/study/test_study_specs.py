@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core.config import ConfigError, apply_overrides
+from dcl_core.config import ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.paper import PAPER
+from dcl_core.study.results import trial_row
 from dcl_core.study.spec import experiments, grid_points, validate_spec
 from dcl_core.study_cli import build_parser
 
@@ -25,7 +27,21 @@ def load(name):
 
 
 def args_for(name, *argv):
-    return build_parser("", name).parse_args(list(argv))
+    return build_parser("", name, tuple(load(name).PRESETS)).parse_args(list(argv))
+
+
+def presets_of(names):
+    return [(n, p) for n in names for p in load(n).PRESETS]
+
+
+def series_names(spec):
+    """The table lines a spec's grid produces, named as the results table names them."""
+    names = set()
+    for grid in spec.grids:
+        for point in grid_points(grid):
+            row = trial_row(to_flat_dict(apply_overrides(spec.base, point)), {})
+            names.add("+".join(str(row.get(c)) for c in spec.series))
+    return names
 
 
 def test_every_study_is_covered():
@@ -33,8 +49,21 @@ def test_every_study_is_covered():
                             "dclw_sigma_sweep", "tau_lr_search", "few_epochs"}
 
 
-@pytest.mark.parametrize("name", STUDIES)
-@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
+@pytest.mark.parametrize(("name", "preset"), presets_of(STUDIES))
+def test_questions_and_pairs_name_series_the_grid_produces(name, preset):
+    # A question about a series the study never runs would print "not measurable" forever.
+    if name == "tau_lr_search":
+        return
+    spec = load(name).build_spec(args_for(name, "--preset", preset))
+    names = series_names(spec)
+    assert spec.questions and spec.paper in PAPER
+    for q in spec.questions:
+        assert q.better in names and (q.base in names or q.statistic == "best_margin"), (q, names)
+    for better, base, *_ in spec.pairs or ():
+        assert better in names and base in names
+
+
+@pytest.mark.parametrize(("name", "preset"), presets_of(STUDIES))
 @pytest.mark.parametrize("search", ["grid", "optuna"])
 def test_presets_build_valid_specs(name, preset, search):
     module = load(name)
