@@ -38,8 +38,20 @@ def run_study(name, out, *args):
     assert len(trials) == len(rows) and all(r.info.status == "FINISHED" for r in trials)
     assert {r["status"] for r in rows} == {"ok"}
     arts = {a.path for a in client.list_artifacts(summary.info.run_id)}
-    assert {"results.parquet", "results.csv", f"{name}.png", "table.txt", "npc_q_hist.png"} <= arts
+    assert {"results.parquet", "results.csv", f"{name}.png", "table.txt", "npc_q_hist.png", "gap_vs_npc.png"} <= arts
+    check_answer(proc.stdout, summary)
     return proc.stdout, rows, client, trials, summary, arts
+
+
+def check_answer(stdout, summary):
+    """Every study ends with its answer: per-cell intervals, the paper's numbers, the regime, the verdict lines
+    last (one per question), each also a tag of the summary run."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip() and "Checkpoint successfully" not in ln]
+    verdicts = [v for k, v in sorted(summary.data.tags.items()) if k.startswith("verdict_") and k.endswith("_line")]
+    assert verdicts and lines[-len(verdicts):] == verdicts
+    assert all(summary.data.tags[f"verdict_{i}"] in verdicts[i] for i in range(len(verdicts)))
+    assert "Per cell: kNN top-1 (%), mean [95% CI" in stdout and "\nPaper: " in stdout
+    assert summary.data.tags["npc_regime"] in stdout
 
 
 def test_eqco_negatives_sweep(tmp_path):
@@ -50,6 +62,7 @@ def test_eqco_negatives_sweep(tmp_path):
     )
     assert all(r["alpha_used"] == (256.0 if r["method"] == "eqco(α=256)" else r["num_negatives"]) for r in rows)
     assert "simo+eqco(α=256)" in stdout and "simclr+eqco(α=K)" in stdout
+    assert "EqCo (α = 256) beats α = K at the smallest K (SiMo): not resolved" in stdout  # one seed: no interval
     # The EqCo bound log(1 + alpha) - L is logged for every trial.
     assert all(r["mi_bound"] is not None for r in rows)
 
@@ -71,6 +84,7 @@ def test_dclw_sigma_sweep_grid_and_optuna(tmp_path):
     stdout, rows, *_ = run_study("dclw_sigma_sweep", tmp_path / "optuna", "--search", "optuna", "--num-samples", "2")
     assert len(rows) == 2 and all(0.1 <= r["sigma"] <= 4.0 for r in rows)
     assert "best dclw: kNN top-1" in stdout and "loss.sigma=" in stdout
+    assert "DCLW (best σ) beats DCL (σ = 1000): not resolved" in stdout
 
 
 def test_tau_lr_search_with_asha_logs_optuna_plots(tmp_path):

@@ -87,6 +87,11 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
     assert {"results.parquet", "results.csv", "temperature_sweep.png", "table.txt", "npc_q_hist.png"} <= arts
     assert "infonce/std" in summary[0].data.metrics and "dcl/std" in summary[0].data.metrics
+    # The answer, last: one seed per cell gives no interval, so the verdict cannot be anything but unresolved.
+    last = [ln for ln in proc.stdout.splitlines() if ln.strip() and "Checkpoint successfully" not in ln][-1]
+    assert last.startswith("DCL flatter across τ than InfoNCE: not resolved — Δstd ") and "no interval" in last
+    assert last.endswith("(paper: +0.46)") and summary[0].data.tags["verdict_0_line"] == last
+    assert "Paper: DCL Table 18" in proc.stdout and "NPC regime: InfoNCE cells: mean q_B" in proc.stdout
 
 
 def test_batch_study_with_optuna_search(tmp_path):
