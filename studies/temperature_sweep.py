@@ -17,7 +17,8 @@ It ends with the answer: per-cell 95% CIs, DCL − InfoNCE paired by seed, Table
 regime, and the verdict on Std-across-τ(InfoNCE) − Std-across-τ(DCL) with a bootstrap CI.
 
 Cost: cpu 14.4 min on 2 cores (measured; 40 trials: 2 losses × 4 τ × 5 seeds, ~43 s each, 2 at a time);
-cpu_long 37.5 min (measured; 24 trials: 2 losses × 4 τ × 3 seeds, 40 epochs at batch 16); paper = 2 losses × 11 τ × 500 epochs of ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on V100-class GPUs).
+cpu_long 37.5 min (measured; 24 trials: 2 losses × 4 τ × 3 seeds, 40 epochs at batch 16); paper = 2 losses ×
+11 τ × 500 epochs of ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on V100-class GPUs).
 """
 
 import sys
