@@ -8,6 +8,7 @@ their totals and an estimated cost (:mod:`dcl_core.study.cost`) instead of runni
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shlex
@@ -119,6 +120,8 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
             raise ConfigError(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
         options = StudyOptions.from_namespace(args)
         spec = build_spec(args)
+        if not spec.description:  # the docstring's first paragraph: the question and the paper's table
+            spec = dataclasses.replace(spec, description=" ".join(doc.strip().split("\n\n")[0].split()))
         validate_spec(spec)
         _check_set_not_swept(spec, parse_overrides(args.set))
         data = spec.base.data

@@ -35,6 +35,7 @@ class StudyOutcome:
     experiment: str = ""
     tracking_uri: str = ""
     verdicts: list[str] = field(default_factory=list)
+    runs_url: str = ""
 
 
 def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -123,7 +124,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
         metric_name(k): v for k, v in answer.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
-                        verdicts=[v.line() for v in found.verdicts])
+                        verdicts=[v.line() for v in found.verdicts], runs_url=redact_uri(tracker.runs_url()))
 
 
 def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
@@ -174,6 +175,7 @@ def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
         f"plot:    {outcome.files[2]}",
         f"MLflow:  experiment {outcome.experiment!r} at {uri}",
         f"         {browse}",
+        f"         runs:   {outcome.runs_url}",
         "",
         outcome.table,
     ]

@@ -121,7 +121,8 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         tracker = tracking.StudyTracker(options.tracking_uri, spec.name,
                                         artifact_root=options.output_dir / "mlartifacts",
                                         tags={"study": spec.name, "git_commit": tracking.git_commit()},
-                                        journal_dir=summary_dir(options.output_dir, spec.name))
+                                        journal_dir=summary_dir(options.output_dir, spec.name),
+                                        description=spec.description)
         tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
         rows: list[Row] = []
         for experiment in exps:

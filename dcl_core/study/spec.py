@@ -173,6 +173,7 @@ class StudySpec:
     questions: tuple[Any, ...] = ()
     pairs: tuple[tuple[str, str], ...] | None = None
     paper: str | None = None
+    description: str = ""  # the MLflow experiment's description (the study's question and paper table)
 
     @property
     def grids(self) -> list[Space]:

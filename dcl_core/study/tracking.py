@@ -62,6 +62,7 @@ except ImportError:  # not POSIX: the journal is not locked against a concurrent
 log = logging.getLogger(__name__)
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: custom_model_development or genai_development
 SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
 TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
 _BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
@@ -385,9 +386,10 @@ class StudyTracker:
 
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
                  tags: Mapping[str, str] | None = None, journal_dir: Path | None = None, *,
-                 cooldown: float = 30.0, http_timeout: int = 10, http_retries: int = 1) -> None:
+                 cooldown: float = 30.0, http_timeout: int = 10, http_retries: int = 1, description: str = "") -> None:
         self.tracking_uri = _move_credentials(tracking_uri)
         self.experiment = experiment
+        self.description = description
         self.artifact_root = artifact_root
         self.tags = dict(tags or {})
         self.journal_dir = Path(journal_dir).resolve() if journal_dir is not None else None
@@ -669,13 +671,31 @@ class StudyTracker:
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is not None:
                 self.experiment_id = exp.experiment_id
+                if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version: MLflow would guess its kind
+                    for key, value in self._experiment_tags().items():
+                        self.client.set_experiment_tag(exp.experiment_id, key, value)
             else:
                 location = None
                 if self.artifact_root is not None and not self.tracking_uri.startswith(
                         ("http://", "https://", "databricks")):
                     location = (self.artifact_root / self.experiment).resolve().as_uri()
-                self.experiment_id = self.client.create_experiment(self.experiment, artifact_location=location)
+                self.experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
+                                                                   tags=self._experiment_tags())
         return self.experiment_id
+
+    def _experiment_tags(self) -> dict[str, str]:
+        """A model-training experiment (MLflow 3's UI would otherwise guess GenAI and open on an empty Traces
+        page), described by the study's question."""
+        tags = {EXPERIMENT_KIND_TAG: "custom_model_development"}
+        if self.description:
+            tags["mlflow.note.content"] = self.description
+        return tags
+
+    def runs_url(self, ui: str = "http://127.0.0.1:5000") -> str:
+        """The MLflow UI's runs view of this study's experiment (``ui``: where ``mlflow ui`` serves a local
+        store; a tracking server's own address otherwise)."""
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ui
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs"
 
     def _search(self, filter_string: str) -> list[Any]:
         return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)

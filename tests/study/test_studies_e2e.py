@@ -92,6 +92,10 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert last.startswith("DCL flatter across τ than InfoNCE: not resolved — Δstd ") and "no interval" in last
     assert last.endswith("(paper: +0.46)") and summary[0].data.tags["verdict_0_line"] == last
     assert "Paper: DCL Table 18" in proc.stdout and "NPC regime: InfoNCE cells: mean q_B" in proc.stdout
+    exp = client.get_experiment_by_name("temperature_sweep")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert exp.tags["mlflow.note.content"].startswith("Is DCL less sensitive to the temperature τ than InfoNCE?")
+    assert f"runs:   http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs" in proc.stdout
 
 
 def test_batch_study_with_optuna_search(tmp_path):
