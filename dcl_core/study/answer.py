@@ -104,7 +104,7 @@ class Verdict:
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
-        if self.words != "not resolved":
+        if self.words != "not resolved" or math.isnan(self.estimate.estimate):
             return None
         if self.seeds_needed is None:
             if self.estimate.n < 2:

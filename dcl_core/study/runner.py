@@ -4,6 +4,7 @@ logging from the driver, then summarize. Resume (``Tuner.restore``), overwrite a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -13,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import optuna
 import ray
 from optuna.samplers import TPESampler
 from ray import tune
@@ -199,6 +201,8 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experimen
     if options.overwrite:
         for uri in existing:
             storage_delete(uri, root=str(options.storage))
+    if spec.search is not None and not options.resume:  # a new search, not one continued from an old Optuna study
+        _delete_optuna_studies(options.output_dir, [e.name for e in exps])
     options_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec)}, indent=1))
 
@@ -223,9 +227,31 @@ def _search(spec: StudySpec, experiment: Experiment, options: StudyOptions) -> t
     # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up phase
     # (Optuna's default: 10) would be the whole search.
     sampler = TPESampler(seed=options.seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
+    # The Optuna study persists in OUTPUT_DIR/optuna.db under the experiment's name, for optuna-dashboard and
+    # optuna.load_study (Tune still checkpoints the searcher itself for --resume).
     search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=M.KNN_TOP1, mode="max",
-                              sampler=sampler)
+                              sampler=sampler, study_name=experiment.name, storage=optuna_storage(options.output_dir))
     return {}, search_alg, spec.num_samples
+
+
+OPTUNA_DB = "optuna.db"
+
+
+def optuna_storage(output_dir: Path) -> Any:
+    """The study folder's Optuna RDB storage (SQLite): ``optuna.load_study(study_name=<experiment>,
+    storage="sqlite:///<output_dir>/optuna.db")`` reads a search back, ``optuna-dashboard`` shows it."""
+    return optuna.storages.RDBStorage(f"sqlite:///{Path(output_dir) / OPTUNA_DB}")
+
+
+def _delete_optuna_studies(output_dir: Path, names: list[str]) -> None:
+    """A new search (not ``--resume``) starts a new Optuna study: an old one of the same name (``--overwrite``, or
+    left behind by a deleted study) would otherwise be continued."""
+    if not (Path(output_dir) / OPTUNA_DB).exists():
+        return
+    storage = optuna_storage(output_dir)
+    for name in names:
+        with contextlib.suppress(KeyError):
+            optuna.delete_study(study_name=name, storage=storage)
 
 
 def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptions,

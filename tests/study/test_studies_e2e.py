@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -110,6 +111,15 @@ def test_batch_study_with_optuna_search(tmp_path):
     assert len(trials) == 8 and len(summary) == 1
     gaps = {k for k in summary[0].data.metrics if k.startswith("gap_dcl_minus_infonce/")}
     assert gaps == {"gap_dcl_minus_infonce/batch_size_16", "gap_dcl_minus_infonce/batch_size_32"}
+    # Each search persists as an Optuna study that Optuna itself reads back (optuna-dashboard shows the same DB).
+    storage = f"sqlite:///{out / 'optuna.db'}"
+    names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
+    assert names == sorted(f"batch_size_sweep-{lo}-{b}" for lo in ("infonce", "dcl") for b in (16, 32))
+    study = optuna.load_study(study_name="batch_size_sweep-dcl-16", storage=storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 2 and {"loss.temperature", "optim.base_lr"} <= set(done[0].params)
+    ours = sorted(r["knn_top1"] for r in rows if r["loss"] == "dcl" and r["batch_size"] == 16)
+    assert sorted(t.value for t in done) == pytest.approx(ours)
 
 
 def test_bad_input_exits_2_before_ray_starts(tmp_path):
