@@ -57,8 +57,9 @@ def _type_name(tp: Any) -> str:
     return (args[0] if args else tp).__name__
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Every config key as ``--key`` (dest: the dotted key), the short aliases, and the run options."""
+def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
+    """Every config key as ``--key`` (dest: the dotted key), the short aliases, and the run options. Each key's
+    help shows its value in ``shown_preset`` (the preset the command line chose): what the run will use."""
     p = argparse.ArgumentParser(
         prog="python -m dcl_core.train",
         description=__doc__,
@@ -90,11 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
         short.add_argument(
             flag, dest=key, default=None, metavar=_type_name(field_specs()[key][0]).upper(), help=f"= --{key}"
         )
-    full = p.add_argument_group("every config key (default; paper value; range)")
-    defaults = to_flat_dict(Config())
+    if shown_preset not in PRESETS:
+        shown_preset = "cpu"
+    full = p.add_argument_group(f"every config key (its value in preset {shown_preset}, which --preset chooses; "
+                                "paper value; range)")
+    defaults = to_flat_dict(preset(shown_preset))
     for key, (tp, f) in field_specs().items():
         meta = f.metadata
-        extra = [f"default: {defaults[key]}"]
+        extra = [f"preset {shown_preset}: {defaults[key]}"]
         if meta.get("paper") is not None:
             extra.append(f"paper: {meta['paper']}")
         if meta.get("choices"):
@@ -123,7 +127,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    first = argparse.ArgumentParser(add_help=False)  # --help shows the values of the preset chosen
+    first.add_argument("--preset", default="cpu")
+    parser = build_parser(first.parse_known_args(argv)[0].preset)
     args = parser.parse_args(argv)
     setup_logging(verbose=args.verbose)
     # Deferred: the data code and the trainer import torchvision (seconds), which --help does not need.

@@ -34,10 +34,14 @@ def test_help_documents_every_key_with_paper_values():
         assert f"--{key}" in out.stdout, key
     assert "paper: 0.07" in out.stdout  # tau
     # Each numeric key's range, as validate checks it (whitespace-normalized: argparse wraps the help).
-    assert "softmax temperature tau of the training loss (default: 0.1; paper: 0.07; range (0, 100])" in " ".join(
+    assert "softmax temperature tau of the training loss (preset cpu: 0.1; paper: 0.07; range (0, 100])" in " ".join(
         out.stdout.split()
     )
     assert "--tau" in out.stdout and "--preset" in out.stdout
+    # The values shown are the chosen preset's, not the dataclass defaults (200 epochs belong to no CPU run).
+    help_of = {name: " ".join(run_cli("--preset", name, "--help").stdout.split()) for name in ("cpu", "paper")}
+    assert "pretraining epochs (preset cpu: 15;" in help_of["cpu"]
+    assert "pretraining epochs (preset paper: 200;" in help_of["paper"] and "value in preset paper" in help_of["paper"]
 
 
 @pytest.mark.parametrize(
