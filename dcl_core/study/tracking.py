@@ -951,13 +951,17 @@ class MLflowTrialCallback(tune.Callback):
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any) -> None:
         run_id = self._run_of(trial)
         step = int(result.get(M.EPOCH, result.get("training_iteration", iteration)))
-        metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) or k == M.DIVERGED}
+        metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) and k != M.KNN_FRESH}
+        if not result.get(M.KNN_FRESH, 1.0):  # Tune's copy carries the last kNN forward; MLflow's curve has only
+            metrics.pop(M.KNN_TOP1, None)  # the epochs that measured it (eval.knn_every)
         hist = result.get(M.Q_HIST)
         if isinstance(hist, list) and hist:
             self.q_hists.setdefault(trial.trial_id, {})[step] = hist
         if step <= self.logged.get(trial.trial_id, 0) and not result.get(M.DIVERGED):
             return  # an epoch retrained after a resume: its run already holds this point
         self.tracker.log_metrics(run_id, metrics, step)
+        if result.get(M.DIVERGED):  # a flag, not a curve
+            self.tracker.set_tag(run_id, "diverged", f"epoch {step}")
         if isinstance(hist, list) and hist:
             # DCL Fig. 1: the NPC multiplier's distribution this epoch, one small JSON per epoch.
             self.tracker.log_dict(run_id, {"epoch": step, "bin_edges": q_hist_edges(len(hist)), "fraction": hist},

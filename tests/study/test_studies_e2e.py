@@ -255,6 +255,8 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
     _, trials, summary = runs_of(out, "nan_study")
     statuses = sorted(r.info.status for r in trials)
     assert statuses == ["FAILED", "FINISHED"] and len(summary) == 1
+    (bad,) = [r for r in trials if r.info.status == "FAILED"]
+    assert bad.data.tags["diverged"].startswith("epoch ") and "diverged" not in bad.data.metrics  # a tag, not a curve
 
     # --overwrite: the new study's runs replace the old ones in MLflow (soft-deleted, not mixed in).
     try:

@@ -86,3 +86,27 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     assert outcome.runs_url == f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs"
     assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
         a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_trial_runs_hold_knn_only_at_measured_epochs_and_no_flag_curves(tmp_path):
+    # With eval.knn_every > 1 Tune carries the last kNN forward (ASHA needs a value every epoch); the MLflow
+    # curve must show only the epochs that measured it, and the 0/1 "fresh" flag is no curve at all.
+    from dcl_core.study.tracking import MLflowTrialCallback
+
+    class Trial:
+        trial_id, config = "t1", {"loss.name": "dcl"}
+
+        def __str__(self):
+            return "dcl_t1"
+
+    uri = default_tracking_uri(tmp_path)
+    callback = MLflowTrialCallback(StudyTracker(uri, "knn_curve", tmp_path / "mlartifacts", {}).open(),
+                                   {"loss": "loss.name"})
+    for epoch, fresh, knn in ((1, 0.0, float("nan")), (2, 1.0, 30.0), (3, 0.0, 30.0), (4, 1.0, 35.0)):
+        callback.on_trial_result(0, [], Trial(), {"epoch": epoch, "train/loss": 1.0 / epoch, "eval/knn_top1": knn,
+                                                 "eval/knn_fresh": fresh})
+    client = MlflowClient(tracking_uri=uri)
+    run_id = callback.runs["t1"]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "eval/knn_top1")] == [(2, 30.0), (4, 35.0)]
+    assert len(client.get_metric_history(run_id, "train/loss")) == 4
+    assert "eval/knn_fresh" not in client.get_run(run_id).data.metrics
