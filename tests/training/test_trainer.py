@@ -198,3 +198,12 @@ def test_same_seed_gives_every_loss_the_same_init_and_data_order(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(v, views, strict=True))
     w, o, _ = start("infonce", 1)  # and a different seed changes them
     assert o != order and not all(torch.equal(w[k], weights[k]) for k in w)
+
+
+def test_free_cpu_threads_leave_busy_cpus_alone():
+    # 0 = auto: a loaded machine gets fewer threads (oversubscribed intra-op threads run several times slower).
+    assert trainer.free_cpu_threads(cpus=2, load=0.0) == 2
+    assert trainer.free_cpu_threads(cpus=2, load=1.2) == 1
+    assert trainer.free_cpu_threads(cpus=2, load=7.0) == 1  # never 0
+    assert trainer.free_cpu_threads(processes=2, cpus=8, load=0.3) == 4  # torchrun's ranks share the free CPUs
+    assert trainer.free_cpu_threads(cpus=16, load=3.4) == 13
