@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         preflight(cfg, resume=args.resume, overwrite=args.overwrite)
         try:
-            result = train(cfg, resume=args.resume)
+            result = train(cfg, resume=args.resume, progress=True)
         except (NonFiniteLossError, RunOutputError) as err:  # a failed run, not bad input: exit 1, still one line
             sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
             return 1

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -177,13 +178,15 @@ def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (seed * 1_000_003 + epoch * 101 + rank) % (2**63 - 1)
 
 
-def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = False) -> TrainResult:
+def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = False,
+          progress: bool = False) -> TrainResult:
     """Pretrain one configuration; returns the per-epoch history and the final metrics.
 
     Args:
         cfg: the validated run configuration.
         callbacks: called after every epoch on every rank (reporting seam for Ray Tune / MLflow).
         resume: continue from ``<output_dir>/checkpoint.pt`` if it exists.
+        progress: show progress within each epoch on rank 0 (a bar on a terminal, a few log lines otherwise).
 
     Raises:
         NonFiniteLossError: if the loss becomes NaN/inf.
@@ -195,13 +198,14 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
     """
     runtime = _setup_runtime(cfg)
     try:
-        return _train(cfg, runtime, callbacks, resume)
+        return _train(cfg, runtime, callbacks, resume, progress)
     finally:
         if runtime.owns_process_group:
             dist.destroy_process_group()
 
 
-def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], resume: bool) -> TrainResult:
+def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], resume: bool,
+           progress: bool = False) -> TrainResult:
     """Build the run, restore it, train the remaining epochs, then the linear probe if configured."""
     run = _build_run(cfg, runtime)
     start_epoch, history = _restore(run, resume)
@@ -211,7 +215,9 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
         run.steps_per_epoch, cfg.optim.batch_size, run.derived.lr, run.derived.num_negatives,
     )
     for epoch in range(start_epoch, cfg.optim.epochs):
-        stats = _train_one_epoch(run, epoch)
+        with StepProgress(epoch + 1, cfg.optim.epochs, run.steps_per_epoch,
+                          enabled=progress and runtime.rank == 0) as bar:
+            stats = _train_one_epoch(run, epoch, bar)
         metrics = stats.metrics(runtime) | {M.EPOCH: epoch + 1}
         if (epoch + 1) % cfg.eval.knn_every == 0 or epoch + 1 == cfg.optim.epochs:  # always after the last
             metrics |= _knn_metrics(run)
@@ -431,7 +437,45 @@ class EpochStats:
         return metrics
 
 
-def _train_one_epoch(run: Run, epoch: int) -> EpochStats:
+class StepProgress:
+    """Progress within an epoch: a tqdm bar (steps, images/s, ETA) on a terminal, else a log line at each quarter
+    of the epoch; nothing when disabled (Ray trials report per epoch)."""
+
+    def __init__(self, epoch: int, epochs: int, steps: int, enabled: bool) -> None:
+        self.epoch, self.epochs, self.steps, self.enabled = epoch, epochs, steps, enabled
+        self.bar: Any = None
+        self.done = 0
+        self.images = 0
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> StepProgress:
+        if self.enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.steps, desc=f"epoch {self.epoch}/{self.epochs}", unit="step", leave=False,
+                            dynamic_ncols=True)
+        return self
+
+    def step(self, images: int) -> None:
+        if not self.enabled:
+            return
+        self.done += 1
+        self.images += images
+        rate = self.images / max(time.perf_counter() - self.started, 1e-9)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{rate:.0f} img/s", refresh=False)
+        elif self.done in {math.ceil(self.steps * q / 4) for q in (1, 2, 3)}:
+            eta = (self.steps - self.done) * (time.perf_counter() - self.started) / self.done
+            log.info("epoch %d/%d: step %d/%d, %.0f img/s, %.0f s left in the epoch", self.epoch, self.epochs,
+                     self.done, self.steps, rate, eta)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None) -> EpochStats:
     """One pass over this rank's shard of the epoch's permutation, one optimizer step per batch."""
     cfg, device = run.cfg, run.runtime.device
     run.sampler.set_epoch(epoch)
@@ -463,6 +507,8 @@ def _train_one_epoch(run: Run, epoch: int) -> EpochStats:
         run.scaler.update()
         run.framework.after_step()
         stats.add_losses({"loss": out.loss.detach(), **out.diagnostics}, images=n, lr=lr)
+        if progress is not None:
+            progress.step(n * run.runtime.world_size)
     stats.seconds = time.perf_counter() - stats.started
     return stats
 

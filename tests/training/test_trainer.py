@@ -207,3 +207,41 @@ def test_free_cpu_threads_leave_busy_cpus_alone():
     assert trainer.free_cpu_threads(cpus=2, load=7.0) == 1  # never 0
     assert trainer.free_cpu_threads(processes=2, cpus=8, load=0.3) == 4  # torchrun's ranks share the free CPUs
     assert trainer.free_cpu_threads(cpus=16, load=3.4) == 13
+
+
+def test_step_progress_draws_a_bar_on_a_terminal_and_log_lines_otherwise(monkeypatch, caplog):
+    import io
+    import logging
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    with trainer.StepProgress(1, 3, steps=8, enabled=True) as bar:
+        for _ in range(8):
+            bar.step(32)
+    assert "epoch 1/3:" in term.getvalue() and "/8 [" in term.getvalue() and bar.done == 8  # tqdm's bar
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal: a log line at each quarter of the epoch
+    with caplog.at_level(logging.INFO, logger="dcl_core.training.trainer"), \
+            trainer.StepProgress(2, 3, steps=8, enabled=True) as bar:
+        for _ in range(8):
+            bar.step(32)
+    steps = [r.getMessage() for r in caplog.records if "s left in the epoch" in r.getMessage()]
+    assert [m.split(",")[0] for m in steps] == ["epoch 2/3: step 2/8", "epoch 2/3: step 4/8", "epoch 2/3: step 6/8"]
+    with trainer.StepProgress(3, 3, steps=8, enabled=False) as bar:  # Ray trials: nothing
+        bar.step(32)
+    assert bar.done == 0
+
+
+def test_single_run_cli_shows_progress_within_the_first_epoch(tmp_path):
+    # Not a terminal (captured): plain progress lines, printed before the first epoch ends.
+    proc = subprocess.run([sys.executable, "-m", "dcl_core.train", "--preset", "smoke", "--epochs", "1",
+                           "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    first_step = next(i for i, ln in enumerate(lines) if "epoch 1/1: step " in ln)
+    first_epoch = next(i for i, ln in enumerate(lines) if "epoch 1/1  loss" in ln)
+    assert first_step < first_epoch
