@@ -87,7 +87,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     r.add_argument("--max-failures", type=int, default=2, help="retries of a crashed trial")
     r.add_argument("--address", default=None, help="Ray cluster address (default: local, or $RAY_ADDRESS)")
     r.add_argument("--num-cpus", type=int, default=None, help="CPUs for a local Ray (default: all)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="Ray Tune's status tables and the trials' own logs (default: a progress line and one line "
+                        "per finished trial)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the answer (table and verdicts)")
     return p
 
 
@@ -112,7 +115,8 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
     parser = build_parser(doc, default_name, presets)
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, quiet=args.quiet)
+    args.verbosity = 0 if args.quiet else 2 if args.verbose else 1
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -178,7 +182,7 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
         sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
                          f"Continue with:\n  {resume_command(argv)}\n")
         return 130
-    print("\n".join(summary_lines(outcome)))
+    print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r["status"] != "ok"]
     if outcome.rows and len(failed) == len(outcome.rows):
         sys.stderr.write(f"error: every trial failed; the first: {failed[0].get('error') or failed[0]['status']}\n")

@@ -36,6 +36,7 @@ class StudyOutcome:
     tracking_uri: str = ""
     verdicts: list[str] = field(default_factory=list)
     runs_url: str = ""
+    answer: str = ""  # the per-cell CIs, the paper, the regime and the verdicts (what -q prints)
 
 
 def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -117,14 +118,16 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     if spec.search:
         table += "\n\n" + format_best(rows, spec.search)
         files += write_search_plots(rows, spec.search, out_dir)
-    table += "\n\n" + answer.format_answer(found)
+    answer_text = answer.format_answer(found)
+    table += "\n\n" + answer_text
     atomic_write_text(out_dir / "table.txt", table + "\n")
     rob = report.robustness(shown, x, series="series")
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
-                        verdicts=[v.line() for v in found.verdicts], runs_url=redact_uri(tracker.runs_url()))
+                        verdicts=[v.line() for v in found.verdicts], runs_url=redact_uri(tracker.runs_url()),
+                        answer=answer_text)
 
 
 def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
@@ -144,12 +147,18 @@ def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
 def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
     """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
     if not spec.search:
-        return report.format_table(rows, x, spec.x_label, gap=spec.gap, series="series"), rows
+        return _caption(rows) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series="series"), rows
     searched = {x_column(k) for k in keys_of(spec.search)}
     if x in searched:  # every trial has its own x: list the trials instead of a cell table
         return format_trials(rows, spec.search), rows
     shown = best_per_cell(rows, x)  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
     return report.format_table(shown, x, spec.x_label, gap=spec.gap, series="series"), shown
+
+
+def _caption(rows: list[Row]) -> str:
+    seeds = sorted({r.get("seed") for r in rows if r.get("seed") is not None})
+    return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
+            "means\n")
 
 
 def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,

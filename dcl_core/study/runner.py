@@ -10,6 +10,8 @@ import json
 import logging
 import math
 import os
+import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
-from dcl_core.study import tracking
+from dcl_core.study import console, tracking
 from dcl_core.study.columns import short_name
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
@@ -37,6 +39,7 @@ from dcl_core.study.spec import (
     StudySpec,
     experiments,
     grid_points,
+    num_grid_points,
     validate_spec,
     varied_keys,
     with_asha,
@@ -61,20 +64,24 @@ OPTIONS_FILE = "study_options.json"
 
 
 
-def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None) -> None:
-    """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``)."""
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
+             worker_logs: bool = True) -> None:
+    """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
+    ``worker_logs=False`` keeps the trials' own log lines (and Ray's start-up messages) off the console: a trial's
+    outcome still reaches the study through Tune."""
+    quiet = {} if worker_logs else {"logging_level": logging.WARNING}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or None, log_to_driver=True)
+        ray.init(address=address or None, log_to_driver=worker_logs, **quiet)
         return
     # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
     # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
     ray.init(
         address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-        _node_ip_address="127.0.0.1", log_to_driver=True,
+        _node_ip_address="127.0.0.1", log_to_driver=worker_logs, **quiet,
     )
 
 
@@ -113,7 +120,9 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
         _prepare_output(spec, options, exps, existing)
 
-        init_ray(options.address, options.num_cpus)
+        init_ray(options.address, options.num_cpus, worker_logs=options.verbosity >= console.VERBOSE)
+        if options.verbosity < console.VERBOSE:
+            logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
         if not local:
             _warn_if_cluster_too_small(options.resources, ray.cluster_resources())
         if options.workers > 1 and options.max_concurrent is None:
@@ -127,8 +136,10 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
                                         description=spec.description)
         tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
         rows: list[Row] = []
+        progress = {"total": sum(_trials_of(spec, e) for e in exps), "done": 0, "started": time.time()}
         for experiment in exps:
-            results = _run_experiment(spec, experiment, options, tracker)
+            results = _run_experiment(spec, experiment, options, tracker, progress)
+            progress["done"] += _trials_of(spec, experiment)
             _raise_if_interrupted(storage_join(options.storage, experiment.name))
             rows.extend(tune_rows(results))
         return summarize(spec, rows, options.output_dir, tracker)
@@ -254,8 +265,12 @@ def _delete_optuna_studies(output_dir: Path, names: list[str]) -> None:
             optuna.delete_study(study_name=name, storage=storage)
 
 
+def _trials_of(spec: StudySpec, experiment: Experiment) -> int:
+    return spec.num_samples if spec.search is not None else num_grid_points(experiment.grid)
+
+
 def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptions,
-                    tracker: tracking.StudyTracker) -> Any:
+                    tracker: tracking.StudyTracker, progress: dict[str, Any] | None = None) -> Any:
     """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``."""
     storage = str(options.storage)
     exp_uri = storage_join(storage, experiment.name)
@@ -273,6 +288,9 @@ def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptio
                                   grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
     callback = tracking.MLflowTrialCallback(tracker, tag_keys={"loss": "loss.name", "seed": "seed"},
                                             save_checkpoint=options.save_checkpoints, storage=storage)
+    progress = progress or {"total": _trials_of(spec, experiment), "done": 0, "started": time.time()}
+    console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,
+                                           progress["started"])
     name = functools.partial(_trial_name, keys=varied_keys(spec))
     tuner = tune.Tuner(
         fn,
@@ -289,7 +307,26 @@ def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptio
             name=experiment.name, storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[callback], verbose=1,
+            callbacks=[callback, console_line], verbose=2 if options.verbosity >= console.VERBOSE else 0,
         ),
     )
-    return tuner.fit()
+    with _tune_output(verbose=options.verbosity >= console.VERBOSE):
+        return tuner.fit()
+
+
+@contextlib.contextmanager
+def _tune_output(verbose: bool) -> Iterator[None]:
+    """Tune's console output: its status tables with ``-v``; otherwise none at all (its newer output engine prints
+    a configuration box and result paths even at verbosity 0; the classic one prints nothing)."""
+    if verbose:
+        yield
+        return
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before

@@ -85,6 +85,7 @@ class StudyOptions:
     address: str | None = None
     num_cpus: int | None = None
     save_checkpoints: bool = _fixed(False)
+    verbosity: int = 1  # 0: only the answer (-q); 1: a progress line and a line per trial; 2: Ray's tables (-v)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or not 0 < self.cpus_per_worker < math.inf or not 0 <= self.gpus_per_worker < math.inf:

@@ -55,6 +55,10 @@ def runs_of(out, name):
 def test_temperature_study_smoke_end_to_end(tmp_path):
     out = tmp_path / "t"
     proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints"))
+    # A console that answers: a line per finished trial, no Tune tables, no traceback, the answer last.
+    assert "[4/4] " in proc.stdout and "Trial status" not in proc.stdout and "Configuration for experiment" not in (
+        proc.stdout) and "Traceback" not in proc.stderr
+    assert len(proc.stdout.splitlines()) + len(proc.stderr.splitlines()) < 60
     # The Table-18-shaped table, the plot and the experiment name are printed.
     assert "tau" in proc.stdout and "Std" in proc.stdout and "infonce" in proc.stdout and "dcl" in proc.stdout
     assert "temperature_sweep.png" in proc.stdout and "experiment 'temperature_sweep'" in proc.stdout

@@ -1,0 +1,95 @@
+"""What a study prints while it runs: one live progress line (tqdm, on a terminal) and one line per finished trial.
+
+Ray Tune's own status tables (hundreds of lines of configs) are shown only with ``-v``; ``-q`` prints nothing
+until the answer. Tune pickles its callbacks with the experiment (``--resume`` restores them), so the bar is made
+on first use and never pickled.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+from ray import tune
+
+from dcl_core import metrics as M
+
+QUIET, PROGRESS, VERBOSE = 0, 1, 2
+
+
+class ConsoleProgress(tune.Callback):
+    """Progress of one Tune experiment of a study: ``done`` trials of the study finished before it started,
+    ``total`` in the whole study, which started at ``started`` (``time.time()``)."""
+
+    def __init__(self, name: str, total: int, done: int = 0, verbosity: int = PROGRESS,
+                 started: float | None = None) -> None:
+        self.name, self.total, self.done, self.verbosity = name, total, done, verbosity
+        self.started = started or time.time()
+        self.failed = 0
+        self.running: set[str] = set()
+        self._bar: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_bar": None, "running": set()}
+
+    @property
+    def bar(self) -> Any:
+        if self._bar is None and self.verbosity == PROGRESS and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self.total, initial=self.done, desc=self.name, unit="trial", file=sys.stderr,
+                             dynamic_ncols=True)
+        return self._bar
+
+    def _refresh(self) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"running {len(self.running)}, failed {self.failed}")
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self.running.add(trial.trial_id)
+        self._refresh()
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._finished(trial, failed=bool((trial.last_result or {}).get(M.DIVERGED)))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._finished(trial, failed=True)
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _finished(self, trial: Any, failed: bool) -> None:
+        self.running.discard(trial.trial_id)
+        self.done += 1
+        self.failed += failed
+        if self.verbosity != PROGRESS:
+            return
+        line = f"[{self.done}/{self.total}] {trial_line(trial, failed)}"
+        if self.bar is not None:
+            self.bar.write(line)
+            self.bar.update(1)
+            self._refresh()
+            return
+        elapsed = time.time() - self.started
+        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        print(f"{line}  ({elapsed / 60:.1f} min elapsed, ~{left / 60:.1f} min left)", flush=True)
+
+
+def trial_line(trial: Any, failed: bool) -> str:
+    """``dcl_t0.1_s0_…  kNN 35.2%  loss 4.123  41 s`` (or ``FAILED``/``diverged``)."""
+    r = trial.last_result or {}
+    knn, loss, secs = r.get(M.KNN_TOP1), r.get(M.TRAIN_LOSS), r.get("time_total_s")
+    parts = [str(trial)]
+    if failed:
+        parts.append("diverged" if r.get(M.DIVERGED) else "FAILED")
+    if isinstance(knn, float) and not math.isnan(knn):
+        parts.append(f"kNN {knn:.1f}%")
+    if isinstance(loss, float):
+        parts.append(f"loss {loss:.3f}")
+    if isinstance(secs, float | int):
+        parts.append(f"{secs:.0f} s")
+    return "  ".join(parts)
