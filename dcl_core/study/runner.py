@@ -64,24 +64,22 @@ OPTIONS_FILE = "study_options.json"
 
 
 
-def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
-             worker_logs: bool = True) -> None:
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None, quiet: bool = False) -> None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
-    ``worker_logs=False`` keeps the trials' own log lines (and Ray's start-up messages) off the console: a trial's
-    outcome still reaches the study through Tune."""
-    quiet = {} if worker_logs else {"logging_level": logging.WARNING}
+    The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages."""
+    levels = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or None, log_to_driver=worker_logs, **quiet)
+        ray.init(address=address or None, log_to_driver=True, **levels)
         return
     # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
     # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
     ray.init(
         address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-        _node_ip_address="127.0.0.1", log_to_driver=worker_logs, **quiet,
+        _node_ip_address="127.0.0.1", log_to_driver=True, **levels,
     )
 
 
@@ -120,7 +118,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
         _prepare_output(spec, options, exps, existing)
 
-        init_ray(options.address, options.num_cpus, worker_logs=options.verbosity >= console.VERBOSE)
+        init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if options.verbosity < console.VERBOSE:
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
         if not local:

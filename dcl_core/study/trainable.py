@@ -32,6 +32,12 @@ CAUSE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*:")  # 
 log = logging.getLogger(__name__)
 
 
+def _quiet_checkpoint_logs() -> None:
+    """Ray logs "Checkpoint successfully created at ..." for every epoch's report: noise on the study's console."""
+    for name in ("ray.train._internal.storage", "ray.train.v2._internal.execution.storage"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
     flat = {k: v for k, v in config.items() if k in CONFIG_KEYS}
     flat["output_dir"] = str(output_dir)
@@ -46,6 +52,7 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
     trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes.
     """
     resources = resources or Resources()
+    _quiet_checkpoint_logs()
     trial_id, trial_dir, work_dir = tracking.trial_context()
     if resources.num_workers > 1:
         try:
@@ -129,6 +136,7 @@ def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_d
 
 def _worker_loop(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker; the process group (gloo/NCCL) is already initialized."""
+    _quiet_checkpoint_logs()
     rank = dist.get_rank() if dist.is_initialized() else 0
     # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes
     # checkpoints, which reach the Train run's storage through the report; other ranks only need a place to
