@@ -695,7 +695,8 @@ class StudyTracker:
         """The MLflow UI's runs view of this study's experiment (``ui``: where ``mlflow ui`` serves a local
         store; a tracking server's own address otherwise)."""
         base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ui
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs"
+        # workflowType: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview.
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs?workflowType=machine_learning"
 
     def _search(self, filter_string: str) -> list[Any]:
         return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)

@@ -100,7 +100,8 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     exp = client.get_experiment_by_name("temperature_sweep")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert exp.tags["mlflow.note.content"].startswith("Is DCL less sensitive to the temperature τ than InfoNCE?")
-    assert f"runs:   http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs" in proc.stdout
+    runs = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+    assert f"runs:   {runs}" in proc.stdout
 
 
 def test_batch_study_with_optuna_search(tmp_path):

@@ -83,7 +83,8 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     assert m["cell/dcl/16/ci_hi"] > m["cell/dcl/16/mean"] > m["cell/dcl/16/ci_lo"]
     exp = client.get_experiment_by_name("batch_study")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # not a GenAI experiment
-    assert outcome.runs_url == f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs"
+    assert outcome.runs_url == (
+        f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning")
     assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
         a.path for a in client.list_artifacts(run.info.run_id)}
 
