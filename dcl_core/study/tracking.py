@@ -980,6 +980,11 @@ class MLflowTrialCallback(tune.Callback):
         diverged = bool(last.get(M.DIVERGED)) or bool(last.get(M.FAILED))
         if last.get(M.ERROR):
             self.tracker.set_tag(run_id, "error", str(last[M.ERROR])[:5000])
+        knn = last.get(M.KNN_TOP1)
+        varied = ", ".join(f"{tag} {trial.config.get(key)}" for tag, key in self.tag_keys.items())
+        outcome = ("failed" if failed or diverged else
+                   f"kNN top-1 {knn:.2f}% after {last.get(M.EPOCH)} epochs" if isinstance(knn, float) else "finished")
+        self.tracker.set_tag(run_id, "mlflow.note.content", f"{varied}: {outcome}")  # the run's description
         hists = self.q_hists.pop(trial.trial_id, None)
         if hists:
             with tempfile.TemporaryDirectory() as d:

@@ -74,6 +74,8 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
         assert set(CONFIG_KEYS) <= set(r.data.params)  # every config value, flattened dotted keys
         assert r.data.tags["study"] == "temperature_sweep" and r.data.tags["loss"] in ("infonce", "dcl")
         assert r.data.tags["seed"] == "0" and len(r.data.tags["git_commit"]) in (40, 7)
+        assert r.data.tags["temperature"] in ("0.1", "0.5")  # the swept key, for the runs table to group by
+        assert r.data.tags["mlflow.note.content"].startswith(f"loss {r.data.tags['loss']}, seed 0, temperature ")
         assert r.data.tags["mlflow.parentRunId"] == summary[0].info.run_id  # nested under the study's run
         for metric in ("train/loss", "eval/knn_top1", "train/q_mean", "train/q_cv", "train/lr", "train/images_per_s"):
             assert metric in r.data.metrics, metric
