@@ -7,7 +7,7 @@ points at batch 32 and +2.2 at 512. This study runs that grid with several seeds
 one MLflow run per trial plus a summary run. Every batch size sees the same images per epoch, so trials cost the
 same; the learning rate follows the linear scaling rule in dcl_core.config.derive.
 
-    python studies/batch_size_sweep.py                  # CPU default: 2 cores, 13 min
+    python studies/batch_size_sweep.py                  # CPU default: 2 cores, 7-13 min
     python studies/batch_size_sweep.py --smoke          # ~1 min, for tests
     python studies/batch_size_sweep.py --preset cpu_long  # 39 min: tau 0.07, 40 epochs, batch 16-128
     python studies/batch_size_sweep.py --dry-run        # the trials and their estimated cost, nothing run
@@ -16,7 +16,7 @@ same; the learning rate follows the linear scaling rule in dcl_core.config.deriv
 It ends with the answer: per-cell 95% CIs, the gap paired by seed, Table 1 beside ours, the cells' q_B regime,
 and verdicts on the gap at the smallest batch and its slope per doubling of the batch (bootstrap CIs).
 
-Cost: cpu 13 min on 2 cores (measured; 40 trials: 2 losses × batch 32-256 × 5 seeds, 2 at a time); cpu_long
+Cost: cpu 6.5-13 min on 2 cores (measured on two days; 40 trials: 2 losses × batch 32-256 × 5 seeds); cpu_long
 38.7 min (measured; 24 trials: 2 losses × batch 16-128 × 3 seeds); paper = 2 losses × 5 batch sizes × 200 epochs
 of ResNet-18 on CIFAR-10.
 """

@@ -6,7 +6,7 @@ This study runs the same grid (several seeds per cell) and prints a Table-18-sha
 with each loss's Std and range across τ, writes the plot (kNN top-1 vs τ), and logs one MLflow run per trial
 plus a summary run.
 
-    python studies/temperature_sweep.py                  # CPU default: 2 cores, 15 min
+    python studies/temperature_sweep.py                  # CPU default: 2 cores, 7-15 min
     python studies/temperature_sweep.py --smoke          # ~1 min, for tests
     python studies/temperature_sweep.py --preset cpu_long  # 38 min: 40 epochs at batch 16, into the NPC regime
     python studies/temperature_sweep.py --search optuna  # TPE search for the best τ (and lr) per loss
@@ -16,7 +16,7 @@ plus a summary run.
 It ends with the answer: per-cell 95% CIs, DCL − InfoNCE paired by seed, Table 18 beside ours, the cells' q_B
 regime, and the verdict on Std-across-τ(InfoNCE) − Std-across-τ(DCL) with a bootstrap CI.
 
-Cost: cpu 14.4 min on 2 cores (measured; 40 trials: 2 losses × 4 τ × 5 seeds, ~43 s each, 2 at a time);
+Cost: cpu 6.7-14.4 min on 2 cores (measured on two days; 40 trials: 2 losses × 4 τ × 5 seeds, 2 at a time);
 cpu_long 37.5 min (measured; 24 trials: 2 losses × 4 τ × 3 seeds, 40 epochs at batch 16); paper = 2 losses ×
 11 τ × 500 epochs of ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on V100-class GPUs).
 """

@@ -270,21 +270,42 @@ class Run:
         return _unwrap(self.model).backbone
 
 
-def free_cpu_threads(processes: int = 1, cpus: int | None = None, load: float | None = None) -> int:
-    """Intra-op threads for each of ``processes`` on this machine: the CPUs the 1-minute load average leaves free,
-    shared out, at least 1. Threads beyond the free CPUs cost far more than they bring: on a busy 2-core machine 2
-    threads trained a ResNet-18 ×0.25 at 27 images/s where 1 thread gave 178 (README, Performance)."""
+def free_cpu_threads(processes: int = 1, cpus: int | None = None, busy: float | None = None) -> int:
+    """Intra-op threads for each of ``processes`` on this machine: the CPUs not busy right now (measured over a
+    fraction of a second, :func:`busy_cpus`), shared out, at least 1. Threads beyond the free CPUs cost far more
+    than they bring: on a busy 2-core machine 2 threads trained a ResNet-18 ×0.25 at 27 images/s where 1 thread
+    gave 178 (README, Performance)."""
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except OSError:  # not available on this platform
-            load = 0.0
-    threads = max(1, math.floor((cpus - load + 0.5) / max(1, processes)))
-    log.info("torch threads: %d (%d CPUs, load %.1f, %d process(es); --threads to choose)", threads, cpus, load,
+    if busy is None:
+        busy = busy_cpus()
+    threads = max(1, math.floor((cpus - busy + 0.5) / max(1, processes)))
+    log.info("torch threads: %d (%d CPUs, %.1f busy, %d process(es); --threads to choose)", threads, cpus, busy,
              processes)
     return threads
+
+
+def busy_cpus(window: float = 0.5) -> float:
+    """How many CPUs other work keeps busy now: /proc/stat's non-idle share over ``window`` seconds times the CPU
+    count (the 1-minute load average lags: it still counts a job that ended a minute ago). Falls back to the load
+    average where /proc/stat is missing."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)  # idle + iowait, total
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(window)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        try:
+            return os.getloadavg()[0]
+        except OSError:
+            return 0.0
+    total = max(total1 - total0, 1)
+    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / total)
 
 
 def _build_run(cfg: Config, runtime: Runtime) -> Run:

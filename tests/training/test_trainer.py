@@ -3,6 +3,7 @@ CIFAR-10 (smoke preset): metrics, determinism, resume, failures."""
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,11 +203,12 @@ def test_same_seed_gives_every_loss_the_same_init_and_data_order(tmp_path):
 
 def test_free_cpu_threads_leave_busy_cpus_alone():
     # 0 = auto: a loaded machine gets fewer threads (oversubscribed intra-op threads run several times slower).
-    assert trainer.free_cpu_threads(cpus=2, load=0.0) == 2
-    assert trainer.free_cpu_threads(cpus=2, load=1.2) == 1
-    assert trainer.free_cpu_threads(cpus=2, load=7.0) == 1  # never 0
-    assert trainer.free_cpu_threads(processes=2, cpus=8, load=0.3) == 4  # torchrun's ranks share the free CPUs
-    assert trainer.free_cpu_threads(cpus=16, load=3.4) == 13
+    assert trainer.free_cpu_threads(cpus=2, busy=0.0) == 2
+    assert trainer.free_cpu_threads(cpus=2, busy=1.2) == 1
+    assert trainer.free_cpu_threads(cpus=2, busy=7.0) == 1  # never 0
+    assert trainer.free_cpu_threads(processes=2, cpus=8, busy=0.3) == 4  # torchrun's ranks share the free CPUs
+    assert trainer.free_cpu_threads(cpus=16, busy=3.4) == 13
+    assert 0.0 <= trainer.busy_cpus(window=0.05) <= (os.cpu_count() or 1) + 1e-9
 
 
 def test_step_progress_draws_a_bar_on_a_terminal_and_log_lines_otherwise(monkeypatch, caplog):
