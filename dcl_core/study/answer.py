@@ -243,6 +243,8 @@ def format_cells(answer: Answer) -> str:
     """One line per x: each series' mean and 95% t-interval over seeds, each paired gap, the cells' mean q_B, and
     the paper's value of each series at that x (``-`` where the paper has none)."""
     names = list(answer.cells)
+    if not names:
+        return "Per cell: no finished trial, nothing to estimate"
     xs = sorted({x for by_x in answer.cells.values() for x in by_x})
     paper = paper_curves(answer.claim, names)
     cols = [*names, *answer.pairs]

@@ -96,3 +96,10 @@ def test_gap_points_pair_dcl_and_infonce_cells_across_studies():
     assert len(pts) == 4 and {p["label"] for p in pts} == {"a", "b"}
     p = next(p for p in pts if p["label"] == "a" and p["one_minus_q"] == pytest.approx(0.2))  # τ = 0.1 cell
     assert p["n"] == 5 and p["lo"] <= p["gap"] <= p["hi"]
+
+
+def test_a_study_whose_every_trial_failed_still_has_an_answer():
+    failed = [{**r, "status": "error", "knn_top1": None} for r in rows(effect=0.0, noise=1.0)]
+    a = build_answer(failed, "temperature", "tau", [FLATTER], paper="temperature_sweep")
+    text = format_answer(a)
+    assert "no finished trial" in text and "not measurable" in text.splitlines()[-1]
