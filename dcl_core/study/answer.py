@@ -53,13 +53,13 @@ class Question:
         if self.statistic == "std_difference":
             return partial(stats.std_difference, worse=self.base, better=self.better)
         if self.statistic == "gap_at_smallest":
-            return partial(_gap_at_smallest, better=self.better, base=self.base)
+            return partial(stats.gap_at_smallest, better=self.better, base=self.base)
         if self.statistic == "gap_slope":
             return partial(stats.gap_slope, better=self.better, base=self.base)
         if self.statistic == "best_margin":
             return partial(stats.best_margin, series=self.better, baseline_x=self.baseline_x)
         if self.statistic == "best_gap":
-            return partial(_best_gap, better=self.better, base=self.base)
+            return partial(stats.best_gap, better=self.better, base=self.base)
         raise ValueError(f"unknown statistic {self.statistic!r}")
 
     def paper_value(self, claim: PaperClaim | None, study: str | None) -> float | None:
@@ -68,18 +68,6 @@ class Question:
         if self.paper_key is None:
             return claim.headline
         return EXTRA_HEADLINES.get(study or "", {}).get(self.paper_key)
-
-
-def _best_gap(means: Means, better: str, base: str) -> float:
-    """The best cell of ``better`` minus the best cell of ``base`` (tuned against tuned, DCL Table 3)."""
-    if not means.get(better) or not means.get(base):
-        return math.nan
-    return max(means[better].values()) - max(means[base].values())
-
-
-def _gap_at_smallest(means: Means, better: str, base: str) -> float:
-    common = sorted(set(means.get(better, {})) & set(means.get(base, {})))
-    return stats.gap_at(means, better, base, common[0]) if common else math.nan
 
 
 @dataclass(frozen=True)

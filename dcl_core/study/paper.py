@@ -28,11 +28,11 @@ over all 11 τ (≈ 0.89), which is what a study over the full grid measures.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+
+from dcl_core.study import stats
 
 X = float | int  # a table's x: τ, batch size, queue size, epochs, σ, K
 
@@ -87,33 +87,31 @@ def gap(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, 
     return {x: _clean(b[x] - a[x]) for x in sorted(set(b) & set(a))}
 
 
+def _pair(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> dict[str, Mapping]:
+    """Two series as the cell means :mod:`dcl_core.study.stats` computes statistics of: the paper's headline is
+    the same function of its numbers as ours is of our cells."""
+    return {"better": _values(better), "base": _values(base)}
+
+
 def gap_at_smallest(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """``better − base`` at the smallest x both have (NaN if none)."""
-    g = gap(better, base)
-    return g[min(g)] if g else math.nan
+    return _clean(stats.gap_at_smallest(_pair(better, base), "better", "base"))
 
 
 def gap_slope(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """Least-squares slope of ``better − base`` against log2 x over the x both have (per doubling of x)."""
-    g = gap(better, base)
-    if len(g) < 2:
-        return math.nan
-    xs = [math.log2(x) for x in g]
-    ys = list(g.values())
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return _clean(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs))
+    return _clean(stats.gap_slope(_pair(better, base), "better", "base"))
 
 
 def std_across(s: PaperSeries | Mapping[X, float], ddof: int = 1, xs: Iterable[X] | None = None) -> float:
     """Standard deviation of a series' values across x (``ddof`` 1 = sample, 0 = population), over ``xs`` if given."""
     v = _values(s)
-    ys = [v[x] for x in (v if xs is None else xs)]
-    return statistics.stdev(ys) if ddof == 1 else statistics.pstdev(ys) if ddof == 0 else math.nan
+    return stats.std_across({x: v[x] for x in (v if xs is None else xs)}, ddof=ddof)
 
 
 def best_gap(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """The best value of ``better`` minus the best of ``base`` (tuned against tuned)."""
-    return _clean(max(_values(better).values()) - max(_values(base).values()))
+    return _clean(stats.best_gap(_pair(better, base), "better", "base"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -234,6 +234,19 @@ def gap_at(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str
     return nan if a is None or b is None else a - b
 
 
+def gap_at_smallest(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
+    """``better − base`` at the smallest x both series have; nan when they share none."""
+    common = sorted(set(cell_means.get(better, {})) & set(cell_means.get(base, {})))
+    return gap_at(cell_means, better, base, common[0]) if common else nan
+
+
+def best_gap(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
+    """The best cell of ``better`` minus the best cell of ``base`` (tuned against tuned, DCL Table 3)."""
+    if not cell_means.get(better) or not cell_means.get(base):
+        return nan
+    return max(cell_means[better].values()) - max(cell_means[base].values())
+
+
 def gap_slope(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str, log2_x: bool = True) -> float:
     """Least-squares slope of ``better − base`` against log2(x) (or x), over the x in both series (x > 0 for
     log2); nan with fewer than 2 distinct x."""
