@@ -15,6 +15,7 @@ from dcl_core import metrics as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
 from dcl_core.study import answer, report
 from dcl_core.study.columns import COLUMNS, x_column
+from dcl_core.study.mlflow_view import compare_view
 from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.spec import StudySpec
@@ -36,6 +37,7 @@ class StudyOutcome:
     tracking_uri: str = ""
     verdicts: list[str] = field(default_factory=list)
     runs_url: str = ""
+    compare_url: str = ""  # the runs page in the study's saved view (cells grouped, kNN and q_B charts)
     answer: str = ""  # the per-cell CIs, the paper, the regime and the verdicts (what -q prints)
 
 
@@ -127,6 +129,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
                         verdicts=[v.line() for v in found.verdicts], runs_url=redact_uri(tracker.runs_url()),
+                        compare_url=f"{redact_uri(tracker.runs_url())}&{compare_view(spec).url_query()}",
                         answer=answer_text)
 
 
@@ -184,7 +187,8 @@ def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
         f"plot:    {outcome.files[2]}",
         f"MLflow:  experiment {outcome.experiment!r} at {uri}",
         f"         {browse}",
-        f"         runs:   {outcome.runs_url}",
+        f"         runs:    {outcome.runs_url}",
+        f"         compare: {outcome.compare_url}",
         "",
         outcome.table,
     ]

@@ -26,7 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
-from dcl_core.study import console, tracking
+from dcl_core.study import console, mlflow_view, tracking
 from dcl_core.study.columns import short_name, x_column
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
@@ -131,7 +131,8 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
                                         artifact_root=options.output_dir / "mlartifacts",
                                         tags={"study": spec.name, "git_commit": tracking.git_commit()},
                                         journal_dir=summary_dir(options.output_dir, spec.name),
-                                        description=spec.description)
+                                        description=spec.description,
+                                        experiment_tags=dict([mlflow_view.compare_view(spec).tag()]))
         tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
         rows: list[Row] = []
         progress = {"total": sum(_trials_of(spec, e) for e in exps), "done": 0, "started": time.time()}

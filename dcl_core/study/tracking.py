@@ -386,10 +386,12 @@ class StudyTracker:
 
     def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
                  tags: Mapping[str, str] | None = None, journal_dir: Path | None = None, *,
-                 cooldown: float = 30.0, http_timeout: int = 10, http_retries: int = 1, description: str = "") -> None:
+                 cooldown: float = 30.0, http_timeout: int = 10, http_retries: int = 1, description: str = "",
+                 experiment_tags: Mapping[str, str] | None = None) -> None:
         self.tracking_uri = _move_credentials(tracking_uri)
         self.experiment = experiment
         self.description = description
+        self.experiment_tags = dict(experiment_tags or {})
         self.artifact_root = artifact_root
         self.tags = dict(tags or {})
         self.journal_dir = Path(journal_dir).resolve() if journal_dir is not None else None
@@ -671,9 +673,11 @@ class StudyTracker:
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is not None:
                 self.experiment_id = exp.experiment_id
+                tags = dict(self.experiment_tags)  # this run's saved view replaces the last run's
                 if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version: MLflow would guess its kind
-                    for key, value in self._experiment_tags().items():
-                        self.client.set_experiment_tag(exp.experiment_id, key, value)
+                    tags |= self._experiment_tags()
+                for key, value in tags.items():
+                    self.client.set_experiment_tag(exp.experiment_id, key, value)
             else:
                 location = None
                 if self.artifact_root is not None and not self.tracking_uri.startswith(
@@ -684,9 +688,10 @@ class StudyTracker:
         return self.experiment_id
 
     def _experiment_tags(self) -> dict[str, str]:
-        """A model-training experiment (MLflow 3's UI would otherwise guess GenAI and open on an empty Traces
-        page), described by the study's question."""
-        tags = {EXPERIMENT_KIND_TAG: "custom_model_development"}
+        """A model-training experiment described by the study's question, with the caller's tags (the study's
+        saved view, :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose an experiment's page by its kind
+        tag and guessed GenAI without it; 3.17's follows a per-browser mode instead (README: browse the runs)."""
+        tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self.experiment_tags}
         if self.description:
             tags["mlflow.note.content"] = self.description
         return tags

@@ -1,6 +1,9 @@
-"""The MLflow UI opens a study's experiment on its runs, checked in a real headless Chromium
-(``.ci/check_mlflow_ui.py``; ``.ci/run`` installs Debian's chromium)."""
+"""The MLflow UI shows a study as the README says, clicked through in a real headless Chromium driven by
+Playwright (``.ci/check_mlflow_ui.py``; ``.ci/run`` installs Debian's chromium, the ``test`` extra Playwright):
+the printed ``runs:`` URL, the ``compare:`` URL's saved view, and the clicks from the experiment list."""
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +13,7 @@ import pytest
 
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
+from dcl_core.study.mlflow_view import compare_view, read_tag
 from dcl_core.study.results import summarize
 from dcl_core.study.storage import default_tracking_uri
 from dcl_core.study.tracking import StudyTracker
@@ -18,17 +22,52 @@ from search_spaces import Grid
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium (apt-get install chromium)")
-def test_runs_url_opens_the_runs_table_not_the_genai_overview(tmp_path):
-    spec = StudySpec(name="ui_study", base=preset("smoke"), grid={"loss.temperature": Grid((0.1,))},
+def _study(tmp_path: Path):
+    """A two-loss, two-τ, two-seed study's MLflow store as the runner writes it (tracker, tags, saved view),
+    with made-up accuracies instead of training."""
+    spec = StudySpec(name="ui_study", base=preset("smoke"),
+                     grid={"loss.name": Grid(("infonce", "dcl")), "seed": Grid((0, 1)),
+                           "loss.temperature": Grid((0.1, 0.5))},
                      x_key="loss.temperature", x_label="tau", description="Is the UI on the runs?")
-    rows = [{"trial_id": f"{lo}", "status": "ok", "loss": lo, "temperature": 0.1, "seed": 0, "knn_top1": 30.0,
-             "config": {}} for lo in ("infonce", "dcl")]
     tracker = StudyTracker(default_tracking_uri(tmp_path), "ui_study", tmp_path / "mlartifacts", {},
-                           description=spec.description).open()
-    outcome = summarize(spec, rows, tmp_path, tracker)
+                           description=spec.description, experiment_tags=dict([compare_view(spec).tag()])).open()
+    rows = []
+    for loss in ("infonce", "dcl"):
+        for tau in (0.1, 0.5):
+            for seed in (0, 1):
+                knn = 30.0 + (loss == "dcl") - tau + seed / 10
+                run = tracker.trial_run(f"{loss}{tau}{seed}", f"{loss}_s{seed}_t{tau}",
+                                        {"loss": loss, "seed": str(seed), "temperature": str(tau)},
+                                        {"loss.name": loss, "loss.temperature": tau, "seed": seed})
+                tracker.log_metrics(run, {"eval/knn_top1": knn, "train/q_mean": 0.9 - tau / 10}, step=1)
+                tracker.end_run(run)
+                rows.append({"trial_id": run, "status": "ok", "loss": loss, "temperature": tau, "seed": seed,
+                             "knn_top1": knn, "config": {}})
+    return summarize(spec, rows, tmp_path, tracker)
+
+
+def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
+    outcome = _study(tmp_path)
     assert outcome.runs_url.endswith("/runs?workflowType=machine_learning")
+    assert outcome.compare_url == outcome.runs_url + "&viewStateShareKey=dcl_compare&compareRunsMode=CHART"
+    from mlflow.tracking import MlflowClient
+    exp = MlflowClient(default_tracking_uri(tmp_path)).get_experiment_by_name("ui_study")
+    name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
+    assert name == "cells: kNN by temperature × loss"  # the seed is what a cell averages over, not a group
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "temperature"},
+                                               {"mode": "tag", "groupByData": "loss"}]
+    charts = {(c["xaxis"]["key"], c["yaxis"]["key"]) for c in state["compareRunCharts"] if c["type"] == "SCATTER"}
+    assert charts == {("loss.temperature", "eval/knn_top1"), ("train/q_mean", "eval/knn_top1")}
+
+
+# CI installs both, and there a missing one fails the test (the check exits 2) instead of skipping it.
+@pytest.mark.skipif((shutil.which("chromium") is None or importlib.util.find_spec("playwright") is None)
+                    and not os.environ.get("CI"),
+                    reason="no chromium (apt-get install chromium) or no playwright (the test extra)")
+def test_readme_clicks_in_a_real_browser(tmp_path):
+    _study(tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / ".ci" / "check_mlflow_ui.py"), str(tmp_path), "ui_study"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "title: 'Runs - Experiment" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert sum(ln.startswith("ok ") for ln in lines) == 7 and not any(ln.startswith("FAIL") for ln in lines)

@@ -19,6 +19,7 @@ from mlflow.tracking import MlflowClient
 from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
+from dcl_core.study.mlflow_view import read_tag
 from dcl_core.study.report import read_table
 from dcl_core.training.checkpoint import load_checkpoint
 
@@ -103,7 +104,13 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     assert exp.tags["mlflow.note.content"].startswith("Is DCL less sensitive to the temperature τ than InfoNCE?")
     runs = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
-    assert f"runs:   {runs}" in proc.stdout
+    assert f"runs:    {runs}" in proc.stdout
+    # The saved view the compare URL opens: the trials grouped into the study's cells, kNN charted against τ.
+    assert f"compare: {runs}&viewStateShareKey=dcl_compare&compareRunsMode=CHART" in proc.stdout
+    name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
+    assert name == "cells: kNN by temperature × loss" and state["runsHiddenMode"] == "SHOW_ALL"
+    assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["temperature", "loss"]
+    assert {"temperature", "loss"} <= set(trials[0].data.tags)  # the tags it groups by exist on every trial
 
 
 def test_batch_study_with_optuna_search(tmp_path):
