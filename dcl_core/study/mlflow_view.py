@@ -21,7 +21,7 @@ from typing import Any
 
 from dcl_core import metrics as M
 from dcl_core.study.columns import x_column
-from dcl_core.study.spec import StudySpec, varied_keys
+from dcl_core.study.spec import StudySpec, trial_tags
 from search_spaces import keys_of
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
@@ -59,12 +59,12 @@ def read_tag(value: str) -> tuple[str, dict[str, Any]]:
 
 
 def group_tags(spec: StudySpec) -> list[str]:
-    """The run tags that name a study's cell: each grid key's tag (the swept quantity first), then ``loss``.
-    Searched keys and the seed are left out: a cell's trials differ in them."""
+    """The trial tags that name a study's cell: each grid key's (the swept quantity first), then ``loss``. The
+    seed and searched keys are left out: a cell's trials differ in them."""
     searched = keys_of(spec.search) if spec.search else set()
-    keys = [k for k in varied_keys(spec) if k not in searched and k not in ("loss.name", "seed")]
-    keys.sort(key=lambda k: k != spec.x_key)
-    return [*dict.fromkeys(x_column(k) for k in keys), "loss"]
+    tags = [t for t, key in trial_tags(spec).items() if t not in ("loss", "seed") and key not in searched]
+    tags.sort(key=lambda t: t != x_column(spec.x_key))
+    return [*tags, "loss"]
 
 
 def _metric_col(key: str) -> str:
@@ -107,7 +107,8 @@ def compare_view(spec: StudySpec) -> SavedView:
                                *({"uuid": f"dcl_{n}", "name": n, "display": False, "isReordered": False,
                                   "deleted": False, "isGenerated": True} for n in ("eval", "train"))],
         "viewMaximized": False, "runListHidden": False, "isAccordionReordered": False,
-        "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
+        # a grid's charts draw each cell's mean; a search's draw every trial (each sampled its own τ, lr)
+        "useGroupedValuesInCharts": spec.search is None, "hideEmptyCharts": True,
         "groupBy": {"aggregateFunction": "average",
                     "groupByKeys": [{"mode": "tag", "groupByData": g} for g in groups]},
         "groupsExpanded": {},

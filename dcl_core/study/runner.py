@@ -27,7 +27,7 @@ from ray.tune.search.optuna import OptunaSearch
 from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study import console, mlflow_view, tracking
-from dcl_core.study.columns import short_name, x_column
+from dcl_core.study.columns import short_name
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.spec import (
@@ -40,6 +40,7 @@ from dcl_core.study.spec import (
     experiments,
     grid_points,
     num_grid_points,
+    trial_tags,
     validate_spec,
     varied_keys,
     with_asha,
@@ -285,10 +286,7 @@ def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptio
     if options.asha:
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
                                   grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
-    # Tags name what tells a study's trials apart (loss, seed, and each swept key by its results column, e.g.
-    # temperature): the MLflow runs table groups, filters and colours by them without 48 params to pick from.
-    tag_keys = {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
-    callback = tracking.MLflowTrialCallback(tracker, tag_keys=tag_keys,
+    callback = tracking.MLflowTrialCallback(tracker, tag_keys=trial_tags(spec),
                                             save_checkpoint=options.save_checkpoints, storage=storage)
     progress = progress or {"total": _trials_of(spec, experiment), "done": 0, "started": time.time()}
     console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.columns import x_column
 from dcl_core.study.storage import absolute_storage, default_tracking_uri, redact_uri
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
@@ -256,6 +257,13 @@ def varied_keys(spec: StudySpec) -> tuple[str, ...]:
         keys += [k for k, v in grid.items() if isinstance(v, Grid) or k == "framework.name"]
     keys += sorted(keys_of(spec.search)) if spec.search else []
     return tuple(dict.fromkeys(keys))
+
+
+def trial_tags(spec: StudySpec) -> dict[str, str]:
+    """The MLflow tags every trial run carries, by name: the config key each holds (``loss``, ``seed``, and each
+    varied key by its results column, e.g. ``temperature``). The runs table groups, filters and colours by them
+    without 48 params to pick from; the study's saved view groups by them."""
+    return {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core.config import ConfigError, apply_overrides, to_flat_dict
+from dcl_core import metrics as M
+from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.mlflow_view import compare_view, read_tag
 from dcl_core.study.paper import PAPER
 from dcl_core.study.results import trial_row
-from dcl_core.study.spec import experiments, grid_points, validate_spec
+from dcl_core.study.spec import experiments, grid_points, trial_tags, validate_spec
 from dcl_core.study_cli import build_parser
+from search_spaces import keys_of
 
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = sorted(p.stem for p in (REPO / "studies").glob("*.py") if p.stem != "eqco_mi_toy")
@@ -174,3 +177,26 @@ def test_ddp_trials_run_as_many_at_a_time_as_the_cluster_holds():
     assert ddp_concurrency(Resources(4, 4.0, 1.0), {"CPU": 64.0, "GPU": 8.0}) == 2
     # An autoscaling cluster whose workers have not started yet still runs one trial (it waits, not 0).
     assert ddp_concurrency(Resources(4, 4.0, 1.0), {"CPU": 0.0}) == 1
+
+
+@pytest.mark.parametrize(("name", "preset"), presets_of(STUDIES))
+@pytest.mark.parametrize("search", ["grid", "optuna"])
+def test_the_saved_mlflow_view_groups_by_tags_every_trial_carries(name, preset, search):
+    # The view groups runs by tags: one the trials lack would put every run in MLflow's "Unassigned" group.
+    if name == "tau_lr_search" and search == "grid":
+        return
+    spec = load(name).build_spec(args_for(name, "--preset", preset, "--search", search))
+    view = compare_view(spec)
+    tags = trial_tags(spec)
+    groups = [g["groupByData"] for g in view.state["groupBy"]["groupByKeys"]]
+    searched = keys_of(spec.search) if spec.search else set()
+    assert set(groups) <= set(tags) and groups[-1] == "loss" and "seed" not in groups
+    assert not {tags[g] for g in groups} & searched  # a searched key differs between a cell's trials
+    for chart in view.state["compareRunCharts"]:
+        axes = [chart["xaxis"], chart["yaxis"]] if chart["type"] == "SCATTER" else [
+            {"key": chart["metricKey"], "type": "METRIC"}]
+        for axis in axes:
+            assert axis["key"] in (CONFIG_KEYS if axis["type"] == "PARAM" else {M.KNN_TOP1, M.Q_MEAN}), axis
+    assert view.state["useGroupedValuesInCharts"] == (spec.search is None)
+    _, value = view.tag(now_ms=0)
+    assert read_tag(value) == (view.name, view.state) and len(value) < 20_000  # MLflow's experiment tag limit
