@@ -5,12 +5,12 @@ hard positives strongly, σ → ∞ gives w = 1, i.e. DCL (σ = 1000 is in the g
 σ = 0.5 empirically. The grid mode runs σ ∈ {0.1 … 1000} with several seeds and reports each σ's kNN top-1
 (and the spread across σ); ``--search optuna`` searches σ log-uniformly in [0.1, 4] instead.
 
-    python studies/dclw_sigma_sweep.py                  # CPU default: 2 cores, 6 min
+    python studies/dclw_sigma_sweep.py                  # CPU default: 2 cores, 6.9 min
     python studies/dclw_sigma_sweep.py --smoke          # ~1 min, for tests
     python studies/dclw_sigma_sweep.py --search optuna  # TPE over σ
     ray job submit --working-dir . -- python studies/dclw_sigma_sweep.py --preset paper --gpus-per-worker 1
 
-Cost: cpu 6 min = 5 σ × 3 seeds, 8 epochs each on 2,500 CIFAR-10 images; paper = 6 σ × 200 epochs of ResNet-18 on
+Cost: cpu 6.9 min = 5 σ × 3 seeds, 8 epochs each on 2,500 CIFAR-10 images; paper = 6 σ × 200 epochs of ResNet-18 on
 CIFAR-10 at batch 256 (Table 2's setting).
 """
 

@@ -6,7 +6,7 @@ with InfoNCE or EqCo (α = 512); the bound is averaged over 1000 fresh batches. 
 log K and grows with K; EqCo's stays put. Prints our table beside the paper's and logs it (CSV, Parquet, plot)
 to MLflow as the study's summary run.
 
-    python studies/eqco_mi_toy.py            # the paper's full scale on CPU: 40 runs x 5000 steps, 7-8 min on 2 cores
+    python studies/eqco_mi_toy.py            # the paper's full scale on CPU: 40 runs x 5000 steps, 7.3 min on 2 cores
     python studies/eqco_mi_toy.py --smoke    # seconds, for tests
     python studies/eqco_mi_toy.py --dry-run  # the runs and their estimated time (times a few steps), no Ray
 """
