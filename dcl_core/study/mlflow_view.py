@@ -95,18 +95,22 @@ def compare_view(spec: StudySpec) -> SavedView:
         charts.append(_scatter("dcl_knn_vs_x", (spec.x_key, "PARAM"), (M.KNN_TOP1, "METRIC")))
     charts += [_scatter("dcl_knn_vs_q", (M.Q_MEAN, "METRIC"), (M.KNN_TOP1, "METRIC")), _line("dcl_q_curve", M.Q_MEAN)]
     state = {
-        # search facets
-        "searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False, "startTime": "ALL",
+        # search facets: the trials only (the summary run, named after the study, holds a hundred summary metrics,
+        # each of which would get a chart section; a study name is a plain identifier, so no quote to escape)
+        "searchFilter": f"attributes.run_name != '{spec.name}'", "orderByKey": "attributes.start_time",
+        "orderByAsc": False, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         # UI state
         "selectedColumns": [_metric_col(M.KNN_TOP1), _metric_col(M.Q_MEAN), _metric_col(M.TRAIN_LOSS)],
         "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOW_ALL",
         "compareRunCharts": charts,
-        "compareRunSections": [{"uuid": _SECTION, "name": f"{spec.name}: kNN top-1 and q_B by cell", "display": True,
+        # the study's section first, kept there (isAccordionReordered, below: MLflow otherwise sorts sections by
+        # name and adds one per metric prefix); the metric prefixes' sections start folded
+        "compareRunSections": [{"uuid": _SECTION, "name": f"cells: kNN top-1 and q_B ({spec.name})", "display": True,
                                 "isReordered": False, "deleted": False, "isGenerated": False},
                                *({"uuid": f"dcl_{n}", "name": n, "display": False, "isReordered": False,
-                                  "deleted": False, "isGenerated": True} for n in ("eval", "train"))],
-        "viewMaximized": False, "runListHidden": False, "isAccordionReordered": False,
+                                  "deleted": False, "isGenerated": True} for n in ("eval", "time", "train"))],
+        "viewMaximized": False, "runListHidden": False, "isAccordionReordered": True,  # keep the sections' order
         # a grid's charts draw each cell's mean; a search's draw every trial (each sampled its own τ, lr)
         "useGroupedValuesInCharts": spec.search is None, "hideEmptyCharts": True,
         "groupBy": {"aggregateFunction": "average",

@@ -56,6 +56,10 @@ def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     assert name == "cells: kNN by temperature × loss"  # the seed is what a cell averages over, not a group
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "temperature"},
                                                {"mode": "tag", "groupByData": "loss"}]
+    # Its filter, as MLflow's search runs it, keeps the 8 trials and leaves out the summary run.
+    client = MlflowClient(default_tracking_uri(tmp_path))
+    kept = client.search_runs([exp.experiment_id], state["searchFilter"])
+    assert len(kept) == 8 and all(r.data.tags.get("dcl.summary") != "true" for r in kept)
     charts = {(c["xaxis"]["key"], c["yaxis"]["key"]) for c in state["compareRunCharts"] if c["type"] == "SCATTER"}
     assert charts == {("loss.temperature", "eval/knn_top1"), ("train/q_mean", "eval/knn_top1")}
 
