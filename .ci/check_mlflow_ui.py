@@ -32,7 +32,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from dcl_core.study.mlflow_view import VIEW_ID, VIEW_TAG_PREFIX, read_tag
+from dcl_core.study.mlflow_view import VIEW_ID, VIEW_TAG_PREFIX, read_tag, view_query
 
 TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a while
 
@@ -79,7 +79,7 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
     first_chart = state["compareRunCharts"][0]
     axis = first_chart["xaxis"]["key"] if first_chart["type"] == "SCATTER" else first_chart["metricKey"]
     runs = f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
-    compare = f"{runs}&viewStateShareKey={VIEW_ID}"
+    compare = f"{runs}&{view_query(charts=False)}"
     steps = Steps(shots)
     browser_path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     with sync_playwright() as p:
@@ -91,7 +91,7 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
             page.goto(compare)
             steps.check(page, "compare: URL (table) groups the trials into cells", "Group:", "Runs")
             steps.check(page, "... with the kNN column", "eval/knn_top1")
-            page.goto(f"{compare}&compareRunsMode=CHART")
+            page.goto(f"{runs}&{view_query(charts=True)}")
             steps.check(page, f"compare: URL (charts) draws the study's first chart (axis {axis!r})",
                         locator=page.locator("svg text", has_text=axis))
 

@@ -44,9 +44,11 @@ class SavedView:
         return VIEW_TAG_PREFIX + self.id, json.dumps({"name": self.name, "createdAt": now, "updatedAt": now,
                                                       "state": packed})
 
-    def url_query(self, charts: bool = True) -> str:
-        """The runs-page URL query that opens the view (``charts``: in the chart view, not the table)."""
-        return f"viewStateShareKey={self.id}" + ("&compareRunsMode=CHART" if charts else "")
+
+
+def view_query(charts: bool = True) -> str:
+    """The runs-page URL query that opens the study's view (``charts``: in the chart view, not the table)."""
+    return f"viewStateShareKey={VIEW_ID}" + ("&compareRunsMode=CHART" if charts else "")
 
 
 def read_tag(value: str) -> tuple[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ from dcl_core import metrics as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
 from dcl_core.study import answer, report
 from dcl_core.study.columns import COLUMNS, x_column
-from dcl_core.study.mlflow_view import compare_view
+from dcl_core.study.mlflow_view import view_query
 from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.spec import StudySpec
@@ -127,10 +127,10 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
+    runs_url = redact_uri(tracker.runs_url())  # the view's query carries no credentials (and "Key" would be masked)
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
-                        verdicts=[v.line() for v in found.verdicts], runs_url=redact_uri(tracker.runs_url()),
-                        compare_url=f"{redact_uri(tracker.runs_url())}&{compare_view(spec).url_query()}",
-                        answer=answer_text)
+                        verdicts=[v.line() for v in found.verdicts], runs_url=runs_url,
+                        compare_url=f"{runs_url}&{view_query()}", answer=answer_text)
 
 
 def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:

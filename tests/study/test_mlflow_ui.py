@@ -64,6 +64,21 @@ def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     assert charts == {("loss.temperature", "eval/knn_top1"), ("train/q_mean", "eval/knn_top1")}
 
 
+def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
+    # The README says the view is rewritten by each run: a study whose grid changed must not keep the old grouping.
+    from mlflow.tracking import MlflowClient
+    _study(tmp_path)
+    spec = StudySpec(name="ui_study", base=preset("smoke"),
+                     grid={"loss.name": Grid(("infonce", "dcl")), "optim.batch_size": Grid((16, 32))},
+                     x_key="optim.batch_size", x_label="batch")
+    StudyTracker(default_tracking_uri(tmp_path), "ui_study", tmp_path / "mlartifacts", {},
+                 experiment_tags=dict([compare_view(spec).tag()])).open()
+    exp = MlflowClient(default_tracking_uri(tmp_path)).get_experiment_by_name("ui_study")
+    name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
+    assert name == "cells: kNN by batch_size × loss"
+    assert state["compareRunCharts"][0]["xaxis"] == {"key": "optim.batch_size", "type": "PARAM"}
+
+
 # CI installs both, and there a missing one fails the test (the check exits 2) instead of skipping it.
 @pytest.mark.skipif((shutil.which("chromium") is None or importlib.util.find_spec("playwright") is None)
                     and not os.environ.get("CI"),
