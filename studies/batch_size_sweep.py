@@ -14,7 +14,8 @@ same; the learning rate follows the linear scaling rule in dcl_core.config.deriv
     ray job submit --working-dir . -- python studies/batch_size_sweep.py --preset paper --gpus-per-worker 1
 
 It ends with the answer: per-cell 95% CIs, the gap paired by seed, Table 1 beside ours, the cells' q_B regime,
-and verdicts on the gap at the smallest batch and its slope per doubling of the batch (bootstrap CIs).
+and verdicts on the gap at the smallest batch and its slope per doubling of the batch (t-intervals over seeds of
+each seed's gap and slope), each beside Table 1's value over the batch sizes both grids share.
 
 Cost: cpu 6.5-13 min on 2 cores (measured on two days; 40 trials: 2 losses × batch 32-256 × 5 seeds); cpu_long
 38.7 min (measured; 24 trials: 2 losses × batch 16-128 × 3 seeds); paper = 2 losses × 5 batch sizes × 200 epochs

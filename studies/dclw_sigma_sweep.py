@@ -3,7 +3,9 @@
 DCLW weights each positive pair by w = 2 − exp(⟨z1,z2⟩/σ) / E[exp(⟨z1,z2⟩/σ)] (Eq. 7): small σ up-weights
 hard positives strongly, σ → ∞ gives w = 1, i.e. DCL (σ = 1000 is in the grid as that limit). The paper picks
 σ = 0.5 empirically. The grid mode runs σ ∈ {0.1 … 1000} with several seeds and reports each σ's kNN top-1
-(and the spread across σ); ``--search optuna`` searches σ log-uniformly in [0.1, 4] instead.
+(and the spread across σ); ``--search optuna`` searches σ log-uniformly in [0.1, 4] instead. It answers Table 2's
+claim at its σ (DCLW σ = 0.5 beats DCL), then whether the best σ of the grid does (a maximum over σ, with a
+simultaneous interval, so picking the best σ after the fact does not inflate it).
 
     python studies/dclw_sigma_sweep.py                  # CPU default: 2 cores, 6.9 min
     python studies/dclw_sigma_sweep.py --smoke          # ~1 min, for tests
@@ -50,8 +52,12 @@ def build_spec(args) -> StudySpec:
     return StudySpec(
         name=args.name, base=base_config(args, p["base"]), grid=grid, x_key="loss.sigma", x_label="sigma",
         log_x=True, paper="dclw_sigma_sweep", pairs=(("dclw", "dclw", DCL_SIGMA),),
-        questions=(Question("DCLW (best σ) beats DCL (σ = 1000)", "best_margin", "dclw", baseline_x=DCL_SIGMA,
-                            label="best σ − DCL"),),
+        questions=(  # Table 2's claim at its σ first; the best σ of our grid is our extension (a max: simultaneous CI)
+            Question("DCLW (σ = 0.5) beats DCL (σ = 1000)", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=DCL_SIGMA,
+                     label="σ 0.5 − DCL"),
+            Question("DCLW (best σ) beats DCL (σ = 1000)", "best_margin", "dclw", baseline_x=DCL_SIGMA,
+                     label="best σ − DCL", paper_key="best_margin"),
+        ),
         search=SIGMA if args.search == "optuna" else None, num_samples=args.num_samples or p["samples"],
         title="DCLW kNN top-1 vs σ (DCL Eq. 7)",
     )

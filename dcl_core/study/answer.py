@@ -15,12 +15,14 @@ from functools import partial
 from typing import Any
 
 from dcl_core.study import stats
-from dcl_core.study.paper import EXTRA_HEADLINES, PaperClaim, paper_claim
+from dcl_core.study.paper import PaperClaim, paper_claim
 
 Means = dict[str, dict[Any, float]]
-BOOTSTRAP_DRAWS = 2000
-BOOTSTRAP_SEED = 0
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
+
+
+SMOOTH = ("std_difference", "gap_at", "gap_at_smallest", "gap_slope")  # t over each seed's own statistic
+BEST = ("best_margin", "best_gap")  # a max over cells: simultaneous (Bonferroni) paired t-intervals
 
 
 @dataclass(frozen=True)
@@ -29,15 +31,22 @@ class Question:
 
     Attributes:
         claim: the claim in words, e.g. ``"DCL flatter across τ than InfoNCE"``.
-        statistic: ``std_difference`` (std across x of ``base`` minus that of ``better``), ``gap_at_smallest``
-            (``better − base`` at the smallest x both have), ``gap_slope`` (slope of ``better − base`` vs
-            log2 x), ``best_margin`` (the best x of series ``better`` minus its ``baseline_x``) or ``best_gap``
-            (the best cell of ``better`` minus the best of ``base``: a search's tuned results).
+        statistic: ``std_difference`` (std across x of ``base`` minus that of ``better``), ``gap_at``
+            (``better`` at ``at_x`` minus ``base`` at ``baseline_x``, or at ``at_x`` when that is None),
+            ``gap_at_smallest`` (``better − base`` at the smallest x both have), ``gap_slope`` (slope of
+            ``better − base`` vs log2 x), ``best_margin`` (the best x of series ``better`` minus its
+            ``baseline_x``) or ``best_gap`` (the best cell of ``better`` minus the best of ``base``: tuned against
+            tuned). The first four get a t-interval over seeds of each seed's own statistic, the "best" ones
+            simultaneous intervals (:mod:`dcl_core.study.stats`).
         better, base: the series compared (``base`` unused by ``best_margin``).
         label: the statistic's short name in the verdict line (``Δstd``).
         paper_sign: +1 if the paper finds the statistic positive, −1 if negative.
-        paper_key: the paper's value: ``None`` = the study's headline in :mod:`dcl_core.study.paper`, else a key
-            of its ``EXTRA_HEADLINES``.
+        paper_key: ``None`` for the study's headline question (the paper's reported figure,
+            :attr:`PaperClaim.headline`, is printed beside the value computed over the shared grid); any other
+            value for a further question, whose paper value is only computed.
+        x_min: the smallest x within the range the paper claims its result for (``None``: every x); cells below
+            it are shown but left out of the statistic.
+        range_note: where the paper states that range, e.g. ``"K ≥ 16, EqCo Sec. 1"``.
     """
 
     claim: str
@@ -48,26 +57,107 @@ class Question:
     paper_sign: int = 1
     baseline_x: Any = None
     paper_key: str | None = None
+    at_x: Any = None
+    x_min: Any = None
+    range_note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.statistic not in (*SMOOTH, *BEST):
+            raise ValueError(f"unknown statistic {self.statistic!r}")
+
+    def in_range(self, x: Any) -> bool:
+        return self.x_min is None or x >= self.x_min
+
+    def _restrict(self, means: Mapping[str, Mapping[Any, float]]) -> Means:
+        if self.x_min is None:
+            return {s: dict(by_x) for s, by_x in means.items()}
+        return {s: {x: m for x, m in by_x.items() if self.in_range(x)} for s, by_x in means.items()}
 
     def function(self) -> Callable[[Means], float]:
+        """The statistic as a function of cell means (cells outside the claimed range left out)."""
         if self.statistic == "std_difference":
-            return partial(stats.std_difference, worse=self.base, better=self.better)
-        if self.statistic == "gap_at_smallest":
-            return partial(stats.gap_at_smallest, better=self.better, base=self.base)
-        if self.statistic == "gap_slope":
-            return partial(stats.gap_slope, better=self.better, base=self.base)
-        if self.statistic == "best_margin":
-            return partial(stats.best_margin, series=self.better, baseline_x=self.baseline_x)
-        if self.statistic == "best_gap":
-            return partial(stats.best_gap, better=self.better, base=self.base)
-        raise ValueError(f"unknown statistic {self.statistic!r}")
+            f = partial(stats.std_difference, worse=self.base, better=self.better)
+        elif self.statistic == "gap_at":
+            f = partial(_gap_between, better=(self.better, self.at_x),
+                        base=(self.base or self.better, self.at_x if self.baseline_x is None else self.baseline_x))
+        elif self.statistic == "gap_at_smallest":
+            f = partial(stats.gap_at_smallest, better=self.better, base=self.base)
+        elif self.statistic == "gap_slope":
+            f = partial(stats.gap_slope, better=self.better, base=self.base)
+        elif self.statistic == "best_margin":
+            f = partial(stats.best_margin, series=self.better, baseline_x=self.baseline_x)
+        else:
+            f = partial(stats.best_gap, better=self.better, base=self.base)
+        return lambda means: f(self._restrict(means))
 
-    def paper_value(self, claim: PaperClaim | None, study: str | None) -> float | None:
-        if claim is None:
-            return None
-        if self.paper_key is None:
-            return claim.headline
-        return EXTRA_HEADLINES.get(study or "", {}).get(self.paper_key)
+    def estimate(self, data: stats.Data) -> stats.Estimate:
+        """The statistic on the study's cells with its 95% interval (:data:`SMOOTH`: t over seeds of each seed's
+        own statistic; :data:`BEST`: simultaneous paired t-intervals)."""
+        if self.statistic in SMOOTH:
+            return stats.seed_interval(data, self.function())
+        cells = {s: {x: v for x, v in by_x.items() if self.in_range(x) and v} for s, by_x in data.items()}
+        if self.statistic == "best_margin":
+            xs = [x for x in cells.get(self.better, {}) if x != self.baseline_x]
+            if self.baseline_x not in cells.get(self.better, {}):
+                xs = []
+            groups = [[((self.better, x), (self.better, self.baseline_x))] for x in xs]
+        else:
+            groups = [[((self.better, a), (self.base, b)) for b in cells.get(self.base, {})]
+                      for a in cells.get(self.better, {})]
+            groups = [g for g in groups if g]
+        return stats.max_min_interval(cells, groups)
+
+    def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
+        """The paper's value of this statistic, like for like: computed from its table over the x values both
+        grids share (within the claimed range), with its reported figure beside it when that differs; over
+        the paper's own x, said so, when the grids share none."""
+        if claim is None or not claim.comparable:
+            return PaperValue(None, "no number in the paper")
+        curves = paper_curves(claim, [self.better, self.base or self.better])
+        if self.better not in curves or (self.base or self.better) not in curves:
+            return PaperValue(None, "no number in the paper")
+        theirs = sorted({x for c in curves.values() for x in c if self.in_range(x)})
+        ours = sorted({x for x in xs if self.in_range(x)})
+        shared = [x for x in ours if x in theirs]
+        f = self.function()
+        value = f({s: {x: v for x, v in c.items() if x in shared} for s, c in curves.items()}) if shared else nan
+        if math.isfinite(value):
+            missing = [x for x in ours if x not in theirs]
+            where = f"over {x_label} {_xs(shared)}" + (f"; it has no {x_label} {_xs(missing)}" if missing else "")
+        else:
+            value = f({s: {x: v for x, v in c.items() if self.in_range(x)} for s, c in curves.items()})
+            if not math.isfinite(value):
+                return PaperValue(None, "no number in the paper")
+            where = f"over its own {x_label} {_xs(theirs)}, none shared with ours"
+        value = round(value, 9)
+        text = f"{value:+.2f} {where}"
+        if claim.compares:
+            text += f"; {claim.compares}"
+        reported = claim.headline if self.paper_key is None else None
+        if reported is not None and abs(reported - value) > 0.005:
+            text += f"; it reports {reported:+.2f}: {claim.headline_source}"
+        return PaperValue(value, text)
+
+
+nan = math.nan
+
+
+def _xs(xs: Sequence[Any]) -> str:
+    return ", ".join(_fmt_x(x) for x in xs)
+
+
+def _gap_between(means: Mapping[str, Mapping[Any, float]], better: tuple[str, Any], base: tuple[str, Any]) -> float:
+    """``means[better] − means[base]`` for two cells ``(series, x)``; nan when either is missing."""
+    a, b = means.get(better[0], {}).get(better[1]), means.get(base[0], {}).get(base[1])
+    return nan if a is None or b is None else a - b
+
+
+@dataclass(frozen=True)
+class PaperValue:
+    """The paper's value of a question's statistic (None: the paper prints none) and how it was obtained."""
+
+    value: float | None
+    text: str
 
 
 @dataclass(frozen=True)
@@ -75,20 +165,25 @@ class Verdict:
     question: Question
     estimate: stats.Estimate
     words: str  # supports the paper / contradicts the paper / not resolved
-    paper_value: float | None
+    paper: PaperValue
     seeds_needed: int | None
 
+    @property
+    def paper_value(self) -> float | None:
+        return self.paper.value
+
     def line(self) -> str:
-        """``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI [−0.90, +2.10] (paper: +0.46)``"""
+        """``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI [−0.90, +2.10] (paper: +1.38
+        over tau 0.07, 0.2, 0.5, 1; ...)``"""
         e = self.estimate
-        paper = "no number in the paper" if self.paper_value is None else f"{self.paper_value:+.2f}"
         if e.has_interval:
             value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
         elif math.isnan(e.estimate):
             value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
         else:
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
-        return f"{self.question.claim}: {self.words} — {value} (paper: {paper})"
+        scope = f" [{self.question.range_note}]" if self.question.range_note else ""
+        return f"{self.question.claim}{scope}: {self.words} — {value} (paper: {self.paper.text})"
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
@@ -96,10 +191,13 @@ class Verdict:
             return None
         if self.seeds_needed is None:
             if self.estimate.n < 2:
-                return f"  {self.question.label}: one seed per cell gives no interval; run --seeds 3 or more"
-            return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
+                return f"  {self.question.label}: fewer than 2 seeds per cell give no interval; run --seeds 3 or more"
+            if self.estimate.estimate == 0:
+                return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
+            return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED:,} "
+                    "seeds per cell")
         return (f"  {self.question.label}: ≈{self.seeds_needed} seeds per cell would resolve an effect of this size "
-                f"at this spread (now {self.estimate.n}; CI width ∝ 1/√n)")
+                f"at this spread (now {self.estimate.n}; a projection, not a promise)")
 
 
 @dataclass
@@ -113,6 +211,19 @@ class Answer:
     regime: str
     verdicts: list[Verdict] = field(default_factory=list)
     claim: PaperClaim | None = None
+    questions: list[Question] = field(default_factory=list)
+
+    def outside(self) -> list[str]:
+        """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per
+        x and question whose cells are shown but not counted."""
+        lines = []
+        for q in self.questions:
+            names = [n for n in dict.fromkeys((q.better, q.base)) if n in self.cells]
+            for x in sorted({x for n in names for x in self.cells[n] if not q.in_range(x)}):
+                note = f" ({q.range_note})" if q.range_note else ""
+                lines.append(f"{self.x_label}={_fmt_x(x)}: outside the paper's claimed range for "
+                             f"{' vs '.join(names)}{note}; shown, not counted in its verdict")
+        return lines
 
 
 def paper_curves(claim: PaperClaim | None, names: Sequence[str]) -> dict[str, dict[Any, float]]:
@@ -167,8 +278,7 @@ def _paired(data: stats.Data, better: str, base: str, base_x: Any = None) -> dic
 
 
 def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, questions: Sequence[Question],
-                 pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None,
-                 draws: int = BOOTSTRAP_DRAWS, seed: int = BOOTSTRAP_SEED) -> Answer:
+                 pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None) -> Answer:
     """The answer from results rows (``series``, ``x_key``, ``seed``, ``knn_top1``, ``q_mean``, ``status``).
 
     ``pairs``: ``(better, base)`` series compared at each x, or ``(better, base, base_x)`` compared with
@@ -189,12 +299,13 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
     q_b = {s: {x: _mean(list(by_seed.values())) for x, by_seed in by_x.items()} for s, by_x in q_data.items()}
     claim = paper_claim(paper) if paper else None
     verdicts = []
+    xs = sorted({x for by_x in data.values() for x in by_x})
     for q in questions:
-        est = stats.bootstrap(data, q.function(), draws=draws, seed=seed)
+        est = q.estimate(data)
         words = stats.verdict(est, q.paper_sign)
-        verdicts.append(Verdict(q, est, words, q.paper_value(claim, paper), stats.seeds_needed(est, est.n)))
+        verdicts.append(Verdict(q, est, words, q.paper(claim, xs, x_label), stats.seeds_needed(est, est.n)))
     bases = [pair[1] for pair in pairs if pair[1] in q_b] or list(q_b)
-    return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim)
+    return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions))
 
 
 def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:
@@ -246,7 +357,7 @@ def format_cells(answer: Answer) -> str:
              f"{answer.x_label:<8}" + "".join(f"{c:>{width}}" for c in cols)
              + "".join(f"{c:>{w}}" for c, w in (*q_cols, *p_cols))]
     if len(lines[1]) > WIDE:  # many or long series names (EqCo's framework+method): one line per cell instead
-        return "\n".join([lines[0], *_long_cells(answer, xs, names, paper)])
+        return "\n".join([lines[0], *_long_cells(answer, xs, names, paper), *answer.outside()])
     for x in xs:
         line = f"{_fmt_x(x):<8}"
         line += "".join(f"{_ci(answer.cells[s][x]) if x in answer.cells[s] else '-':>{width}}" for s in names)
@@ -257,7 +368,7 @@ def format_cells(answer: Answer) -> str:
         for s, (_, w) in zip(paper, p_cols, strict=True):
             line += f"{format(paper[s][x], '.1f') if x in paper[s] else '-':>{w}}"
         lines.append(line)
-    return "\n".join(lines)
+    return "\n".join([*lines, *answer.outside()])
 
 
 WIDE = 150  # characters: a per-cell table wider than this is printed one cell per line
@@ -306,8 +417,9 @@ def format_answer(answer: Answer) -> str:
     parts.append(answer.regime)
     if answer.verdicts:
         power = [p for v in answer.verdicts if (p := v.power_line())]
-        head = (f"Verdict (headline statistic: bootstrap over seeds, {BOOTSTRAP_DRAWS} draws, seed {BOOTSTRAP_SEED}, "
-                "percentile interval expanded for few seeds; decided by its 95% CI alone)")
+        head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
+                "statistic, or for a best-of statistic simultaneous paired t-intervals; decided by the interval alone, "
+                "calibrated by simulation)")
         parts.append("\n".join([head, *(["Power:", *power] if power else []),
                                 *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)

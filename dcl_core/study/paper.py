@@ -8,13 +8,15 @@ Layout (pure Python, no torch, no Ray):
 - :class:`PaperClaim`: what one study compares against: the paper's series keyed by *our* series names (a
   series of ours with no counterpart in the paper is simply absent), the paper's value of the study's
   headline statistic (``None`` when the paper prints no number for it) and how that value is derived.
-- :data:`PAPER`: ``{study name: PaperClaim}``, read with :func:`paper_claim`; :data:`EXTRA_HEADLINES`: the
-  paper's values of a study's further statistics (``Question(paper_key=...)`` in
-  :mod:`dcl_core.study.answer`), computed from the series here, never typed by hand.
+- :data:`PAPER`: ``{study name: PaperClaim}``, read with :func:`paper_claim`. A verdict's paper value is
+  computed from these series by the question's own statistic over the x values both grids share
+  (:meth:`dcl_core.study.answer.Question.paper`), never typed by hand; ``headline`` is the figure the paper
+  itself reports, printed beside it when the two differ.
 
-Every number is typed from the paper text under ``/work/shared/papers`` (DCL = Yeh et al., ECCV 2022;
-EqCo = Zhu et al., 2020); a number the text does not print (e.g. one only drawn in a figure) is left out and
-the omission is said in the claim's ``note``.
+Every number is typed from the papers' text (DCL = Yeh et al., "Decoupled Contrastive Learning", ECCV 2022,
+with its appendix; EqCo = Zhu et al., "EqCo: Equivalent Rules for Self-supervised Contrastive Learning", 2020);
+a number the text does not print (e.g. one only drawn in a figure) is left out and the omission is said in the
+claim's ``note``.
 
 DCL Table 18's ``Std`` column (temperature sweep): with the sample standard deviation (``ddof = 1``,
 :data:`TABLE18_STD_DDOF`) the DCL row's 11 values give 0.982 (reported 0.98; ``ddof = 0`` gives 0.937), but the
@@ -22,8 +24,8 @@ SimCLR row's 11 values give 1.869 (``ddof = 0``: 1.782), not the reported 1.44. 
 reproduced (1.446 and 0.987, to within 0.01; truncated to two decimals exactly) by ``ddof = 1`` over the ten
 τ ∈ {0.1, …, 1.0}, i.e. without the τ = 0.07 column (:data:`TABLE18_STD_TAUS`); no other single-column
 exclusion and no ``ddof = 0`` variant of it reproduces both rows. The headline keeps the paper's reported
-1.44 − 0.98 = 0.46; ``EXTRA_HEADLINES["temperature_sweep"]["std_difference_all_taus"]`` is the same statistic
-over all 11 τ (≈ 0.89), which is what a study over the full grid measures.
+1.44 − 0.98 = 0.46; a study's verdict compares with the same statistic over its own τ (+1.38 over 0.07, 0.2,
+0.5, 1.0; ≈ 0.89 over all 11 τ).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class PaperClaim:
     headline: float | None  # the paper's value of the headline statistic (None: the paper gives no number)
     headline_source: str  # how it is derived, e.g. "1.44 − 0.98, Table 18 Std column"
     note: str = ""  # e.g. "ImageNet-100, linear top-1: compare the shape, not the level"
+    comparable: bool = True  # False: the series give no like-for-like value of the question (e.g. one shared run)
+    compares: str = ""  # what the paper's number compares when that is not what the name says
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "series", MappingProxyType(dict(self.series)))
@@ -174,11 +178,11 @@ _TAU_LR = {
                    "linear top-1 (%)", (0.1, 0.2), (65.9, 67.8)),
 }
 
-# EqCo Sec. 2.2 text (Fig. 3(b)) and Table 2: ImageNet linear top-1, ResNet-50, N = 256 queries, 200 epochs.
+# EqCo Sec. 2.3 text (Fig. 3(b)) and Table 2: ImageNet linear top-1, ResNet-50, N = 256 queries, 200 epochs.
 _EQCO_NEG = {
-    "simclr+eqco(α=256)": _series("EqCo Sec. 2.2 text on Fig. 3(b): SimCLR, K = 256, α = 256 ('from 62.0%')",
+    "simclr+eqco(α=256)": _series("EqCo Sec. 2.3 text on Fig. 3(b): SimCLR, K = 256, α = 256 ('from 62.0%')",
                                   "linear top-1 (%)", (256,), (62.0,)),
-    "simclr+eqco(α=K)": _series("EqCo Sec. 2.2 text on Fig. 3(b): SimCLR, K = 256 = α ('from 62.0%')",
+    "simclr+eqco(α=K)": _series("EqCo Sec. 2.3 text on Fig. 3(b): SimCLR, K = 256 = α ('from 62.0%')",
                                 "linear top-1 (%)", (256,), (62.0,)),
     "simo+eqco(α=256)": _series("EqCo Table 2, rows 'SiMo (K=16, α=256)' and 'SiMo (K=256, α=256)', 200 epochs",
                                 "linear top-1 (%)", (16, 256), (68.1, 68.0)),
@@ -207,7 +211,7 @@ PAPER: Mapping[str, PaperClaim] = MappingProxyType({
         source="DCL Table 18 (appendix A.9)",
         series=_TEMPERATURE,
         headline=_clean(TABLE18_REPORTED_STD["infonce"] - TABLE18_REPORTED_STD["dcl"]),
-        headline_source="1.44 − 0.98: Table 18 'Std' column, SimCLR minus SimCLR w/ DCL (as the paper reports it)",
+        headline_source="Table 18's Std column (1.44 − 0.98), which reproduces over τ 0.1-1.0 only",
         note="CIFAR-10 kNN top-1, batch 512, 500 epochs (backbone not stated in A.9; the τ = 0.5 cells equal "
              "Table 4's ResNet-50 batch-512 cells, 89.1/90.3). The reported Std reproduces as a sample std "
              "(ddof 1) over τ = 0.1..1.0 only; over all 11 τ the SimCLR row's std is 1.87, not 1.44",
@@ -251,13 +255,16 @@ PAPER: Mapping[str, PaperClaim] = MappingProxyType({
              "weighting function",
     ),
     "eqco_negatives_sweep": PaperClaim(
-        source="EqCo Sec. 2.2 (Fig. 3(b) text) and Table 2",
+        source="EqCo Sec. 2.3 (Fig. 3(b) text) and Table 2",
         series=_EQCO_NEG,
         headline=None,
         headline_source="No number: the α = K curves at small K are only drawn (Figs. 3-4), not printed; the "
                         "only K with both series, 256, is α = K = 256 (the same run, gap 0 by construction)",
+        comparable=False,
         note="ImageNet linear top-1, ResNet-50, 200 epochs: compare the shape, not the level. At K = 256, "
-             "α = 256 is also α = K. Not encoded: SimCLR α = 4096, K = 256 (65.3%); Table 3 (SiMo vs α at "
+             "α = 256 is also α = K. The claim's range: SimCLR/MoCo-type frameworks keep their accuracy with EqCo "
+             "for K ≥ 16 (Sec. 1; Sec. 5 concedes MoCo v2 degrades for K ≤ 16), SiMo down to very small K (Sec. 3, "
+             "Fig. 4; Sec. 5). Not encoded: SimCLR α = 4096, K = 256 (65.3%); Table 3 (SiMo vs α at "
              "K = 256: 68.0/68.1/68.1/68.4/68.5 for α = 256/1024/4096/16384/65536); Tables 1 and 4 and Fig. 3(a) "
              "(MoCo/MoCo v2, no series of ours)",
     ),
@@ -266,6 +273,7 @@ PAPER: Mapping[str, PaperClaim] = MappingProxyType({
         series=_TAU_LR,
         headline=best_gap(_TAU_LR["dcl"], _TAU_LR["infonce"]),
         headline_source="67.8 − 61.8: Table 3 tuned DCL minus Table 2 SimCLR (Table 9 prints it: '67.8 (+6.0)')",
+        compares="tuned DCL (Table 3) against untuned SimCLR (Table 2, τ 0.1): only DCL was tuned",
         note="ImageNet-1K, linear top-1, ResNet-50, batch 256, 200 epochs, keyed by τ. Only DCL was tuned: "
              "SimCLR is its default τ = 0.1 run, so the paper's gap is tuned DCL vs untuned SimCLR. The lr of "
              "the τ = 0.1 runs is not stated; tuned DCL used lr 0.07. Table 3's '+ asymmetric augmentation' "
@@ -279,20 +287,6 @@ PAPER: Mapping[str, PaperClaim] = MappingProxyType({
         note="Toy Gaussians, d = 20, α = 512 for EqCo; MI bound in nats, one decimal",
     ),
 })
-
-EXTRA_HEADLINES: Mapping[str, Mapping[str, float]] = MappingProxyType({
-    "temperature_sweep": MappingProxyType({
-        "std_difference": PAPER["temperature_sweep"].headline,
-        "std_difference_all_taus": _clean(std_across(_TEMPERATURE["infonce"], TABLE18_STD_DDOF)
-                                          - std_across(_TEMPERATURE["dcl"], TABLE18_STD_DDOF)),
-        "best_gap": best_gap(_TEMPERATURE["dcl"], _TEMPERATURE["infonce"]),
-    }),
-    "batch_size_sweep": MappingProxyType({
-        "gap_at_smallest": gap_at_smallest(_BATCH["dcl"], _BATCH["infonce"]),
-        "gap_slope_per_log2_batch": gap_slope(_BATCH["dcl"], _BATCH["infonce"]),
-    }),
-})
-
 
 def paper_claim(study: str) -> PaperClaim | None:
     """The paper's numbers a study compares against (``None`` for a study with no counterpart)."""

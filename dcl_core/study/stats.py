@@ -1,13 +1,20 @@
-"""Confidence intervals and verdicts for a study's trials: t-intervals over seeds, differences paired by seed id, a
-percentile bootstrap over seeds for headline statistics of the cell means, and the verdict those intervals give.
+"""Confidence intervals and verdicts for a study's trials: t-intervals over seeds, differences paired by seed id,
+intervals for the headline statistics of the cell means, and the verdict those intervals give.
+
+Two kinds of headline statistic, two intervals, both calibrated by simulating studies with a known truth
+(``tests/study/test_calibration.py``, :mod:`dcl_core.study.calibration`):
+
+- smooth ones (a std difference across x, a gap at one x, a slope): computed on each seed's own cells, then a
+  t-interval over seeds (:func:`seed_interval`);
+- "best" ones (the best σ against DCL, tuned against tuned): a max/min of paired contrasts with t bounds
+  corrected for the selection (:func:`max_min_interval`).
 
 Data is ``{series: {x: {seed: value}}}`` (:func:`collect`). Everything here is pure (numpy and scipy only) and
-deterministic: the bootstrap draws from ``numpy.random.default_rng(seed)``.
+deterministic.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +41,7 @@ class Estimate:
     hi: float
     n: int
     std: float = nan
+    tail: float = 0.025  # each side's tail probability of the interval (Bonferroni's when simultaneous)
 
     @property
     def has_interval(self) -> bool:
@@ -84,10 +92,10 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
         return Estimate(nan, nan, nan, 0)
     mean = float(v.mean())
     if v.size == 1:
-        return Estimate(mean, nan, nan, 1)
+        return Estimate(mean, nan, nan, 1, tail=(1 - level) / 2)
     s = float(v.std(ddof=1))
     h = float(sps.t.ppf((1 + level) / 2, v.size - 1)) * s / math.sqrt(v.size)
-    return Estimate(mean, mean - h, mean + h, int(v.size), s)
+    return Estimate(mean, mean - h, mean + h, int(v.size), s, tail=(1 - level) / 2)
 
 
 def paired_difference(better: Mapping[int, float], base: Mapping[int, float], level: float = 0.95) -> Estimate:
@@ -108,8 +116,10 @@ def _changes(statistic: Callable[[Means], float], means: Means, point: float) ->
         return True
 
 
-def _used_cells(means: Means, statistic: Callable[[Means], float], point: float) -> list[tuple[str, Any]]:
-    """The cells the statistic depends on: those whose removal or a ±1 change of their mean changes its value."""
+def used_cells(means: Means, statistic: Callable[[Means], float]) -> list[tuple[str, Any]]:
+    """The cells a statistic of cell means depends on: those whose removal or a ±1 change of their mean changes
+    its value (e.g. only the two cells at the smallest x for a gap at the smallest x)."""
+    point = float(statistic(means))
     used = []
     for s, by_x in means.items():
         for x in by_x:
@@ -120,71 +130,98 @@ def _used_cells(means: Means, statistic: Callable[[Means], float], point: float)
     return used
 
 
-def bootstrap(data: Data, statistic: Callable[[dict[str, dict[Any, float]]], float], draws: int = 2000,
-              seed: int = 0, level: float = 0.95) -> Estimate:
-    """Percentile bootstrap over seeds of ``statistic(cell means)``, expanded for few seeds (:func:`expanded_tail`).
-
-    The seed is a study's replication unit: it fixes the images, the initial weights and the data order of every
-    cell (``tests/training/test_trainer.py`` checks this across losses), so cells are not independent. Each draw
-    resamples the study's seeds (the union over all cells) with replacement and applies the same drawn seeds to
-    every cell: cells stay paired by seed within an x (DCL vs InfoNCE) and across x (a statistic across τ sees
-    each seed's shared offset cancel, as in the data). A cell's mean counts each drawn seed it has as often as
-    drawn; drawn seeds it lacks (a failed trial) are skipped. Draws where the statistic is nan are discarded;
-    with fewer than half left there is no interval. The statistic's "cells used" are those it depends on
-    (:func:`_used_cells`): ``n`` is their minimum seed count, and there is no interval when each has fewer than
-    2 seeds. ``std`` is the std of the bootstrap replicates."""
-    cells = {s: {x: v for x, v in by_x.items() if v} for s, by_x in data.items()}
-    cells = {s: by_x for s, by_x in cells.items() if by_x}
-    means = {s: {x: float(np.mean(list(v.values()))) for x, v in by_x.items()} for s, by_x in cells.items()}
-    point = float(statistic(means)) if means else nan
-    if math.isnan(point):
-        return Estimate(nan, nan, nan, min((len(v) for bx in cells.values() for v in bx.values()), default=0))
-    counts = [len(cells[s][x]) for s, x in _used_cells(means, statistic, point)]
-    n = min(counts, default=0)
-    if max(counts, default=0) < 2:
-        return Estimate(point, nan, nan, n)
-    xs = list(dict.fromkeys(x for by_x in cells.values() for x in by_x))
-    with contextlib.suppress(TypeError):  # unorderable x values keep first-appearance order
-        xs = sorted(xs)
-    rng = np.random.default_rng(seed)
-    seeds = sorted({sd for by_x in cells.values() for v in by_x.values() for sd in v})
-    k = len(seeds)
-    picks = rng.integers(0, k, size=(draws, k))
-    times = np.stack([np.bincount(row, minlength=k) for row in picks])  # (draws, k): how often each seed was drawn
-    draw_means: dict[str, dict[Any, np.ndarray]] = {s: {} for s in cells}
-    for x in xs:
-        for s, by_x in cells.items():
-            if x in by_x:
-                have = np.array([sd in by_x[x] for sd in seeds], dtype=float)
-                vals = np.array([by_x[x].get(sd, 0.0) for sd in seeds], dtype=float)
-                w = times * have
-                total = w.sum(axis=1)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    draw_means[s][x] = np.where(total > 0, (w @ vals) / total, nan)
-    reps = []
-    for i in range(draws):
-        m = {s: {x: float(a[i]) for x, a in by_x.items() if not math.isnan(a[i])} for s, by_x in draw_means.items()}
-        reps.append(float(statistic({s: bx for s, bx in m.items() if bx})))
-    r = np.array([v for v in reps if not math.isnan(v)])
-    if r.size < draws / 2 or r.size < 2:
-        log.info("bootstrap: %d of %d draws gave a value; no interval", r.size, draws)
-        return Estimate(point, nan, nan, n)
-    alpha = expanded_tail(level, k)
-    lo, hi = np.percentile(r, [100 * alpha, 100 * (1 - alpha)])
-    return Estimate(point, float(lo), float(hi), n, float(r.std(ddof=1)))
+def cell_means(data: Data) -> Means:
+    """``{series: {x: mean over its seeds}}`` of the cells that have at least one value."""
+    means = {s: {x: float(np.mean(list(v.values()))) for x, v in by_x.items() if v} for s, by_x in data.items()}
+    return {s: by_x for s, by_x in means.items() if by_x}
 
 
-def expanded_tail(level: float, k: int) -> float:
-    """The tail probability of an *expanded* percentile bootstrap interval over ``k`` resampled units.
+def per_seed(data: Data, statistic: Callable[[Means], float]) -> dict[int, float]:
+    """The statistic computed on each seed's own cells: ``{seed: statistic({series: {x: that seed's value}})}``
+    over the seeds present in every cell the statistic uses (:func:`used_cells`, found on the cell means), each
+    seed's cells restricted to those, so every seed's value is the same function of the same cells."""
+    means = cell_means(data)
+    if not means or math.isnan(float(statistic(means))):
+        return {}
+    used = used_cells(means, statistic)
+    if not used:
+        return {}
+    seeds = set.intersection(*(set(data[s][x]) for s, x in used))
+    out = {}
+    for seed in sorted(seeds):
+        own: Means = {}
+        for s, x in used:
+            own.setdefault(s, {})[x] = data[s][x][seed]
+        out[seed] = float(statistic(own))
+    return {k: v for k, v in out.items() if math.isfinite(v)}
 
-    A plain percentile interval over few seeds is too narrow: resampling k seeds sees their spread with divisor k
-    instead of k − 1, and uses normal instead of t quantiles; with 3 seeds its nominal 95% covers far less. The
-    expansion (Hesterberg, "What teachers should know about the bootstrap", 2015) reads the bootstrap
-    distribution at Φ(−√(k/(k−1)) · t_{(1+level)/2, k−1}) instead of (1 − level)/2: the 0.1 and 99.9 percentiles
-    for 5 seeds, the extremes for 3, and the usual 2.5/97.5 as k grows."""
-    if k < 2:
-        return (1 - level) / 2
-    return float(sps.norm.cdf(-math.sqrt(k / (k - 1)) * sps.t.ppf((1 + level) / 2, k - 1)))
+
+def seed_interval(data: Data, statistic: Callable[[Means], float], level: float = 0.95) -> Estimate:
+    """The statistic's mean over seeds with a t-interval over seeds (:func:`per_seed`, then :func:`t_interval`).
+
+    A seed is the study's replication unit: it fixes the images, the initial weights, the data order and the views
+    of every cell (``tests/training/test_trainer.py`` checks it), so each seed's statistic (its Δstd across τ, its
+    gap, its slope) is one independent draw, and a seed's offset shared by all its cells cancels inside it. For a
+    statistic linear in the cells (a gap, a slope) the estimate equals the statistic of the cell means over the
+    same seeds and this is the paired t-interval; for a nonlinear one (a std across x) the estimand is the
+    expected statistic of one run per cell, which is how a paper computes it from its single runs. Seeds missing a
+    cell the statistic uses are left out (n counts the rest); fewer than 2 seeds: no interval. Its coverage is
+    checked by simulation (``tests/study/test_calibration.py``)."""
+    values = per_seed(data, statistic)
+    if not values:
+        means = cell_means(data)
+        point = float(statistic(means)) if means else nan
+        return Estimate(point, nan, nan, 0)
+    return t_interval(list(values.values()), level)
+
+
+Cell = tuple[str, Any]  # (series, x)
+
+
+def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], level: float = 0.95) -> Estimate:
+    """θ = max over groups of (min over the group's contrasts of E[a − b]), with an interval valid for any truth.
+
+    A "best" statistic has this form: the best σ's margin over σ = 1000 is max_σ (μ_σ − μ_1000) (one contrast a
+    group), tuned-vs-tuned is max_a μ_a − max_b ν_b = max_a min_b (μ_a − ν_b). Each contrast ``(a, b)`` (cells
+    ``(series, x)``) gets paired t bounds over the seeds both cells have; the interval is
+    [max_g min_c lo_c, max_g min_c hi_c], monotone in every contrast. Its error on each side is a union over few
+    events, whatever cell the data make look best:
+
+    - L > θ needs, in some group g, lo_c > E[c] at that group's true minimising contrast c (one fixed contrast
+      per group): each lower bound is one-sided at α/(2·G), G = the number of groups;
+    - U < θ needs, in the true best group g*, hi_c < E[c] for some c of g*: each upper bound is one-sided at
+      α/(2·S), S = the size of the largest group.
+
+    So P(θ outside) ≤ α (Bonferroni over G events below and S above, not over all G·S contrasts). The estimate is
+    max_g min_c of the contrasts' mean differences. No interval when a contrast has fewer than 2 common seeds;
+    nan when a cell is missing. ``tail`` is the smaller of the two one-sided tails (for :func:`seeds_needed`)."""
+    groups = [list(g) for g in groups if g]
+    contrasts = list(dict.fromkeys(c for g in groups for c in g))
+    if not contrasts:
+        return Estimate(nan, nan, nan, 0)
+    tail_lo = (1 - level) / (2 * len(groups))
+    tail_hi = (1 - level) / (2 * max(len(g) for g in groups))
+    lo: dict[tuple[Cell, Cell], float] = {}
+    hi: dict[tuple[Cell, Cell], float] = {}
+    mean: dict[tuple[Cell, Cell], float] = {}
+    n = math.inf
+    for c in contrasts:
+        (sa, xa), (sb, xb) = c
+        a, b = data.get(sa, {}).get(xa), data.get(sb, {}).get(xb)
+        if not a or not b:
+            return Estimate(nan, nan, nan, 0)
+        d = paired_difference(a, b)
+        mean[c], n = d.estimate, min(n, d.n)
+        if d.n >= 2:
+            se = d.std / math.sqrt(d.n)
+            lo[c] = d.estimate - float(sps.t.ppf(1 - tail_lo, d.n - 1)) * se
+            hi[c] = d.estimate + float(sps.t.ppf(1 - tail_hi, d.n - 1)) * se
+    point = max(min(mean[c] for c in g) for g in groups)
+    tail = min(tail_lo, tail_hi)
+    if n < 2:
+        return Estimate(point, nan, nan, int(n), tail=tail)
+    return Estimate(point, max(min(lo[c] for c in g) for g in groups), max(min(hi[c] for c in g) for g in groups),
+                    int(n), tail=tail)
 
 
 def verdict(est: Estimate, paper_sign: int) -> Verdict:
@@ -199,15 +236,32 @@ def verdict(est: Estimate, paper_sign: int) -> Verdict:
     return "not resolved"
 
 
+MAX_SEEDS_PROJECTED = 10_000  # seeds_needed searches no further
+
+
 def seeds_needed(est: Estimate, n: int) -> int | None:
-    """Seeds per cell for the CI half-width to shrink to |estimate| at the observed spread and effect: a rough
-    power estimate assuming CI width ∝ 1/√n. ``n`` if the interval already excludes 0; otherwise
-    max(n + 1, ⌈n·(half_width/|estimate|)²⌉); None without an interval or with an estimate of 0 or nan."""
+    """Seeds per cell at which the interval, at the observed spread, would just exclude 0 for an effect of the
+    observed size: the smallest n' > n with q(n')/√n' < |estimate|/(s_d), where the interval's half-width is
+    q(n)·s_d/√n and q the t quantile at the interval's tail (Bonferroni's for a "best" statistic) with n' − 1
+    degrees of freedom. ``n`` if the interval already excludes 0; None without an interval, with an estimate of 0
+    or nan, or beyond :data:`MAX_SEEDS_PROJECTED`. A projection that assumes the effect and spread stay as
+    observed, not a promise."""
     if not est.has_interval or math.isnan(est.estimate) or est.estimate == 0:
         return None
     if est.lo > 0 or est.hi < 0:
         return n
-    return max(n + 1, math.ceil(round(n * (est.half_width / abs(est.estimate)) ** 2, 9)))
+    if n < 2:
+        return None
+    spread = est.half_width * math.sqrt(n) / float(sps.t.ppf(1 - est.tail, n - 1))  # s_d of the statistic
+    if spread <= 0:
+        return n
+    target = abs(est.estimate) / spread
+    m = n + 1
+    while m <= MAX_SEEDS_PROJECTED:
+        if float(sps.t.ppf(1 - est.tail, m - 1)) / math.sqrt(m) < target:
+            return m
+        m = m + 1 if m < 200 else int(m * 1.05) + 1
+    return None
 
 
 # ---------------------------------------------------------------- headline statistics: functions of cell means

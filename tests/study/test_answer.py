@@ -3,6 +3,7 @@ line, the paper beside ours, the metrics and tags for the summary run (pure, no 
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -15,6 +16,7 @@ from dcl_core.study.answer import (
     gap_points,
     regime_line,
 )
+from dcl_core.study.paper import paper_claim
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
 GAP = Question("DCL beats InfoNCE at the smallest τ", "gap_at_smallest", "dcl", "infonce", label="gap")
@@ -40,10 +42,14 @@ def test_planted_effect_supports_and_the_verdict_is_printed_last():
     a = build_answer(rows(effect=1.0, noise=0.2), "temperature", "tau", [FLATTER], paper="temperature_sweep")
     (v,) = a.verdicts
     assert v.words == "supports the paper" and v.estimate.lo > 0
-    assert v.paper_value == pytest.approx(0.46, abs=0.01)  # DCL Table 18: 1.44 − 0.98
+    # like for like: Table 18's std difference over this study's τ (0.1, 0.5, 1.0), its reported +0.46 beside it
+    t18 = paper_claim("temperature_sweep").series
+    expected = (statistics.stdev(t18["infonce"].values[t] for t in (0.1, 0.5, 1.0))
+                - statistics.stdev(t18["dcl"].values[t] for t in (0.1, 0.5, 1.0)))
+    assert v.paper_value == pytest.approx(expected)
     text = format_answer(a)
     assert text.splitlines()[-1] == v.line() and "supports the paper" in text.splitlines()[-1]
-    assert "(paper: +0.46)" in v.line()
+    assert f"(paper: {expected:+.2f} over tau 0.1, 0.5, 1; it reports +0.46: Table 18's Std column" in v.line()
     assert "Paper: DCL Table 18" in text  # both rows, all 11 τ
     assert "0.07" in text and "NPC regime" in text
 
@@ -103,3 +109,59 @@ def test_a_study_whose_every_trial_failed_still_has_an_answer():
     a = build_answer(failed, "temperature", "tau", [FLATTER], paper="temperature_sweep")
     text = format_answer(a)
     assert "no finished trial" in text and "not measurable" in text.splitlines()[-1]
+
+
+def _eqco_rows(seeds=4):
+    """SimCLR/EqCo cells at K = 4, 16, 63: α = 256 loses 3 points at K = 4 only (a planted small-K cost)."""
+    rng = random.Random(2)
+    out = []
+    for s in range(seeds):
+        offset = rng.gauss(0, 2)
+        for k in (4, 16, 63):
+            for series in ("simclr+eqco(α=256)", "simclr+eqco(α=K)"):
+                cost = -3.0 if (k == 4 and "256" in series) else 0.0
+                out.append({"series": series, "num_negatives": k, "seed": s, "status": "ok", "q_mean": 0.9,
+                            "knn_top1": 30 + offset + cost + rng.gauss(0, 0.2)})
+    return out
+
+
+def test_a_claimed_range_leaves_cells_below_it_out_of_the_verdict_and_labels_them():
+    inside = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+                      "simclr+eqco(α=K)", label="gap at smallest K", x_min=16, range_note="K ≥ 16, EqCo Sec. 1")
+    everywhere = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+                          "simclr+eqco(α=K)", label="gap at smallest K")
+    pairs = (("simclr+eqco(α=256)", "simclr+eqco(α=K)"),)
+    a = build_answer(_eqco_rows(), "num_negatives", "K", [inside, everywhere], pairs=pairs,
+                     paper="eqco_negatives_sweep")
+    within, outside = a.verdicts
+    assert within.words == "not resolved" and abs(within.estimate.estimate) < 1  # the gap at K = 16
+    assert outside.words == "contradicts the paper" and outside.estimate.estimate == pytest.approx(-3.0, abs=0.5)
+    assert within.line().startswith("EqCo beats α = K at the smallest K (SimCLR) [K ≥ 16, EqCo Sec. 1]: ")
+    assert within.line().endswith("(paper: no number in the paper)")
+    text = format_answer(a)
+    assert ("K=4: outside the paper's claimed range for simclr+eqco(α=256) vs simclr+eqco(α=K) (K ≥ 16, "
+            "EqCo Sec. 1); shown, not counted in its verdict") in text
+    assert "K=16: outside" not in text
+
+
+def test_best_of_questions_use_the_selection_corrected_interval():
+    """DCLW's best σ against σ = 1000 and tuned-vs-tuned: wider than the paired interval of the cell that came out
+    best, since that cell was picked after seeing the data."""
+    rng = random.Random(4)
+    data = []
+    for s in range(6):
+        offset = rng.gauss(0, 2)
+        for sigma in (0.1, 0.5, 1.0, 1000.0):
+            data.append({"series": "dclw", "sigma": sigma, "seed": s, "status": "ok", "q_mean": 0.9,
+                         "knn_top1": 30 + offset + (2.0 if sigma == 0.5 else 0.0) + rng.gauss(0, 0.5)})
+    at = Question("DCLW (σ = 0.5) beats DCL", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
+    best = Question("DCLW (best σ) beats DCL", "best_margin", "dclw", baseline_x=1000.0, paper_key="best")
+    a = build_answer(data, "sigma", "sigma", [at, best], pairs=(("dclw", "dclw", 1000.0),),
+                     paper="dclw_sigma_sweep")
+    v_at, v_best = a.verdicts
+    paired = a.pairs["dclw − dclw@1000"][0.5]
+    assert (v_at.estimate.lo, v_at.estimate.hi) == pytest.approx((paired.lo, paired.hi))
+    assert v_best.estimate.estimate == pytest.approx(paired.estimate)  # σ = 0.5 is the best cell
+    assert v_best.estimate.lo < paired.lo  # corrected for picking the best of three σ
+    assert v_at.words == v_best.words == "supports the paper"
+    assert "(paper: +0.60 over sigma 0.5, 1000; it has no sigma 0.1, 1)" in v_at.line()

@@ -70,7 +70,9 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("InfoNCE's MI bound grows with K, EqCo's does not (true MI 6): ")
     assert run.data.tags["verdict_0_line"] == last and run.data.tags["verdict_0"] in last
-    assert run.data.metrics["verdict/gap_slope_0/paper"] == pytest.approx(0.5)
+    # Table 5's slope at MI 6 over the K both grids share (64, 128): gaps −1.5, −0.9 → +0.6 per doubling
+    assert run.data.metrics["verdict/gap_slope_0/paper"] == pytest.approx(0.6)
+    assert "over K 64, 128" in last and "t-interval over 2 critic(s) per cell at true MI 6" in proc.stdout
     assert run.data.metrics["verdict/gap_slope_0/ci_lo"] <= run.data.metrics["verdict/gap_slope_0/estimate"]
 
 
@@ -81,5 +83,6 @@ def test_dry_run_lists_the_runs_and_an_estimate_without_starting_anything(tmp_pa
         capture_output=True, text=True, timeout=120, cwd=REPO, env=os.environ.copy(),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "8 runs" in proc.stdout and "K=64: 4 runs" in proc.stdout and "cost estimate" in proc.stdout
+    assert "12 runs" in proc.stdout and "2 seeds at true MI 6" in proc.stdout
+    assert "K=64: 6 runs" in proc.stdout and "cost estimate" in proc.stdout
     assert not out.exists()  # no MLflow store, no summary folder

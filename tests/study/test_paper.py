@@ -1,4 +1,5 @@
-"""The papers' numbers (dcl_core.study.paper): internally consistent, immutable, and the headlines derived from them."""
+"""The papers' numbers (dcl_core.study.paper): internally consistent, immutable, the headlines derived from them,
+and each verdict's paper value computed like for like: the question's own statistic over the x both grids share."""
 
 import dataclasses
 import math
@@ -7,8 +8,8 @@ import statistics
 import pytest
 
 from dcl_core.study import paper as P
+from dcl_core.study.answer import Question
 from dcl_core.study.paper import (
-    EXTRA_HEADLINES,
     PAPER,
     TABLE18_REPORTED_STD,
     TABLE18_STD_DDOF,
@@ -31,7 +32,6 @@ def _std(values, ddof):
 
 def test_study_names_are_the_eight_studies():
     assert set(PAPER) <= STUDIES
-    assert set(EXTRA_HEADLINES) <= set(PAPER)
     assert paper_claim("no_such_study") is None
     for name in PAPER:
         assert paper_claim(name) is PAPER[name]
@@ -54,8 +54,6 @@ def test_every_series_cites_its_table_and_is_immutable():
             claim.headline = 0.0  # type: ignore[misc]
     with pytest.raises(TypeError):
         PAPER["x"] = PAPER["few_epochs"]  # type: ignore[index]
-    with pytest.raises(TypeError):
-        EXTRA_HEADLINES["batch_size_sweep"]["x"] = 0.0  # type: ignore[index]
 
 
 def test_series_accept_pairs_or_a_mapping_and_do_not_alias_the_input():
@@ -94,18 +92,36 @@ def test_table18_std_over_all_eleven_taus_reproduces_dcl_but_not_simclr():
     assert _std(all_dcl, 0) == pytest.approx(0.94, abs=0.01)
     for ddof in (0, 1):
         assert abs(_std(all_nce, ddof) - TABLE18_REPORTED_STD["infonce"]) > 0.3
-    extra = EXTRA_HEADLINES["temperature_sweep"]
-    assert extra["std_difference_all_taus"] == pytest.approx(_std(all_nce, 1) - _std(all_dcl, 1))
+    flatter = Question("DCL flatter", "std_difference", "dcl", "infonce")
+    value = flatter.paper(PAPER["temperature_sweep"], TABLE18_TAUS, "tau")
+    assert value.value == pytest.approx(_std(all_nce, 1) - _std(all_dcl, 1))
 
 
 def test_temperature_headlines():
     claim = PAPER["temperature_sweep"]
     assert claim.headline == pytest.approx(1.44 - 0.98)
     assert claim.headline == pytest.approx(TABLE18_REPORTED_STD["infonce"] - TABLE18_REPORTED_STD["dcl"])
-    assert EXTRA_HEADLINES["temperature_sweep"]["std_difference"] == claim.headline
     s = claim.series
-    assert EXTRA_HEADLINES["temperature_sweep"]["best_gap"] == pytest.approx(
-        max(s["dcl"].values.values()) - max(s["infonce"].values.values()))
+    tuned = Question("tuned", "best_gap", "dcl", "infonce", paper_key="best_gap").paper(claim, [0.123], "tau")
+    assert tuned.value == pytest.approx(max(s["dcl"].values.values()) - max(s["infonce"].values.values()))
+    assert "over its own tau" in tuned.text and "none shared" in tuned.text and "reports" not in tuned.text
+
+
+def test_temperature_paper_value_is_table18s_statistic_over_the_studys_own_taus():
+    """Over the CPU grid (0.07/0.2/0.5/1.0) Table 18's rows give SimCLR 2.89 vs DCL 1.51: +1.38, not the reported
+    +0.46 (over τ 0.1-1.0), which is printed beside it."""
+    claim = PAPER["temperature_sweep"]
+    ours = (0.07, 0.2, 0.5, 1.0)
+    s = claim.series
+    nce = _std([s["infonce"].values[t] for t in ours], 1)
+    dcl = _std([s["dcl"].values[t] for t in ours], 1)
+    assert (round(nce, 2), round(dcl, 2)) == (2.89, 1.51)
+    v = Question("DCL flatter", "std_difference", "dcl", "infonce").paper(claim, ours, "tau")
+    assert v.value == pytest.approx(nce - dcl) and round(v.value, 2) == 1.38
+    assert v.text.startswith("+1.38 over tau 0.07, 0.2, 0.5, 1") and "reports +0.46" in v.text
+    # a grid beyond the paper's τ: the value over the shared τ, and the others named
+    v = Question("DCL flatter", "std_difference", "dcl", "infonce").paper(claim, (0.05, 0.1, 0.5, 1.0), "tau")
+    assert "over tau 0.1, 0.5, 1; it has no tau 0.05" in v.text
 
 
 def _gap_at_smallest(claim, better, base):
@@ -125,18 +141,23 @@ def test_gap_at_smallest_headlines(study, better, base, expected):
     assert claim.headline == pytest.approx(expected)
 
 
-def test_batch_size_extra_headlines():
+def test_batch_size_paper_values_over_the_shared_batches():
     claim = PAPER["batch_size_sweep"]
-    extra = EXTRA_HEADLINES["batch_size_sweep"]
     assert tuple(claim.series["dcl"].values) == (32, 64, 128, 256, 512)
-    assert extra["gap_at_smallest"] == claim.headline
+    smallest = Question("gap", "gap_at_smallest", "dcl", "infonce")
+    cpu = smallest.paper(claim, (32, 64, 128, 256), "batch")
+    assert cpu.value == pytest.approx(claim.headline) and cpu.text == "+4.80 over batch 32, 64, 128, 256"
+    long = smallest.paper(claim, (16, 32, 64, 128), "batch")  # cpu_long: batch 16 is below Table 1's grid
+    assert long.value == pytest.approx(4.8) and long.text == "+4.80 over batch 32, 64, 128; it has no batch 16"
+    slope = Question("slope", "gap_slope", "dcl", "infonce", paper_sign=-1, paper_key="slope")
     b, a = claim.series["dcl"].values, claim.series["infonce"].values
     xs = [math.log2(x) for x in b]
     ys = [b[x] - a[x] for x in b]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    assert extra["gap_slope_per_log2_batch"] == pytest.approx(slope)
-    assert extra["gap_slope_per_log2_batch"] == pytest.approx(-0.64)
+    expected = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    assert slope.paper(claim, tuple(b), "batch").value == pytest.approx(expected) == pytest.approx(-0.64, abs=0.005)
+    # over the cpu_long grid's shared batches (32-128): gaps 4.8, 4.0, 3.3
+    assert slope.paper(claim, (16, 32, 64, 128), "batch").value == pytest.approx(-0.75)
 
 
 def test_dclw_tau_lr_and_eqco_headlines():
@@ -150,6 +171,18 @@ def test_dclw_tau_lr_and_eqco_headlines():
     assert tau.headline == pytest.approx(6.0)  # Table 9: "67.8 (+6.0)"
     assert PAPER["eqco_negatives_sweep"].headline is None
     assert PAPER["eqco_mi_toy"].headline is None
+    tuned = Question("tuned", "best_gap", "dcl", "infonce").paper(tau, [0.13, 0.31], "tau")
+    assert tuned.value == pytest.approx(6.0)
+    assert "tuned DCL (Table 3) against untuned SimCLR (Table 2" in tuned.text
+    eqco = Question("EqCo", "gap_at_smallest", "simclr+eqco(α=256)", "simclr+eqco(α=K)", x_min=16)
+    assert eqco.paper(PAPER["eqco_negatives_sweep"], (4, 16, 63), "K").text == "no number in the paper"
+    sigma = Question("σ 0.5", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
+    v = sigma.paper(dclw, (0.1, 0.25, 0.5, 1.0, 1000.0), "sigma")
+    assert v.value == pytest.approx(0.6) and v.text == "+0.60 over sigma 0.5, 1000; it has no sigma 0.1, 0.25, 1"
+    best = Question("best σ", "best_margin", "dclw", baseline_x=1000.0, paper_key="best")
+    assert best.paper(dclw, (0.1, 0.25, 0.5, 1.0, 1000.0), "sigma").value == pytest.approx(0.6)
+    few = Question("gap", "gap_at_smallest", "dcl", "infonce").paper(PAPER["few_epochs"], (2, 4, 8), "epochs")
+    assert few.value == pytest.approx(7.1) and few.text == "+7.10 over its own epochs 100, 200, none shared with ours"
 
 
 def test_few_epochs_and_eqco_series_names():

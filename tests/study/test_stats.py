@@ -1,6 +1,7 @@
-"""dcl_core.study.stats: t-intervals against hand computations, pairing by seed id (never by position), the seed
-bootstrap on planted effects and planted nulls, the headline statistics on hand-made means, verdict boundaries,
-the power estimate and formatting. Pure and deterministic (fixed rng seeds)."""
+"""dcl_core.study.stats: t-intervals against hand computations, pairing by seed id (never by position), each
+seed's own statistic with a t-interval over seeds, the selection-corrected intervals of best-of statistics, the
+headline statistics on hand-made means, verdict boundaries, the power projection and formatting. Pure and
+deterministic (fixed rng seeds); their calibration is tests/study/test_calibration.py."""
 
 import math
 import random
@@ -11,16 +12,20 @@ from scipy import stats as sps
 from dcl_core.study.stats import (
     Estimate,
     best_margin,
-    bootstrap,
+    cell_means,
     collect,
     format_estimate,
     gap_at,
     gap_slope,
+    max_min_interval,
     paired_difference,
+    per_seed,
+    seed_interval,
     seeds_needed,
     std_across,
     std_difference,
     t_interval,
+    used_cells,
     verdict,
 )
 
@@ -117,108 +122,93 @@ def test_collect_raises_on_duplicate_cell_seed_but_not_on_a_failed_duplicate():
     assert ok == {"dcl": {0.1: {0: 70.0}}}
 
 
-# -------------------------------------------------------------------------------------------------- bootstrap
+# ------------------------------------------------------------------ headline intervals: per seed, best-of
 
 
-def test_bootstrap_is_deterministic_in_its_seed():
-    data = collect(planted(effect=1.0, noise=1.0), "temperature")
-    a, b = bootstrap(data, gap_01, seed=0), bootstrap(data, gap_01, seed=0)
-    c = bootstrap(data, gap_01, seed=1)
-    assert a == b
-    assert (a.lo, a.hi) != (c.lo, c.hi)
-    assert a.estimate == c.estimate
-    assert abs(a.lo - c.lo) < 0.25 * a.half_width and abs(a.hi - c.hi) < 0.25 * a.half_width
-
-
-def test_bootstrap_planted_effect_resolves_in_both_directions():
-    data = collect(planted(effect=3.0), "temperature")
-    e = bootstrap(data, gap_01)
-    assert e.estimate == pytest.approx(3.0, abs=0.5)
-    assert e.lo <= e.estimate <= e.hi
-    assert e.n == 5 and e.std > 0
-    assert verdict(e, +1) == "supports the paper"
-    assert verdict(e, -1) == "contradicts the paper"
+def test_seed_interval_of_a_gap_is_the_paired_t_interval():
+    data = collect(planted(effect=3.0, offset=10.0), "temperature")  # seed s adds 10·s to every cell
+    e = seed_interval(data, gap_01)
+    paired = paired_difference(data["dcl"][0.1], data["infonce"][0.1])
+    assert (e.estimate, e.lo, e.hi, e.n) == pytest.approx((paired.estimate, paired.lo, paired.hi, 5))
+    assert e.half_width < 1 and verdict(e, +1) == "supports the paper" and verdict(e, -1) == "contradicts the paper"
     assert seeds_needed(e, e.n) == 5
 
 
-def test_bootstrap_planted_null_is_mostly_not_resolved():
-    words = []
-    for rng_seed in range(10):
-        data = collect(planted(effect=0.0, noise=1.0, rng_seed=rng_seed), "temperature")
-        e = bootstrap(data, gap_01, draws=1000)
-        assert e.lo <= e.estimate <= e.hi
-        words.append(verdict(e, +1))
-    assert words.count("not resolved") >= 8
+def test_per_seed_values_use_only_the_cells_the_statistic_needs_and_the_seeds_they_all_have():
+    data = collect(planted(effect=1.0), "temperature")
+    del data["infonce"][0.1][4]  # seed 4 lacks a cell the gap at 0.1 uses
+    del data["dcl"][1.0][0]  # ... and seed 0 one it does not use
+    values = per_seed(data, gap_01)
+    assert sorted(values) == [0, 1, 2, 3]
+    assert values[2] == pytest.approx(data["dcl"][0.1][2] - data["infonce"][0.1][2])
+    assert used_cells(cell_means(data), gap_01) == [("infonce", 0.1), ("dcl", 0.1)]
 
 
-def test_bootstrap_planted_std_difference():
+def test_per_seed_std_difference_is_each_seeds_own_std_across_x():
     data = collect(planted(effect=0.0, slope=-10.0, noise=0.3), "temperature")  # InfoNCE falls 9 points over τ
 
     def flatter(m):
         return std_difference(m, worse="infonce", better="dcl")
 
-    e = bootstrap(data, flatter, draws=1000)
-    assert e.estimate > 3 and e.lo <= e.estimate <= e.hi
-    assert verdict(e, +1) == "supports the paper"
-    flat = bootstrap(collect(planted(effect=0.0, noise=0.3), "temperature"), flatter, draws=1000)
+    values = per_seed(data, flatter)
+    for seed, v in values.items():
+        own = {s: {x: by_x[x][seed] for x in by_x} for s, by_x in data.items()}
+        assert v == pytest.approx(flatter(own))
+    e = seed_interval(data, flatter)
+    assert e.estimate > 3 and e.n == 5 and verdict(e, +1) == "supports the paper"
+    flat = seed_interval(collect(planted(effect=0.0, noise=0.3), "temperature"), flatter)
     assert verdict(flat, +1) == "not resolved"
 
 
-def test_bootstrap_one_seed_per_cell_has_no_interval():
-    e = bootstrap(collect(planted(effect=3.0, seeds=1), "temperature"), gap_01)
+def test_seed_interval_needs_two_seeds_in_the_cells_it_uses():
+    e = seed_interval(collect(planted(effect=3.0, seeds=1), "temperature"), gap_01)
     assert e.n == 1 and not e.has_interval and e.estimate == pytest.approx(3.0, abs=1.5)
     assert verdict(e, +1) == "not resolved" and seeds_needed(e, e.n) is None
-
-
-def test_bootstrap_no_interval_when_the_cells_the_statistic_uses_have_one_seed():
     rows = [r for r in planted(effect=3.0) if r["temperature"] != 0.1 or r["seed"] == 0]
-    e = bootstrap(collect(rows, "temperature"), gap_01)
+    e = seed_interval(collect(rows, "temperature"), gap_01)
     assert e.n == 1 and not e.has_interval  # other x have 5 seeds, but the gap at 0.1 rests on one each
-    e5 = bootstrap(collect(rows, "temperature"), lambda m: gap_at(m, "dcl", "infonce", 0.5))
+    e5 = seed_interval(collect(rows, "temperature"), lambda m: gap_at(m, "dcl", "infonce", 0.5))
     assert e5.n == 5 and e5.has_interval
 
 
-def test_bootstrap_pairs_series_by_seed():
-    data = collect(planted(effect=2.0, noise=0.3, offset=10.0), "temperature")  # seed s adds 10·s to both
-    assert t_interval(list(data["infonce"][0.1].values())).std > 10
-    e = bootstrap(data, gap_01)
-    assert e.half_width < 1 and verdict(e, +1) == "supports the paper"
-    # an exact per-seed shift: every draw's gap is exactly that shift
-    exact = {"a": {1: {0: 1.0, 1: 50.0, 2: 7.0}}, "b": {1: {0: 3.0, 1: 52.0, 2: 9.0}}}
-    e = bootstrap(exact, lambda m: gap_at(m, "b", "a", 1), draws=200)
-    assert (e.estimate, e.lo, e.hi, e.n) == pytest.approx((2.0, 2.0, 2.0, 3))
-
-
-def test_bootstrap_cell_means_count_repeats_and_skip_missing_seeds():
-    data = {"a": {1: {0: 0.0, 1: 10.0, 2: 20.0}}, "b": {1: {0: 0.0}}}
-    calls = []
-
-    def stat(m):
-        calls.append(m.get("b", {}).get(1))
-        return m["a"][1]
-
-    e = bootstrap(data, stat, draws=400)
-    seen_b = set(calls[-400:])  # the draws (earlier calls: the point estimate and probes of which cells matter)
-    assert seen_b == {0.0, None}  # b lacks seeds 1, 2: its mean is 0 when seed 0 was drawn, else it is absent
-    assert e.estimate == 10.0 and 0.0 <= e.lo < 10.0 < e.hi <= 20.0
-    # replicate means are k/3 of 10 (repeats counted), so the percentiles are on that grid
-    assert {round(e.lo * 3 / 10, 9) % 1, round(e.hi * 3 / 10, 9) % 1} <= {0.0}
-
-
-def test_bootstrap_discards_nan_draws_and_gives_no_interval_when_most_are_nan():
-    data = {"a": {1: {0: 0.0, 1: 10.0, 2: 20.0}}}
-    # P(drawn mean == 10) = 7/27 < 1/2: most draws are nan
-    exact = bootstrap(data, lambda m: m["a"][1] if abs(m["a"][1] - 10) < 1e-9 else math.nan, draws=500)
-    assert exact.estimate == 10.0 and not exact.has_interval
-    # P(drawn mean <= 10) = 17/27 > 1/2: an interval from the kept draws only
-    low = bootstrap(data, lambda m: m["a"][1] if m["a"][1] <= 10 + 1e-9 else math.nan, draws=500)
-    assert low.has_interval and low.hi <= 10 + 1e-9
-
-
-def test_bootstrap_undefined_statistic():
-    e = bootstrap(collect(planted(effect=1.0), "temperature"), lambda m: gap_at(m, "dcl", "missing", 0.1))
+def test_seed_interval_of_an_undefined_statistic():
+    e = seed_interval(collect(planted(effect=1.0), "temperature"), lambda m: gap_at(m, "dcl", "missing", 0.1))
     assert math.isnan(e.estimate) and not e.has_interval
-    assert math.isnan(bootstrap({}, gap_01).estimate)
+    assert math.isnan(seed_interval({}, gap_01).estimate)
+
+
+def test_max_min_interval_corrects_each_side_for_the_events_it_can_fail_by():
+    data = {"d": {1: {0: 10.0, 1: 12.0, 2: 11.0}, 2: {0: 14.0, 1: 15.0, 2: 17.0}},
+            "b": {1: {0: 9.0, 1: 10.0, 2: 11.0}}}
+
+    def bounds(better, base, tail_lo, tail_hi):
+        d = paired_difference(better, base)
+        se = d.std / math.sqrt(d.n)
+        return d.estimate - sps.t.ppf(1 - tail_lo, d.n - 1) * se, d.estimate + sps.t.ppf(1 - tail_hi, d.n - 1) * se
+
+    # best of d's two cells against b's one: 2 groups of 1 contrast; lower bounds at α/(2·2), upper at α/2
+    e = max_min_interval(data, [[(("d", 1), ("b", 1))], [(("d", 2), ("b", 1))]])
+    lo1, hi1 = bounds(data["d"][1], data["b"][1], 0.0125, 0.025)
+    lo2, hi2 = bounds(data["d"][2], data["b"][1], 0.0125, 0.025)
+    assert e.estimate == pytest.approx(16 / 3) and e.n == 3  # d(2) − b(1): 5, 5, 6
+    assert (e.lo, e.hi) == pytest.approx((max(lo1, lo2), max(hi1, hi2)))
+    assert e.tail == pytest.approx(0.0125)
+    # tuned vs tuned, 2 × 2: max_a min_b; 2 groups (α/4 below) of 2 contrasts (α/4 above), not α/8 on both
+    two_base = {**data, "b": {1: data["b"][1], 2: {0: 13.0, 1: 14.0, 2: 15.0}}}
+    groups = [[(("d", a), ("b", b)) for b in (1, 2)] for a in (1, 2)]
+    e = max_min_interval(two_base, groups)
+    assert e.estimate == pytest.approx(46 / 3 - 14) and e.tail == pytest.approx(0.0125)  # best d − best b
+    los = {(a, b): bounds(two_base["d"][a], two_base["b"][b], 0.0125, 0.0125) for a in (1, 2) for b in (1, 2)}
+    assert e.lo == pytest.approx(max(min(los[(a, 1)][0], los[(a, 2)][0]) for a in (1, 2)))
+    assert e.hi == pytest.approx(max(min(los[(a, 1)][1], los[(a, 2)][1]) for a in (1, 2)))
+
+
+def test_max_min_interval_without_an_interval_or_a_cell():
+    data = {"d": {1: {0: 1.0}, 2: {0: 2.0}}}
+    e = max_min_interval(data, [[(("d", 1), ("d", 2))]])
+    assert e.estimate == -1.0 and not e.has_interval and e.n == 1
+    assert math.isnan(max_min_interval(data, [[(("d", 1), ("x", 2))]]).estimate)
+    assert math.isnan(max_min_interval(data, []).estimate)
 
 
 # ----------------------------------------------------------------------------------------- headline statistics
@@ -274,11 +264,17 @@ def test_verdict_rejects_a_bad_sign():
         verdict(Estimate(1.0, 0.5, 1.5, 3), 0)
 
 
-def test_seeds_needed():
-    assert seeds_needed(Estimate(1.0, -1.0, 3.0, 3), 3) == 12  # half-width twice the effect: 3·2²
-    assert seeds_needed(Estimate(-1.0, -3.0, 1.0, 3), 3) == 12
+def test_seeds_needed_follows_the_t_quantile():
+    # 3 seeds, s_d = 1: half-width t_{.975,2}/√3 = 2.48; an effect of 1 needs t_{.975,n−1}/√n < 1, i.e. n = 7
+    h = sps.t.ppf(0.975, 2) / math.sqrt(3)
+    assert seeds_needed(Estimate(1.0, 1.0 - h, 1.0 + h, 3), 3) == 7
+    assert sps.t.ppf(0.975, 5) / math.sqrt(6) > 1 > sps.t.ppf(0.975, 6) / math.sqrt(7)
+    assert seeds_needed(Estimate(-1.0, -1.0 - h, -1.0 + h, 3), 3) == 7
     assert seeds_needed(Estimate(1.0, 0.5, 1.5, 3), 3) == 3  # already resolved
-    assert seeds_needed(Estimate(1.0, 0.0, 2.0, 3), 3) == 4  # touching 0: at least one more seed
+    # a Bonferroni interval (tail 0.025/4) needs more seeds for the same spread
+    hb = sps.t.ppf(1 - 0.025 / 4, 2) / math.sqrt(3)
+    assert seeds_needed(Estimate(1.0, 1.0 - hb, 1.0 + hb, 3, tail=0.025 / 4), 3) > 7
+    assert seeds_needed(Estimate(1e-6, -1.0, 1.0, 3), 3) is None  # beyond any sensible number of seeds
     assert seeds_needed(Estimate(1.0, math.nan, math.nan, 1), 1) is None
     assert seeds_needed(Estimate(0.0, -1.0, 1.0, 3), 3) is None
     assert seeds_needed(Estimate(math.nan, math.nan, math.nan, 0), 0) is None
@@ -291,14 +287,3 @@ def test_estimate_properties_and_format():
     assert format_estimate(e, digits=2, signed=False) == "0.60 [-0.90, 2.10]"
     assert format_estimate(Estimate(0.6, math.nan, math.nan, 1)) == "+0.6 (n=1, no interval)"
     assert not Estimate(0.6, -math.inf, 1.0, 3).has_interval
-
-
-def test_expanded_tail_widens_few_seed_intervals_and_tends_to_the_plain_percentile():
-    from dcl_core.study.stats import expanded_tail
-
-    # Φ(−√(k/(k−1))·t_{0.975,k−1}): with 3 seeds the interval spans the bootstrap extremes, with 5 the 0.1/99.9
-    # percentiles (t_{0.975,4} = 2.7764, ×√1.25 = 3.104, Φ(−3.104) = 0.00095), and the usual 2.5% as k grows.
-    assert expanded_tail(0.95, 3) < 1e-6
-    assert expanded_tail(0.95, 5) == pytest.approx(0.000954, rel=1e-2)
-    assert 0.0235 < expanded_tail(0.95, 400) < 0.025
-    assert expanded_tail(0.95, 1) == pytest.approx(0.025)

@@ -70,7 +70,8 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     text = (summary_dir(tmp_path, "batch_study") / "table.txt").read_text().strip()
     assert text.splitlines()[-1] == outcome.verdicts[-1]
     assert outcome.verdicts[0].startswith("DCL beats InfoNCE at the smallest batch: supports the paper")
-    assert "(paper: +4.80)" in outcome.verdicts[0] and "Paper: DCL Table 1" in text
+    assert "(paper: +4.80 over batch 32, 64; it has no batch 16)" in outcome.verdicts[0]
+    assert "Paper: DCL Table 1" in text
     assert "NPC regime: InfoNCE cells: mean q_B 0.62–1.00" in text and "1 of 3 cells" not in text
     client = MlflowClient(tracking_uri=uri)
     (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])

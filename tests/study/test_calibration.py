@@ -1,0 +1,136 @@
+"""The verdicts' intervals, calibrated by simulating studies with a known truth (dcl_core.study.calibration): under
+null studies at most 5% are resolved (within binomial noise) at 2, 3, 5, 8 and 20 seeds, in every setting (shared
+seed offsets, unequal noise between cells and between series, a missing trial, 4-11 x values); with an effect
+planted, the 95% intervals cover the true value, and the effect is found as often as the t-test's exact power
+says. The simulation runs the studies' own code (Question.estimate, stats.verdict); seeded, ~40 s."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from dcl_core.study import stats
+from dcl_core.study.calibration import (
+    EFFECT,
+    KINDS,
+    SEEDS,
+    SETTINGS,
+    binomial_upper,
+    calibrate,
+    exact_power,
+    format_report,
+    simulate,
+    true_value,
+)
+
+SMOOTH = ("Δstd across x", "gap at smallest x", "gap slope per doubling", "gap at one x vs baseline x")
+BEST = ("best margin (max over x)", "best gap (tuned vs tuned)")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return calibrate(studies=200, rng_seed=0)
+
+
+def test_every_kind_and_setting_was_simulated(report):
+    assert {k.name for k in KINDS} == set(SMOOTH) | set(BEST) == set(report.null)
+    assert {n for by_n in report.null.values() for n in by_n} == set(SEEDS) == {2, 3, 5, 8, 20}
+    assert {s.n_x for s in SETTINGS} >= {4, 11} and any(s.missing for s in SETTINGS)
+    assert any(s.noise_ramp for s in SETTINGS) and any(s.series_scale != (1.0, 1.0) for s in SETTINGS)
+    blocks = [k for k in report.blocks if k[0] == "null"]
+    assert len(blocks) == len(KINDS) * len(SETTINGS) * len(SEEDS)
+    assert all(c.studies == 200 for c in report.blocks.values())
+
+
+@pytest.mark.parametrize("kind", SMOOTH + BEST)
+def test_null_studies_are_resolved_at_most_5_percent_of_the_time(report, kind):
+    for n, cell in report.null[kind].items():  # pooled over the settings: 1,000 studies per seed count
+        assert binomial_upper(cell.resolved, cell.studies, one_sided=0.001), (kind, n, cell)
+    for (what, k, setting, n), cell in report.blocks.items():  # and no setting on its own exceeds it
+        if what == "null" and k == kind:
+            assert binomial_upper(cell.resolved, cell.studies, one_sided=1e-4), (kind, setting, n, cell)
+
+
+@pytest.mark.parametrize("kind", SMOOTH)
+def test_smooth_statistics_are_not_conservative_either(report, kind):
+    """A test that never resolves anything is calibrated too: from 3 seeds on, the t-intervals resolve close to
+    5% of null studies (not far below), so their power is not thrown away."""
+    for n, cell in report.null[kind].items():
+        if n >= 3:
+            assert cell.resolved / cell.studies > 0.025, (kind, n, cell)
+
+
+@pytest.mark.parametrize("kind", SMOOTH)
+def test_planted_effects_are_covered_95_percent(report, kind):
+    for n, cell in report.planted[kind].items():
+        assert cell.with_interval > 0.95 * cell.studies
+        # coverage consistent with >= 95%: not significantly below it
+        assert float(sps.binom.cdf(cell.covered, cell.with_interval, 0.95)) > 0.001, (kind, n, cell)
+
+
+@pytest.mark.parametrize("kind", BEST)
+def test_best_of_intervals_cover_at_least_95_percent(report, kind):
+    """Simultaneous intervals are conservative by construction (every contrast at level 1 − 0.05/m)."""
+    for n, cell in report.planted[kind].items():
+        assert cell.covered / cell.with_interval >= 0.95, (kind, n, cell)
+
+
+def test_power_of_a_gap_matches_the_exact_t_test_power_and_reaches_80_percent_at_5_seeds(report):
+    # A gap of 2.5 cell-noise SDs between two cells with independent noise: per-seed differences have SD √2.
+    exact = exact_power(EFFECT / math.sqrt(2), 5)
+    assert exact >= 0.80
+    for kind in ("gap at smallest x", "gap at one x vs baseline x"):
+        cell = report.power[kind][5]
+        k, n = cell.right, cell.studies
+        assert sps.binomtest(k, n, exact).pvalue > 0.001, (kind, k / n, exact)
+        assert cell.resolved == cell.right  # never resolved the wrong way round
+
+
+def test_power_of_the_std_difference_and_of_the_others(report):
+    assert report.power["Δstd across x"][5].right / report.power["Δstd across x"][5].studies >= 0.80
+    # A slope whose gap falls by 2.5 SDs across the whole grid is a smaller effect per doubling; best-of
+    # statistics pay for their simultaneous intervals. Each still finds a planted effect far more often than a
+    # null one (5%), and more often with more seeds.
+    for kind in ("gap slope per doubling", *BEST):
+        by_n = report.power[kind]
+        rates = [by_n[n].right / by_n[n].studies for n in sorted(by_n)]
+        assert rates == sorted(rates) and rates[-1] > 0.5, (kind, rates)
+
+
+def test_the_true_value_of_a_per_seed_std_difference_is_zero_under_the_null_and_below_the_planted_truth():
+    kind = next(k for k in KINDS if k.name == "Δstd across x")
+    setting = SETTINGS[0]
+    assert abs(true_value(kind, setting, 0.0)) < 0.01
+    # noise spreads one run's values across x for both losses alike, so the expected difference of one run's
+    # stds is positive but below the 2.5 planted in the curves themselves
+    assert 1.0 < true_value(kind, setting, EFFECT) < EFFECT
+
+
+def test_per_cell_t_intervals_cover_the_cell_mean_95_percent():
+    """The per-cell intervals (mean over seeds, seed offsets included) and the paired gaps are t-intervals; their
+    coverage under the model with seed offsets and noise."""
+    rng = np.random.default_rng(1)
+    for seeds in (2, 3, 5, 8, 20):
+        covered = total = 0
+        for _ in range(2000):
+            values = 30.0 + rng.normal(0, 2.0, seeds) + rng.normal(0, 1.0, seeds)
+            e = stats.t_interval(values.tolist())
+            total += 1
+            covered += e.lo <= 30.0 <= e.hi
+        assert sps.binomtest(covered, total, 0.95).pvalue > 0.001, (seeds, covered / total)
+
+
+def test_simulated_data_has_the_setting_shape():
+    rng = np.random.default_rng(0)
+    kind = KINDS[1]
+    missing = next(s for s in SETTINGS if s.missing)
+    data = simulate(kind, missing, 5, 0.0, rng)
+    assert set(data) == {"dcl", "infonce"} and all(len(by_x) == missing.n_x for by_x in data.values())
+    assert sum(len(v) for by_x in data.values() for v in by_x.values()) == 2 * missing.n_x * 5 - 1
+
+
+def test_format_report_lists_every_kind(report):
+    text = format_report(report)
+    assert all(kind in text for kind in SMOOTH + BEST)
+    assert "null, 2 seeds" in text and "found at 2.5 SD, 5 seeds" in text
