@@ -68,6 +68,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     g.add_argument("--dry-run", action="store_true",
                    help="print the trials, their resources, total epochs and images, and an estimated cost (CPU "
                         "minutes on this machine, GPU-hours), then exit: no Ray, nothing written")
+    g.add_argument("--reanalyze", action="store_true",
+                   help="train nothing: recompute the answer of this study's finished run in OUTPUT_DIR from its "
+                        "stored results (the same options it ran with), rewrite its summary files and its MLflow "
+                        "summary run (python -m dcl_core.study.answer OUTPUT_DIR does it for every study there)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a base config key for every trial, e.g. --set optim.epochs=50")
     o = p.add_argument_group("where results go")
@@ -105,30 +109,66 @@ def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str,
     return tuple(x.strip() for x in args.losses.split(",")) if args.losses else default
 
 
+# The options that decide what a study runs and asks (recorded with its outputs, so that ``python -m
+# dcl_core.study.answer`` can rebuild its spec and re-analyse it without its command line).
+SPEC_ARGS = ("preset", "search", "num_samples", "asha", "losses", "seeds", "data_root", "set", "name")
+
+
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
          defaults: dict[str, Any] | None = None, presets: tuple[str, ...] = ("smoke", "cpu", "paper")) -> int:
     """Parse, validate (exit 2 on bad input), run the study, print the table, plot path and experiment; with
-    ``--dry-run``, print what it would run and cost instead (no Ray, nothing written).
+    ``--dry-run``, print what it would run and cost instead (no Ray, nothing written); with ``--reanalyze``,
+    recompute a finished run's answer from its stored results.
 
     ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``); ``presets`` are the
     study's preset names."""
     parser = build_parser(doc, default_name, presets)
     parser.set_defaults(**(defaults or {}))
     args = parser.parse_args(argv)
-    setup_logging(args.verbose, quiet=args.quiet)
+    return run_parsed(args, doc, default_name, build_spec, argv)
+
+
+def reanalyze_recorded(doc: str, script: str, build_spec: SpecBuilder, presets: tuple[str, ...],
+                       recorded: dict[str, Any], output_dir: Path, tracking_uri: str | None, quiet: bool) -> int:
+    """Re-analyse a study from the options its outputs recorded (``study_options.json``'s ``command``)."""
+    args = build_parser(doc, script, presets).parse_args([])
+    for key in SPEC_ARGS:
+        if key in recorded:
+            setattr(args, key, recorded[key])
+    args.output_dir, args.tracking_uri, args.reanalyze, args.quiet = str(output_dir), tracking_uri, True, quiet
+    return run_parsed(args, doc, script, build_spec, None, logging_set=True)
+
+
+def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
+               argv: list[str] | None, logging_set: bool = False) -> int:
+    """Everything :func:`main` does after parsing."""
+    if not logging_set:
+        setup_logging(args.verbose, quiet=args.quiet)
     args.verbosity = 0 if args.quiet else 2 if args.verbose else 1
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
         if args.seeds is not None and not 1 <= args.seeds <= MAX_SEEDS:
             raise ConfigError(f"--seeds must be in [1, {MAX_SEEDS}], got {args.seeds}")
-        options = StudyOptions.from_namespace(args)
+        if args.reanalyze and (args.resume or args.overwrite or args.dry_run):
+            raise ConfigError("--reanalyze trains nothing and writes only the answer: drop --resume, --overwrite "
+                              "and --dry-run")
+        options = dataclasses.replace(
+            StudyOptions.from_namespace(args),
+            command={"script": default_name, **{k: getattr(args, k) for k in SPEC_ARGS}})
         spec = build_spec(args)
         if not spec.description:  # the docstring's first paragraph: the question and the paper's table
             spec = dataclasses.replace(spec, description=" ".join(doc.strip().split("\n\n")[0].split()))
         validate_spec(spec)
         _check_set_not_swept(spec, parse_overrides(args.set))
         data = spec.base.data
+        if args.reanalyze:  # no data, no GPU, no Ray: the stored results only
+            from dcl_core.study.reanalysis import reanalyze
+            from dcl_core.study.results import summary_lines
+
+            outcome = reanalyze(spec, options)
+            print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
+            return 0
         on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
         # What only this machine lacks (the data, a GPU) stops a run here; a dry run, which may plan a cluster
         # run, reports it instead.

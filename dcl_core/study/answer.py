@@ -1,9 +1,12 @@
-"""A study's answer to its question: per-cell confidence intervals, paired gaps, the headline statistic with a
-bootstrap interval, the verdict, the NPC regime the cells ran in, and the paper's numbers beside ours.
+"""A study's answer to its question: per-cell confidence intervals, paired gaps, each question's statistic with a
+calibrated interval, the verdict, the NPC regime the cells ran in, and the paper's numbers beside ours.
 
 A study declares its :class:`Question` s (what the paper claims, as a statistic of the cell means and the sign
 the paper found); :func:`build_answer` computes everything from the results rows, and the ``format_*``
 functions print it. The verdict's words are decided by the interval alone (:func:`dcl_core.study.stats.verdict`).
+
+``python -m dcl_core.study.answer OUTPUT_DIR`` recomputes the answers of finished studies from their stored rows
+(:mod:`dcl_core.study.reanalysis`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime th
 
 
 SMOOTH = ("std_difference", "gap_at", "gap_at_smallest", "gap_slope")  # t over each seed's own statistic
-BEST = ("best_margin", "best_gap")  # a max over cells: simultaneous (Bonferroni) paired t-intervals
+BEST = ("best_margin", "best_gap")  # a max over cells: paired t bounds corrected for the selection
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class Question:
             ``better − base`` vs log2 x), ``best_margin`` (the best x of series ``better`` minus its
             ``baseline_x``) or ``best_gap`` (the best cell of ``better`` minus the best of ``base``: tuned against
             tuned). The first four get a t-interval over seeds of each seed's own statistic, the "best" ones
-            simultaneous intervals (:mod:`dcl_core.study.stats`).
+            paired t bounds corrected for picking the best cell (:func:`dcl_core.study.stats.max_min_interval`).
         better, base: the series compared (``base`` unused by ``best_margin``).
         label: the statistic's short name in the verdict line (``Δstd``).
         paper_sign: +1 if the paper finds the statistic positive, −1 if negative.
@@ -92,7 +95,7 @@ class Question:
 
     def estimate(self, data: stats.Data) -> stats.Estimate:
         """The statistic on the study's cells with its 95% interval (:data:`SMOOTH`: t over seeds of each seed's
-        own statistic; :data:`BEST`: simultaneous paired t-intervals)."""
+        own statistic; :data:`BEST`: paired t bounds corrected for the selection)."""
         if self.statistic in SMOOTH:
             return stats.seed_interval(data, self.function())
         cells = {s: {x: v for x, v in by_x.items() if self.in_range(x) and v} for s, by_x in data.items()}
@@ -128,7 +131,8 @@ class Question:
             value = f({s: {x: v for x, v in c.items() if self.in_range(x)} for s, c in curves.items()})
             if not math.isfinite(value):
                 return PaperValue(None, "no number in the paper")
-            where = f"over its own {x_label} {_xs(theirs)}, none shared with ours"
+            few = f"only {x_label} {_xs(shared)} shared with ours" if shared else "none shared with ours"
+            where = f"over its own {x_label} {_xs(theirs)}, {few}"
         value = round(value, 9)
         text = f"{value:+.2f} {where}"
         if claim.compares:
@@ -418,8 +422,8 @@ def format_answer(answer: Answer) -> str:
     if answer.verdicts:
         power = [p for v in answer.verdicts if (p := v.power_line())]
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
-                "statistic, or for a best-of statistic simultaneous paired t-intervals; decided by the interval alone, "
-                "calibrated by simulation)")
+                "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
+                "by the interval alone; calibrated by simulated studies, README \"Calibration\")")
         parts.append("\n".join([head, *(["Power:", *power] if power else []),
                                 *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
@@ -488,3 +492,9 @@ def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list
                 points.append({"label": study, "gap": gap.estimate, "lo": gap.lo, "hi": gap.hi,
                                "one_minus_q": 1.0 - q, "n": gap.n})
     return points
+
+
+if __name__ == "__main__":  # python -m dcl_core.study.answer OUTPUT_DIR: re-analyse finished studies
+    from dcl_core.study.reanalysis import main
+
+    raise SystemExit(main())

@@ -95,9 +95,12 @@ def tune_rows(results: Any) -> list[Row]:
     return rows
 
 
-def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker) -> StudyOutcome:
+def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker,
+              reanalysis: bool = False) -> StudyOutcome:
     """Write the table, the text summary (the answer and its verdicts last) and the plots under
-    ``summary/<study>/`` and log them on the study's parent MLflow run."""
+    ``summary/<study>/`` and log them on the study's parent MLflow run. ``reanalysis``: the rows come from the
+    stored table (:mod:`dcl_core.study.reanalysis`), which holds no q_B histograms: the study's q_B plot is kept
+    as it was drawn."""
     x = x_column(spec.x_key)
     for r in rows:
         r["series"] = "+".join(str(r.get(c)) for c in spec.series)
@@ -112,6 +115,8 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
                       paper_label=f"paper: {claim.source}" if claim else "paper")
     files = [parquet, csv, png, out_dir / "table.txt"]
     q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series="series")
+    if q_png is None and reanalysis and (out_dir / "npc_q_hist.png").is_file():
+        q_png = out_dir / "npc_q_hist.png"
     if q_png is not None:
         files.append(q_png)
     points = answer.gap_points({spec.name: rows, **_other_studies(output_dir, spec.name)})

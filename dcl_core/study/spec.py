@@ -87,6 +87,7 @@ class StudyOptions:
     num_cpus: int | None = None
     save_checkpoints: bool = _fixed(False)
     verbosity: int = 1  # 0: only the answer (-q); 1: a progress line and a line per trial; 2: Ray's tables (-v)
+    command: dict[str, Any] | None = None  # the study script and the options that built its spec (re-analysis)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or not 0 < self.cpus_per_worker < math.inf or not 0 <= self.gpus_per_worker < math.inf:
@@ -155,7 +156,7 @@ class StudySpec:
             ``method`` gives e.g. ``simo+eqco(α=256)``).
         gap: add the DCL − InfoNCE row (Table 1 style) to the table and summary.
         questions: what the study answers (:class:`dcl_core.study.answer.Question`): each gets a headline
-            statistic with a bootstrap CI and a verdict.
+            statistic with a calibrated 95% interval and a verdict.
         pairs: ``(better, base)`` series compared cell by cell, paired by seed (``None``: every DCL/InfoNCE pair).
         paper: the key of the paper's numbers in :mod:`dcl_core.study.paper` (a study's name can be changed
             with ``--name``; its paper cannot).

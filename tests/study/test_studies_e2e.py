@@ -98,7 +98,9 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     # The answer, last: one seed per cell gives no interval, so the verdict cannot be anything but unresolved.
     last = [ln for ln in proc.stdout.splitlines() if ln.strip() and "Checkpoint successfully" not in ln][-1]
     assert last.startswith("DCL flatter across τ than InfoNCE: not resolved — Δstd ") and "no interval" in last
-    assert last.endswith("(paper: +0.46)") and summary[0].data.tags["verdict_0_line"] == last
+    # Table 18's std difference over this study's τ (0.1, 0.5), its reported +0.46 beside it
+    assert "(paper: +0.49 over tau 0.1, 0.5; it reports +0.46" in last
+    assert summary[0].data.tags["verdict_0_line"] == last
     assert "Paper: DCL Table 18" in proc.stdout and "NPC regime: InfoNCE cells: mean q_B" in proc.stdout
     exp = client.get_experiment_by_name("temperature_sweep")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -111,6 +113,30 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert name == "cells: kNN by temperature × loss" and state["runsHiddenMode"] == "SHOW_ALL"
     assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["temperature", "loss"]
     assert {"temperature", "loss"} <= set(trials[0].data.tags)  # the tags it groups by exist on every trial
+    assert_reanalysis_reproduces(out, "temperature_sweep", proc, script="temperature_sweep.py", args=("--smoke",))
+
+
+def assert_reanalysis_reproduces(out, name, proc, script, args):
+    """``python -m dcl_core.study.answer OUT`` (and the script's ``--reanalyze``) recompute the finished study's
+    answer from its stored rows without training: the same printout from "results:" on, the same table.txt
+    byte for byte, the same verdict tags, on the same (one) MLflow summary run and the same trials."""
+    table = summary_dir(out, name) / "table.txt"
+    before = table.read_bytes()
+    _, trials_before, (summary_before,) = runs_of(out, name)
+    printed = proc.stdout[proc.stdout.index("results: "):]
+    again = run([sys.executable, "-m", "dcl_core.study.answer", str(out)], timeout=300)
+    assert again.stdout == printed and table.read_bytes() == before
+    assert "Traceback" not in again.stderr
+    _, trials, (summary,) = runs_of(out, name)
+    assert summary.info.run_id == summary_before.info.run_id and summary.info.status == "FINISHED"
+    assert sorted(t.info.run_id for t in trials) == sorted(t.info.run_id for t in trials_before)
+    verdicts = {k: v for k, v in summary.data.tags.items() if k.startswith("verdict")}
+    assert verdicts == {k: v for k, v in summary_before.data.tags.items() if k.startswith("verdict")}
+    lines = [v for k, v in sorted(verdicts.items()) if k.endswith("_line")]
+    assert lines and printed.strip().splitlines()[-len(lines):] == lines
+    # the script's own flag, with the options it ran with: the same again
+    flag = run(study_cmd(script, out, *args, "--reanalyze"), timeout=300)
+    assert flag.stdout == printed and table.read_bytes() == before
 
 
 def test_batch_study_with_optuna_search(tmp_path):
@@ -134,6 +160,9 @@ def test_batch_study_with_optuna_search(tmp_path):
     assert len(done) == 2 and {"loss.temperature", "optim.base_lr"} <= set(done[0].params)
     ours = sorted(r["knn_top1"] for r in rows if r["loss"] == "dcl" and r["batch_size"] == 16)
     assert sorted(t.value for t in done) == pytest.approx(ours)
+    # a search's table lists each cell's tuned trial with its sampled τ and lr: re-analysed from the stored rows
+    assert_reanalysis_reproduces(out, "batch_size_sweep", proc, script="batch_size_sweep.py",
+                                 args=("--smoke", "--search", "optuna", "--num-samples", "2"))
 
 
 def test_bad_input_exits_2_before_ray_starts(tmp_path):

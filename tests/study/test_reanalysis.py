@@ -1,0 +1,85 @@
+"""Re-analysis without training (python -m dcl_core.study.answer, --reanalyze): bad input exits 2 with one line
+before anything is written; what it will not trust (a recorded script outside studies/, a spec that is not the
+study that ran) is refused. The round trip on real studies is in test_studies_e2e.py and test_mi_toy.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcl_core.study.reanalysis import main, read_rows
+from dcl_core.study.report import write_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _study(tmp_path, command=None, spec=None):
+    out = tmp_path / "out"
+    d = out / "summary" / "temperature_sweep"
+    d.mkdir(parents=True)
+    write_table([{"trial_id": "a", "status": "ok", "loss": "dcl", "temperature": 0.1, "seed": 0, "knn_top1": 10.0}], d)
+    options = {"tracking_uri": None}
+    if command is not None:
+        options["command"] = command
+    if spec is not None:
+        options["spec"] = spec
+    (d / "study_options.json").write_text(json.dumps(options))
+    return out, d
+
+
+def _error(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    return err
+
+
+def test_bad_folders_and_names_exit_2_with_one_line(tmp_path, capsys):
+    assert "holds no finished study" in _error(capsys, [str(tmp_path / "missing")])
+    out, _ = _study(tmp_path, command={"script": "temperature_sweep"})
+    assert "no finished study named other" in _error(capsys, [str(out), "--name", "other"])
+    assert "must be 1-100 letters" in _error(capsys, [str(out), "--name", "../x"])
+
+
+def test_a_study_without_a_recorded_command_says_how_to_reanalyse_it(tmp_path, capsys):
+    out, _ = _study(tmp_path)
+    err = _error(capsys, [str(out)])
+    assert "records no command" in err and "--reanalyze" in err
+
+
+@pytest.mark.parametrize("script", ["../../tmp/evil", "os", "no_such_study", "Temperature_sweep"])
+def test_a_recorded_script_must_be_one_of_this_checkouts_studies(tmp_path, capsys, script):
+    out, _ = _study(tmp_path, command={"script": script})
+    assert "is not one of" in _error(capsys, [str(out)])
+
+
+def test_a_results_file_that_is_not_parquet_is_refused(tmp_path, capsys):
+    out, d = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"})
+    (d / "results.parquet").write_bytes(b"\x80\x04not a table")
+    assert "is not a results table" in _error(capsys, [str(out)])
+
+
+def test_rows_get_their_config_back_from_the_columns(tmp_path):
+    _, d = _study(tmp_path)
+    (row,) = read_rows(d / "results.parquet")
+    assert row["config"]["loss.temperature"] == 0.1 and row["config"]["loss.name"] == "dcl"
+    assert row["config"]["seed"] == 0
+
+
+def test_reanalyze_refuses_options_that_describe_another_study(tmp_path):
+    """--reanalyze with a preset the study did not run would answer the wrong questions: one line, exit 2."""
+    out, _ = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"},
+                    spec={"base": {"optim.epochs": 1}, "grids": "[...]"})
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir", str(out),
+                           "--reanalyze"], capture_output=True, text=True, timeout=120, cwd=REPO, env=os.environ.copy())
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: --reanalyze must describe the study that ran")
+    assert "optim.epochs" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    for flag in ("--resume", "--overwrite", "--dry-run"):
+        proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir",
+                               str(out), "--reanalyze", flag], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 2 and "--reanalyze trains nothing" in proc.stderr
