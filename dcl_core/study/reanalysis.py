@@ -24,7 +24,7 @@ from typing import Any
 from dcl_core.config import ConfigError
 from dcl_core.study.columns import COLUMNS
 from dcl_core.study.spec import StudyOptions, StudySpec
-from dcl_core.study.storage import default_tracking_uri, summary_dir
+from dcl_core.study.storage import summary_dir
 
 OPTIONS_FILE = "study_options.json"
 RESULTS_FILE = "results.parquet"
@@ -134,22 +134,13 @@ def _import_script(name: str) -> Any:
     return module
 
 
-def _tracking_uri(recorded: dict[str, Any], output_dir: Path, given: str | None, where: Path) -> str:
-    if given:
-        return given
-    uri = recorded.get("tracking_uri")
-    if isinstance(uri, str) and "***" in uri:
-        raise ConfigError(f"the tracking URI recorded in {where} has its credentials redacted ({uri}); pass "
-                          "--tracking-uri")
-    return uri if isinstance(uri, str) and uri else default_tracking_uri(output_dir)
-
-
 def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None, quiet: bool) -> int:
     """One study of ``summary/``: rebuilt from its recorded command and re-analysed (the script's own output)."""
+    from dcl_core.study.sync import recorded_tracking_uri
     from dcl_core.study_cli import reanalyze_recorded
 
     if study_dir.name == TOY:
-        print(reanalyze_toy(output_dir, tracking_uri or default_tracking_uri(output_dir)))
+        print(reanalyze_toy(output_dir, recorded_tracking_uri(study_dir, output_dir, tracking_uri)))
         return 0
     options_file = study_dir / OPTIONS_FILE
     if not options_file.is_file():
@@ -163,7 +154,7 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
     module = _import_script(command["script"])
     presets = tuple(getattr(module, "PRESETS", ("smoke", "cpu", "paper")))
     return reanalyze_recorded(module.__doc__ or "", command["script"], module.build_spec, presets, command,
-                              output_dir, _tracking_uri(recorded, output_dir, tracking_uri, options_file), quiet)
+                              output_dir, recorded_tracking_uri(study_dir, output_dir, tracking_uri), quiet)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,7 +35,9 @@ def _experiment_of(journal: Path) -> str | None:
     return None
 
 
-def _tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
+def recorded_tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
+    """``given``, else the tracking URI the study recorded in its ``study_options.json`` (refused when its
+    credentials are redacted), else the folder's default store."""
     if given:
         return given
     options = study_dir / OPTIONS_FILE
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         study_dir = journal.parent
         experiment = _experiment_of(journal) or study_dir.name
         try:
-            uri = _tracking_uri(study_dir, out, args.tracking_uri)
+            uri = recorded_tracking_uri(study_dir, out, args.tracking_uri)
             preflight(uri)
         except ConfigError as err:
             sys.stderr.write(f"error: {study_dir.name}: {err}\n")
