@@ -7,8 +7,8 @@ write and log it exactly as the study does (``summary/<study>/table.txt``, the p
 The first form re-analyses every study in ``OUTPUT_DIR/summary/`` (or ``--name``): each study's
 ``study_options.json`` records the study script and the options that built its spec, from which the spec (and
 so its questions, with today's statistics) is rebuilt; the EqCo MI toy is re-analysed from ``mi_toy.parquet``. A
-study run before the options were recorded is re-analysed with the second form. Exit code 0 when every study was
-re-analysed, 2 on bad input (one line).
+study run before the options were recorded is re-analysed with the second form. A study that cannot be re-analysed
+is named with one line and the others still are; exit code 0 when every study was re-analysed, else 2.
 """
 
 from __future__ import annotations
@@ -181,13 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         dirs = [d for d in dirs if (d / RESULTS_FILE).is_file() or (d.name == TOY and (d / "mi_toy.parquet").is_file())]
         if not dirs:
             raise ConfigError(f"no finished study{f' named {args.name}' if args.name else ''} in {output_dir}/summary")
-        code = 0
-        for i, d in enumerate(dirs):
-            if len(dirs) > 1:
-                print(f"{'' if i == 0 else chr(10)}=== {d.name}")
-            code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
-        return code
     except ConfigError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
+    code = 0
+    for i, d in enumerate(dirs):  # one study that cannot be re-analysed does not stop the others
+        if len(dirs) > 1:
+            print(f"{'' if i == 0 else chr(10)}=== {d.name}", flush=True)
+        try:
+            code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
+        except ConfigError as err:
+            sys.stderr.write(f"error: {d.name}: {err}\n")
+            code = 2
+    return code
 

@@ -50,6 +50,20 @@ def test_a_study_without_a_recorded_command_says_how_to_reanalyse_it(tmp_path, c
     assert "records no command" in err and "--reanalyze" in err
 
 
+def test_a_study_that_cannot_be_reanalysed_does_not_stop_the_others(tmp_path, capsys):
+    out, d = _study(tmp_path)  # no recorded command
+    other = out / "summary" / "batch_size_sweep"
+    other.mkdir()
+    (other / "results.parquet").write_bytes((d / "results.parquet").read_bytes())
+    (other / "study_options.json").write_text(json.dumps({"command": {"script": "../evil"}}))
+    assert main([str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == ["=== batch_size_sweep", "", "=== temperature_sweep"]
+    errors = captured.err.strip().splitlines()
+    assert len(errors) == 2 and errors[0].startswith("error: batch_size_sweep: the recorded study script")
+    assert errors[1].startswith("error: temperature_sweep: ") and "records no command" in errors[1]
+
+
 @pytest.mark.parametrize("script", ["../../tmp/evil", "os", "no_such_study", "Temperature_sweep"])
 def test_a_recorded_script_must_be_one_of_this_checkouts_studies(tmp_path, capsys, script):
     out, _ = _study(tmp_path, command={"script": script})
