@@ -32,7 +32,7 @@ from dcl_core.study.spec import (
     with_asha,
     with_base,
 )
-from dcl_core.study.storage import check_output_dir
+from dcl_core.study.storage import check_output_dir, redact_args
 from search_spaces import keys_of
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
 def resume_command(argv: list[str] | None) -> str:
     """The command line that continues this study: the same options, ``--resume`` instead of ``--overwrite``."""
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--overwrite", "--resume")]
-    return " ".join(shlex.quote(a) for a in [sys.executable, sys.argv[0], *args, "--resume"])
+    return " ".join(shlex.quote(a) for a in redact_args([sys.executable, sys.argv[0], *args, "--resume"]))
 
 
 def _check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
+from dcl_core.files import open_fd, write_text
 
 
 def storage_join(storage: str, name: str) -> str:
@@ -94,11 +95,14 @@ def check_output_dir(output_dir: Path) -> None:
 def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
     """Hold an exclusive lock on one study of an output folder for the whole run: a second run of the same
     study into the same folder (which would mix Tune state and log every trial twice) stops with ConfigError
-    naming the holder. The lock is the kernel's (``flock``): a killed run (even ``kill -9``) releases it."""
+    naming the holder. The lock is the kernel's (``flock``): a killed run (even ``kill -9``) releases it. The lock
+    file is never opened through a link planted at its name (one line instead), is readable by its owner only, and
+    records the holder's command with credentials redacted."""
     path = output_dir / f".{study}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # a lock file an older version left readable by all
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -106,7 +110,7 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
             raise ConfigError(f"study {study} in {output_dir} is already running ({holder}); wait for it, or "
                               "use another --name or --output-dir") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": " ".join(sys.argv)[:300]}
+                "command": " ".join(redact_args(sys.argv))[:300]}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         yield path
@@ -121,24 +125,28 @@ def default_tracking_uri(output_dir: Path) -> str:
 
 
 def redact_uri(uri: str) -> str:
-    """``uri`` safe to print or store: credentials (``user:password@`` before the host, and query values named
-    like a token, password, secret or key) become ``***``."""
-    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1***@", uri)
+    """``uri`` safe to print or store: credentials (everything between ``scheme://`` and the last ``@``, so a
+    password with an unencoded ``/``, ``#`` or ``?`` is hidden whole, and query values named like a token,
+    password, secret or key) become ``***``."""
+    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^@]*@", r"\1***@", uri)
     return re.sub(r"([?&][^=&#]*(?:token|passw|secret|key|sig)[^=&#]*=)[^&#]*", r"\1***", out, flags=re.I)
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """A command line safe to print or store: every URI in it (``--tracking-uri http://u:p@h``, or
+    ``--tracking-uri=...``) through :func:`redact_uri`."""
+    out = []
+    for a in args:
+        key, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
+        out.append(f"{key}={redact_uri(value)}" if eq else redact_uri(a))
+    return out
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename: a full disk or a
-    crash leaves the previous file (or none), never half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    crash leaves the previous file (or none), never half a file, and a link planted at either name is never
+    followed (:func:`dcl_core.files.write_text`)."""
+    return write_text(path, text)
 
 
 def summary_dir(output_dir: Path, study: str) -> Path:

@@ -51,6 +51,7 @@ from ray import tune
 
 from dcl_core import metrics as M
 from dcl_core.config import ConfigError
+from dcl_core.files import open_append, write_text
 from dcl_core.study.report import plot_q_hist_epochs, q_hist_edges
 from dcl_core.study.storage import redact_uri
 
@@ -744,7 +745,7 @@ class StudyTracker:
             if prepare is not None:
                 rec = prepare(rec)
             line = json.dumps(rec, default=str) + "\n"
-            with self._lock(), open(self.journal_dir / JOURNAL_FILE, "a") as f:
+            with self._lock(), open_append(self.journal_dir / JOURNAL_FILE) as f:
                 f.write(line)
         except OSError as err:  # a full disk must not stop the study either
             self.dropped += 1
@@ -796,7 +797,7 @@ class StudyTracker:
         """An exclusive lock on the journal (the study and ``python -m dcl_core.study.sync`` may share it)."""
         assert self.journal_dir is not None
         self.journal_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.journal_dir / ".pending_mlflow.lock", "a") as f:
+        with open_append(self.journal_dir / ".pending_mlflow.lock") as f:
             if fcntl is not None:
                 fcntl.flock(f, fcntl.LOCK_EX)
             yield
@@ -912,9 +913,7 @@ def _local_id() -> str:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(path, text)  # a fresh temporary name and a rename: never through a planted link
 
 
 def _now_ms() -> int:

@@ -17,6 +17,7 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
+from dcl_core.files import open_append
 from dcl_core.study import tracking
 from dcl_core.study.spec import Resources
 from dcl_core.training import NonFiniteLossError, train
@@ -93,7 +94,7 @@ def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -
     cause = error_text(err)
     log_file = trial_dir / FAILURES_FILE
     seen = log_file.read_text().splitlines() if log_file.exists() else []
-    with log_file.open("a") as f:
+    with open_append(log_file) as f:
         f.write(cause.replace("\n", " ") + "\n")
     if cause.replace("\n", " ") not in seen:
         raise err

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
+from dcl_core import files
 from dcl_core import metrics as M
 from dcl_core.config import Config, ConfigError, Derived, derive, to_flat_dict
 from dcl_core.models import last_block_convs
@@ -381,8 +382,8 @@ def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
     cfg, path = run.cfg, run.checkpoint_path
     if not (resume and path.exists()):
         if run.runtime.rank == 0:
-            with _writing(run.out_dir / "config.json"):
-                (run.out_dir / "config.json").write_text(json.dumps(to_flat_dict(cfg), indent=1))
+            with _writing(run.out_dir / "config.json"):  # never through a link planted at either name
+                files.write_text(run.out_dir / "config.json", json.dumps(to_flat_dict(cfg), indent=1))
                 (run.out_dir / METRICS_NAME).unlink(missing_ok=True)
         return 0, []
     state = load_checkpoint(path, map_location=run.runtime.device)
@@ -394,7 +395,7 @@ def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
     history = list(state["history"])
     if run.runtime.rank == 0:  # the metrics file matches the checkpoint (drops epochs trained after it, if any)
         with _writing(run.out_dir / METRICS_NAME):
-            (run.out_dir / METRICS_NAME).write_text("".join(json.dumps(m) + "\n" for m in history))
+            files.write_text(run.out_dir / METRICS_NAME, "".join(json.dumps(m) + "\n" for m in history))
     log.info("resumed from %s at epoch %d", path, state["epoch"])
     return state["epoch"], history
 
@@ -594,7 +595,7 @@ def _save(run: Run, epoch: int, history: list[dict[str, float]]) -> None:
         }
         with _writing(run.checkpoint_path):
             save_checkpoint(state, run.checkpoint_path)
-        with _writing(run.out_dir / METRICS_NAME), (run.out_dir / METRICS_NAME).open("a") as f:
+        with _writing(run.out_dir / METRICS_NAME), files.open_append(run.out_dir / METRICS_NAME) as f:
             f.write(json.dumps(history[-1]) + "\n")
     if run.runtime.world_size > 1:
         dist.barrier()

@@ -3,6 +3,7 @@ before Ray starts, and nothing outside the study's own folders is touched. Real 
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -155,3 +156,51 @@ def test_a_bad_tracking_uri_is_refused_in_seconds(tmp_path):
         assert_one_line_exit_2(proc, needle)
         assert time.monotonic() - t0 < 60
     assert not (tmp_path / "out" / "ray_results").exists()
+
+
+def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path):
+    """Issue reproduction: ``ln -s ~/precious.txt o/.temperature_sweep.lock`` then a (refused) ``--resume`` wrote
+    the holder's JSON into the target. Now one line, exit 2, the target as it was."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".temperature_sweep.lock").symlink_to(precious)
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--output-dir",
+                           str(out), "--resume"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert precious.read_text() == "keep me"
+
+
+def test_the_lock_file_keeps_no_secret_and_is_private(tmp_path, monkeypatch):
+    """Issue reproduction: the lock (left after the run) held the command line with the password, mode 0644, and
+    a second run printed it."""
+    monkeypatch.setattr(sys, "argv", ["studies/x.py", "--tracking-uri", "http://alice:s3cr/t#x@127.0.0.1:5000",
+                                      "--name=s", "--tracking-uri=https://bob:hunter2@h/mlflow"])
+    with study_lock(tmp_path, "s") as lock:
+        text = lock.read_text()
+        assert "s3cr" not in text and "hunter2" not in text and "t#x" not in text
+        assert "http://***@127.0.0.1:5000" in text and "--tracking-uri=https://***@h/mlflow" in text
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+        with pytest.raises(ConfigError) as refused, study_lock(tmp_path, "s"):
+            pass
+        assert "s3cr" not in str(refused.value) and "already running" in str(refused.value)
+
+
+@pytest.mark.parametrize("uri", ["http://alice:pa/ss@127.0.0.1:5000", "http://alice:pa#ss@127.0.0.1:5000",
+                                 "https://alice:pa?ss@host/x?token=abc"])
+def test_a_password_with_reserved_characters_is_redacted_whole(uri):
+    from dcl_core.study.storage import redact_uri
+
+    shown = redact_uri(uri)
+    assert "pa" not in shown.split("@")[0] and "ss" not in shown.split("@")[0] and "abc" not in shown
+    assert shown.startswith(uri.split("://")[0] + "://***@")
+
+
+def test_the_resume_command_printed_on_ctrl_c_redacts_credentials(monkeypatch):
+    from dcl_core.study_cli import resume_command
+
+    monkeypatch.setattr(sys, "argv", ["studies/temperature_sweep.py"])
+    line = resume_command(["--tracking-uri", "http://alice:s3cret@127.0.0.1:5000", "--overwrite"])
+    assert "s3cret" not in line and "http://***@127.0.0.1:5000" in line and line.endswith("--resume")

@@ -303,3 +303,19 @@ def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
                           text=True, cwd=REPO, timeout=300)
     assert_one_line(proc, f"cannot write {out / 'checkpoint.pt'}: File too large", code=1)
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # no half-written checkpoint left
+
+
+@needs_cifar
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
+def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, name):
+    """Issue reproduction: ``ln -s ~/precious.txt x/config.json; python -m dcl_core.train --preset smoke
+    --output-dir x`` overwrote the target. Now the run replaces the link with its own file; the target is kept."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / name).symlink_to(precious)
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--threads", "1", "--output-dir", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert precious.read_text() == "keep me"
+    assert not (out / name).is_symlink() and (out / name).stat().st_size > 0

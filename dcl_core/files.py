@@ -1,0 +1,68 @@
+"""Files the project creates in an output folder, opened without following symbolic links.
+
+A link planted where a lock, config, metrics, journal or summary file goes (``ln -s ~/precious.txt
+outputs/.temperature_sweep.lock``) is refused with one line, never followed: nothing outside the folder is
+created, truncated or appended to through it. Whole files are written to a fresh temporary name (``O_EXCL``,
+so never through an existing name or link) and renamed over the target; ``rename`` replaces a link itself, not
+what it points to. Pure standard library, for every layer.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from dcl_core.config import ConfigError
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafePathError(ConfigError):
+    """A path the project would write is a symbolic link or a folder: refused (one line, exit code 2)."""
+
+
+def open_fd(path: Path | str, flags: int, mode: int = 0o666) -> int:
+    """``os.open`` that never follows a link at ``path`` (UnsafePathError) and says plainly when ``path`` is a
+    folder; other OSErrors (a full disk, permissions) propagate."""
+    try:
+        return os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP or os.path.islink(path):
+            raise UnsafePathError(f"{path} is a symbolic link: refusing to write through it (remove the link; "
+                                  "the project writes only regular files inside its output folder)") from None
+        if err.errno == errno.EISDIR or (err.errno in (errno.EACCES, errno.EPERM) and os.path.isdir(path)):
+            raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it") from None
+        raise
+
+
+def write_text(path: Path | str, text: str, mode: int = 0o666) -> Path:
+    """Write ``text`` to ``path`` atomically without following links: a fresh temporary file in the same folder
+    (``O_EXCL``), then a rename over ``path``. A full disk or a crash leaves the previous file, never half of one;
+    a folder at ``path`` is refused."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and not path.is_symlink():
+        raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@contextmanager
+def open_append(path: Path | str, mode: int = 0o666) -> Iterator[IO[str]]:
+    """``open(path, "a")`` that never follows a link at ``path``."""
+    with os.fdopen(open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode), "a") as f:
+        yield f
