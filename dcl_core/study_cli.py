@@ -219,8 +219,11 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
         return 2
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
         why = f" ({err})" if str(err) else ""
+        line = resume_command(argv)
+        hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
+                "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)" if "***" in line else "")
         sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
-                         f"Continue with:\n  {resume_command(argv)}\n")
+                         f"Continue with:\n  {line}{hint}\n")
         return 130
     print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r["status"] != "ok"]
