@@ -267,6 +267,12 @@ def trial_tags(spec: StudySpec) -> dict[str, str]:
     return {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
 
 
+# Joins a study's name to an experiment's suffix: a character study names cannot contain (NAME), so experiment
+# folders are prefix-free. With "-", study "temperature_sweep"'s search folder "temperature_sweep-dcl" was also
+# study "temperature_sweep-dcl"'s own folder, and that study's --overwrite deleted it.
+EXPERIMENT_SEP = "+"
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One Tune experiment of a study: a sub-grid, the grid point an Optuna search is pinned to (``{}`` for a
@@ -279,7 +285,9 @@ class Experiment:
 
 def experiments(spec: StudySpec) -> list[Experiment]:
     """Grid mode: one experiment per sub-grid. Search mode: one Optuna search per grid point. With several
-    sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``)."""
+    sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``):
+    ``eqco_negatives_sweep+simclr``, ``batch_size_sweep+dcl-16`` (:data:`EXPERIMENT_SEP`), never another study's
+    name."""
     grids = spec.grids
     labels = []
     for i, g in enumerate(grids):
@@ -292,7 +300,7 @@ def experiments(spec: StudySpec) -> list[Experiment]:
             {k: v for k, v in p.items() if isinstance(g.get(k), Grid)} for p in grid_points(g)]
         for point in points:
             suffix = "-".join(str(v) for v in {**label, **point}.values())
-            out.append(Experiment(g, point, f"{spec.name}-{suffix}" if suffix else spec.name))
+            out.append(Experiment(g, point, f"{spec.name}{EXPERIMENT_SEP}{suffix}" if suffix else spec.name))
     names = [e.name for e in out]
     if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
         raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")

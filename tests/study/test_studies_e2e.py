@@ -154,8 +154,8 @@ def test_batch_study_with_optuna_search(tmp_path):
     # Each search persists as an Optuna study that Optuna itself reads back (optuna-dashboard shows the same DB).
     storage = f"sqlite:///{out / 'optuna.db'}"
     names = sorted(s.study_name for s in optuna.get_all_study_summaries(storage))
-    assert names == sorted(f"batch_size_sweep-{lo}-{b}" for lo in ("infonce", "dcl") for b in (16, 32))
-    study = optuna.load_study(study_name="batch_size_sweep-dcl-16", storage=storage)
+    assert names == sorted(f"batch_size_sweep+{lo}-{b}" for lo in ("infonce", "dcl") for b in (16, 32))
+    study = optuna.load_study(study_name="batch_size_sweep+dcl-16", storage=storage)
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 2 and {"loss.temperature", "optim.base_lr"} <= set(done[0].params)
     ours = sorted(r["knn_top1"] for r in rows if r["loss"] == "dcl" and r["batch_size"] == 16)

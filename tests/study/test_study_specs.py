@@ -139,8 +139,27 @@ def test_a_search_over_several_sub_grids_names_each_experiment_by_its_sub_grid()
     spec = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep", "--search", "optuna"))
     names = [e.name for e in experiments(spec)]
     # One Optuna search per (framework, K): the framework tells SimCLR's K=4 from SiMo's K=4.
-    assert names == [f"eqco_negatives_sweep-{fw}-{k}" for fw in ("simclr", "simo") for k in (4, 16, 63)]
+    assert names == [f"eqco_negatives_sweep+{fw}-{k}" for fw in ("simclr", "simo") for k in (4, 16, 63)]
     assert [e.point for e in experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
+
+
+@pytest.mark.parametrize("name", STUDIES)
+def test_no_experiment_folder_of_a_study_can_be_another_studys(name):
+    """Issue reproduction: the Optuna temperature study kept its searches in ``temperature_sweep-dcl``, which is
+    also study ``--name temperature_sweep-dcl``'s folder (whose --overwrite deleted it). Experiment folders are the
+    study's name or the name + "+" + a suffix, and "+" is not allowed in a study name."""
+    from dcl_core.study.spec import check_name
+
+    for search in ("grid", "optuna"):
+        try:
+            spec = load(name).build_spec(args_for(name, "--search", search))
+        except ConfigError:  # a study without that mode
+            continue
+        for e in experiments(spec):
+            assert e.name == spec.name or e.name.startswith(spec.name + "+")
+            if e.name != spec.name:
+                with pytest.raises(ConfigError):
+                    check_name(e.name)  # no study can be named like it
 
 
 def test_storage_join_keeps_uris_intact():
