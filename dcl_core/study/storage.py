@@ -128,7 +128,7 @@ def redact_uri(uri: str) -> str:
     """``uri`` safe to print or store: credentials (everything between ``scheme://`` and the last ``@``, so a
     password with an unencoded ``/``, ``#`` or ``?`` is hidden whole, and query values named like a token,
     password, secret or key) become ``***``."""
-    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^@]*@", r"\1***@", uri)
+    out = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)(?!/)\S*@", r"\1***@", uri)  # "///": no host, no credentials
     return re.sub(r"([?&][^=&#]*(?:token|passw|secret|key|sig)[^=&#]*=)[^&#]*", r"\1***", out, flags=re.I)
 
 

@@ -18,21 +18,10 @@ from pathlib import Path
 
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError
+from dcl_core.study.spec import check_name
 from dcl_core.study.storage import default_tracking_uri, summary_dir
 
 OPTIONS_FILE = "study_options.json"  # written by the runner into the study's summary folder
-
-
-def _experiment_of(journal: Path) -> str | None:
-    """The experiment the journal's runs belong to (the study's name), from its first run creation."""
-    for line in journal.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("experiment"):
-            return str(rec["experiment"])
-    return None
 
 
 def recorded_tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
@@ -69,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.output_dir.expanduser().resolve()
     if args.name:
+        try:
+            check_name(args.name)  # never a journal (or a lock) outside the output folder: "../../x"
+        except ConfigError as err:
+            sys.stderr.write(f"error: {err}\n")
+            return 2
         journals = [summary_dir(out, args.name) / JOURNAL_FILE]
     else:
         journals = sorted((out / "summary").glob(f"*/{JOURNAL_FILE}"))
-    journals = [j for j in journals if j.exists()]
+    journals = [j for j in journals if j.is_file() and not j.is_symlink() and not j.parent.is_symlink()]
     if not journals:
         print(f"nothing to sync: no {JOURNAL_FILE} under {out / 'summary'}"
               + (f"/{args.name}" if args.name else ""))
@@ -80,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     for journal in journals:
         study_dir = journal.parent
-        experiment = _experiment_of(journal) or study_dir.name
+        experiment = study_dir.name  # the folder names the study; the journal's own lines are not trusted for it
         try:
             uri = recorded_tracking_uri(study_dir, out, args.tracking_uri)
             preflight(uri)

@@ -341,6 +341,65 @@ class _UnreplayableError(Exception):
     """An operation that can never succeed (its run was never created, its file is gone)."""
 
 
+_OPS = ("open", "trial_run", "metrics", "params", "tag", "dict", "artifact", "end")
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _relative(value: Any) -> bool:
+    """An artifact path inside the run: relative, no ``..``."""
+    return isinstance(value, str) and bool(value) and not value.startswith("/") and ".." not in value.split("/")
+
+
+def _inside(path: str, root: Path) -> bool:
+    """``path`` (every link resolved) lies inside ``root``, and a folder there holds no link."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if not real.startswith(base.rstrip(os.sep) + os.sep):
+        return False
+    return not (os.path.isdir(real) and any(p.is_symlink() for p in Path(real).rglob("*")))
+
+
+def journal_problem(rec: Any, experiment: str, root: Path) -> str | None:
+    """Why a journal line is not one this study's tracker can have written (None if it is): an unknown operation
+    or wrong fields; another experiment; a run deletion (a journaled ``--overwrite`` never deletes); an artifact
+    outside the study's summary folder ``root`` (the journal is replayed with the owner's MLflow rights, so a
+    planted line must not upload a file from elsewhere or touch another study)."""
+    if not isinstance(rec, dict) or rec.get("op") not in _OPS:
+        return f"unknown operation {rec.get('op') if isinstance(rec, dict) else rec!r}"
+    op = rec["op"]
+    if op in ("open", "trial_run"):
+        if rec.get("experiment") != experiment:
+            return f"another experiment ({rec.get('experiment')!r})"
+        if not (isinstance(rec.get("id"), str) and _str_map(rec.get("tags")) and isinstance(rec.get("time"), int)):
+            return f"a malformed {op}"
+        if op == "open" and rec.get("overwrite"):
+            return "a run deletion (a journaled --overwrite deletes nothing)"
+        if op == "trial_run" and not (isinstance(rec.get("trial_id"), str) and isinstance(rec.get("name"), str)
+                                      and _str_map(rec.get("params"))):
+            return "a malformed trial_run"
+        return None
+    if not isinstance(rec.get("run"), str):
+        return f"a malformed {op} (no run)"
+    ok = {
+        "metrics": lambda: isinstance(rec.get("metrics"), list) and all(
+            isinstance(m, list) and len(m) == 4 and isinstance(m[0], str) and isinstance(m[1], int | float)
+            and isinstance(m[2], int) and isinstance(m[3], int) for m in rec["metrics"]),
+        "params": lambda: _str_map(rec.get("params")),
+        "tag": lambda: isinstance(rec.get("key"), str) and isinstance(rec.get("value"), str),
+        "dict": lambda: isinstance(rec.get("data"), dict) and _relative(rec.get("path")),
+        "artifact": lambda: isinstance(rec.get("path"), str) and (
+            rec.get("artifact_path") is None or _relative(rec.get("artifact_path"))),
+        "end": lambda: rec.get("status") in ("FINISHED", "FAILED") and isinstance(rec.get("time"), int | None),
+    }[op]
+    if not ok():
+        return f"a malformed {op}"
+    if op == "artifact" and not _inside(rec["path"], root):
+        return f"an artifact outside {root} ({rec['path']})"
+    return None
+
+
 def _refused(exc: BaseException) -> bool:
     """Whether a failed operation should be dropped rather than retried: MLflow refused it, its file is gone,
     or it failed in a way no retry fixes (a bug). Unreachable servers, timeouts, 5xx, 401/403, a locked SQLite
@@ -408,6 +467,7 @@ class StudyTracker:
         self._offline_until = 0.0  # time.monotonic() before which MLflow is not called
         self._outage = False  # warned about the current outage
         self._warned_refused: set[str] = set()
+        self._mine: set[str] = set()  # run ids known to be in this study's experiment
         self._env_added: list[str] = []  # the MLflow env vars _short_http set (not the user's)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -597,6 +657,7 @@ class StudyTracker:
         run = self._real(rec["run"])
         if run.startswith(LOCAL_ID):
             raise _UnreplayableError(f"its run ({run}) was never created")
+        self._check_mine(run)
         c = self.client
         if op == "metrics":
             items = [Metric(k, v, ts, step) for k, v, ts, step in rec["metrics"]]
@@ -624,6 +685,14 @@ class StudyTracker:
             raise _UnreplayableError(f"unknown operation {op!r}")
         return None
 
+    def _check_mine(self, run: str) -> None:
+        """An operation may touch only runs of this study's experiment (a replayed line names any run id)."""
+        if run in self._mine:
+            return
+        if self.client.get_run(run).info.experiment_id != self._experiment():
+            raise _UnreplayableError(f"run {run} is not in experiment {self.experiment}")
+        self._mine.add(run)
+
     def _apply_open(self, rec: dict[str, Any]) -> str:
         exp = self._experiment()
         if rec.get("overwrite"):  # only runs older than the study's start: a replay keeps what it made
@@ -636,6 +705,7 @@ class StudyTracker:
             run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec.get("experiment"),
                                             tags=rec["tags"]).info.run_id
         self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
         if self.parent_run_id in (None, rec["id"]):
             self.parent_run_id = run_id
         return run_id
@@ -652,9 +722,12 @@ class StudyTracker:
             tags = dict(rec["tags"])
             if tags.get(MLFLOW_PARENT_RUN_ID):
                 parent = self._real(tags[MLFLOW_PARENT_RUN_ID])
+                if not parent.startswith(LOCAL_ID):
+                    self._check_mine(parent)
                 tags[MLFLOW_PARENT_RUN_ID] = "" if parent.startswith(LOCAL_ID) else parent
             run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec["name"], tags=tags).info.run_id
         self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
         try:
             self._log_params(run_id, params)
         except MlflowException as exc:  # a refused param must not lose the run (its metrics, its status)
@@ -741,6 +814,11 @@ class StudyTracker:
         if self.journal_dir is None:
             self.dropped += 1
             return
+        if rec["op"] == "open" and rec.get("overwrite"):  # the journal never deletes runs (a planted line could)
+            rec = {**rec, "overwrite": False}
+            log.warning("--overwrite: MLflow is unreachable, so the earlier runs of %s were not soft-deleted; they "
+                        "stay beside the new ones (delete them in the UI, or run with --overwrite again)",
+                        self.experiment)
         try:
             if prepare is not None:
                 rec = prepare(rec)
@@ -755,13 +833,22 @@ class StudyTracker:
         path = self.journal
         if path is None or not path.exists():
             return []
-        records = []
+        records, ignored = [], []
         for line in path.read_text().splitlines():
             try:
-                records.append(json.loads(line))
+                rec = json.loads(line)
             except ValueError:  # a line cut short by a crash while it was written
                 if line.strip():
                     log.warning("skipping an unreadable line of %s", path)
+                continue
+            why = journal_problem(rec, self.experiment, path.parent)
+            if why is None:
+                records.append(rec)
+            else:
+                ignored.append(why)
+        if ignored:  # dropped from the journal at its next rewrite
+            log.warning("ignoring %d line(s) of %s that this study cannot have written (the first: %s)",
+                        len(ignored), path, ignored[0])
         return records
 
     def _write(self, records: list[dict[str, Any]]) -> None:
