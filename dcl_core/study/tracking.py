@@ -217,8 +217,9 @@ def preflight(tracking_uri: str, timeout: float = 5) -> None:
     try:
         parts = urlsplit(tracking_uri.strip())
         _ = parts.port  # a port that is not a number raises ValueError
-    except ValueError as err:
-        raise invalid(str(err)) from None
+    except ValueError:  # its message quotes the "port", which may be the part of a password after a '/' or '#'
+        raise invalid("its HOST:PORT cannot be read (a password with '/', '#', '?' or '@' must be "
+                      "percent-encoded: %2F, %23, %3F, %40)") from None
     scheme = parts.scheme.lower()
     if scheme in ("http", "https"):
         if not parts.hostname:

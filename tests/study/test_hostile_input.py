@@ -204,3 +204,15 @@ def test_the_resume_command_printed_on_ctrl_c_redacts_credentials(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["studies/temperature_sweep.py"])
     line = resume_command(["--tracking-uri", "http://alice:s3cret@127.0.0.1:5000", "--overwrite"])
     assert "s3cret" not in line and "http://***@127.0.0.1:5000" in line and line.endswith("--resume")
+
+
+@pytest.mark.parametrize("password", ["pa#ss", "pa/ss", "pa?ss", "p@ss/x"])
+def test_a_password_with_reserved_characters_is_not_echoed_by_the_preflight(password):
+    """Issue reproduction: urllib's "Port could not be cast to integer value as 'pa'" quoted the password."""
+    from dcl_core.study.tracking import preflight
+
+    with pytest.raises(ConfigError) as err:
+        preflight(f"http://alice:{password}@127.0.0.1:1", timeout=2)
+    text = str(err.value)
+    assert "http://***@127.0.0.1:1" in text and "alice" not in text
+    assert "'pa" not in text and "ss/" not in text and "ss@" not in text and "p@" not in text
