@@ -186,8 +186,10 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
     out_dir = Path(cfg.output_dir).expanduser().resolve()
     _check_writable(out_dir)
     checkpoint = out_dir / CHECKPOINT_NAME
-    if not checkpoint.exists():
+    if not checkpoint.exists() and not checkpoint.is_symlink():
         return
+    if checkpoint.is_dir() and not checkpoint.is_symlink():  # unlink() would raise IsADirectoryError below
+        raise ConfigError(f"{checkpoint} is a folder, not a checkpoint: remove or rename it")
     if resume:
         check_resumable(cfg, load_checkpoint(checkpoint, mmap=True), checkpoint)  # mmap: reads only the config
     elif overwrite:

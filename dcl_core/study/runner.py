@@ -204,8 +204,8 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experimen
     if options.resume and not existing:
         raise ConfigError(f"nothing to resume at {storage_join(str(options.storage), exps[0].name)}")
     options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
-    if options.resume and options_file.exists():
-        before = json.loads(options_file.read_text())
+    if options.resume and (options_file.exists() or options_file.is_symlink()):
+        before = _read_options(options_file)
         options.check_resume(before)
         _check_same_study(spec, before.get("spec", {}))
     options.output_dir.mkdir(parents=True, exist_ok=True)
@@ -216,6 +216,22 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experimen
         _delete_optuna_studies(options.output_dir, [e.name for e in exps])
     options_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec)}, indent=1))
+
+
+def _read_options(path: Path) -> dict[str, Any]:
+    """A study's recorded options, or ConfigError (one line) when the file is not what the study wrote."""
+    damaged = (f"cannot resume: {path} is damaged ({{}}); --overwrite starts the study afresh, or restore the "
+               "file")
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(damaged.format("not a regular file"))
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(damaged.format(f"not JSON: {str(err).splitlines()[0][:80]}")) from None
+    spec = before.get("spec", {}) if isinstance(before, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("base", {}), dict):
+        raise ConfigError(damaged.format("not the options of a study"))
+    return before
 
 
 def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:

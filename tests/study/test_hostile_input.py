@@ -216,3 +216,28 @@ def test_a_password_with_reserved_characters_is_not_echoed_by_the_preflight(pass
     text = str(err.value)
     assert "http://***@127.0.0.1:1" in text and "alice" not in text
     assert "'pa" not in text and "ss/" not in text and "ss@" not in text and "p@" not in text
+
+
+@pytest.mark.parametrize("content", ["", '{"output_dir": "/x", "spe', "[]", '{"spec": []}', '{"spec": {"base": 3}}',
+                                     "\udcff"])
+def test_a_damaged_options_file_makes_resume_exit_2_in_one_line(tmp_path, content):
+    """Issue reproduction: study_options.json truncated, empty or ``[]`` then --resume gave a traceback."""
+    from dataclasses import replace
+
+    from dcl_core.study import StudyOptions
+    from dcl_core.study.runner import _prepare_output
+    from dcl_core.study.spec import experiments
+
+    spec = _smoke_spec()
+    options = replace(StudyOptions(tmp_path).resolved(), resume=True)
+    path = tmp_path / "summary" / "s" / "study_options.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content, errors="surrogateescape")
+    with pytest.raises(ConfigError, match=r"cannot resume: .*study_options\.json is damaged"):
+        _prepare_output(spec, options, experiments(spec), [str(tmp_path / "ray_results" / "s")])
+
+
+def test_a_folder_at_the_lock_path_exits_in_one_line(tmp_path):
+    (tmp_path / ".s.lock").mkdir()
+    with pytest.raises(ConfigError, match="is a folder where a file belongs"), study_lock(tmp_path, "s"):
+        pass

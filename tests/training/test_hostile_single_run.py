@@ -319,3 +319,12 @@ def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert precious.read_text() == "keep me"
     assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
+
+
+@needs_cifar
+def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path):
+    """Issue reproduction: ``train --overwrite`` with checkpoint.pt a directory gave IsADirectoryError's traceback."""
+    (tmp_path / "run" / "checkpoint.pt").mkdir(parents=True)
+    proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--output-dir", str(tmp_path / "run"),
+               "--overwrite")
+    assert_one_line(proc, "checkpoint.pt is a folder, not a checkpoint")
