@@ -464,14 +464,17 @@ def parse_overrides(items: list[str]) -> dict[str, str]:
     for :func:`apply_overrides` to check and convert.
 
     Raises:
-        ConfigError: an item without ``=``.
+        ConfigError: an item without ``=``; a key given twice (which value was meant is not ours to guess).
     """
-    out = {}
+    out: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if key in out and out[key] != value.strip():
+            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value.strip()!r}); give it once")
+        out[key] = value.strip()
     return out
 
 

@@ -106,7 +106,14 @@ def base_config(args: argparse.Namespace, base: tuple[str, dict[str, Any]]) -> A
 
 
 def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(x.strip() for x in args.losses.split(",")) if args.losses else default
+    """``--losses infonce,dcl`` as a tuple; a loss named twice would run every one of its trials twice."""
+    if not args.losses:
+        return default
+    losses = tuple(x.strip() for x in args.losses.split(","))
+    twice = sorted({x for x in losses if losses.count(x) > 1})
+    if twice:
+        raise ConfigError(f"--losses names {twice[0]} twice; each loss runs once per cell (use --seeds for repeats)")
+    return losses
 
 
 # The options that decide what a study runs and asks (recorded with its outputs, so that ``python -m

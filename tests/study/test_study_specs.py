@@ -103,6 +103,9 @@ def test_eqco_study_pairs_each_k_with_and_without_eqco():
     ("dclw_sigma_sweep", ["--losses", "dcl"], "dclw only"),
     ("tau_lr_search", ["--search", "grid"], "Optuna search"),
     ("queue_size_sweep", ["--losses", "align_uniform"], "align_uniform"),
+    # issue reproductions: every trial run twice (two MLflow runs each); a second value silently winning
+    ("temperature_sweep", ["--losses", "infonce,dcl,dcl"], "--losses names dcl twice"),
+    ("temperature_sweep", ["--set", "optim.epochs=2", "--set", "optim.epochs=3"], "--set optim.epochs is given twice"),
 ])
 def test_unsupported_options_exit_2_with_one_line(tmp_path, name, argv, needle):
     proc = subprocess.run([sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir",
