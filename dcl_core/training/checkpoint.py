@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import warnings
 import zipfile
 from pathlib import Path
@@ -67,6 +68,10 @@ def _os_error(err: BaseException | None) -> OSError | None:
     return err
 
 
+# ResNet-50 with its optimizer state, a momentum encoder and a 65,536-key queue is under 0.5 GiB.
+MAX_CHECKPOINT_BYTES = 16 * 2**30
+
+
 def load_checkpoint(
     path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False
 ) -> dict[str, Any]:
@@ -86,6 +91,12 @@ def load_checkpoint(
         raise CheckpointError(path, "no such file")
     if path.is_dir():
         raise CheckpointError(path, "a directory")
+    info = path.stat()  # a pipe would block the read forever, /dev/zero would never end: look before reading
+    if not stat.S_ISREG(info.st_mode):
+        raise CheckpointError(path, "not a regular file (a pipe, a device or a socket)")
+    if info.st_size > MAX_CHECKPOINT_BYTES:
+        raise CheckpointError(path, f"{info.st_size / 2**30:.1f} GiB, larger than any checkpoint of this project "
+                                    f"(at most {MAX_CHECKPOINT_BYTES / 2**30:g} GiB)")
     try:
         if not zipfile.is_zipfile(path):  # torch.save has written zip archives since torch 1.6
             raise CheckpointError(path, "damaged, or not written by torch.save")

@@ -328,3 +328,26 @@ def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path)
     proc = run("dcl_core.train", "--preset", "smoke", "--epochs", "1", "--output-dir", str(tmp_path / "run"),
                "--overwrite")
     assert_one_line(proc, "checkpoint.pt is a folder, not a checkpoint")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_checkpoint_that_is_a_pipe_or_a_device_exits_2_at_once(tmp_path, kind):
+    """Issue reproduction: a FIFO blocked ``python -m dcl_core.eval`` forever; a link to /dev/zero read 4.9 GB
+    in 8 s."""
+    path = tmp_path / "checkpoint.pt"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=60)  # before: never returned
+    assert_one_line(proc, f"not a dcl_core checkpoint: {path} (not a regular file")
+
+
+def test_a_checkpoint_larger_than_any_is_refused_without_reading_it(tmp_path, monkeypatch):
+    from dcl_core.training import checkpoint as ck
+
+    path = tmp_path / "huge.pt"
+    with path.open("wb") as f:  # sparse: no disk used
+        f.truncate(ck.MAX_CHECKPOINT_BYTES + 1)
+    with pytest.raises(ck.CheckpointError, match="larger than any checkpoint"):
+        ck.load_checkpoint(path)
