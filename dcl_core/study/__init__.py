@@ -10,7 +10,10 @@ One job a module:
 - :mod:`~dcl_core.study.columns`: the results table's columns, declared once;
 - :mod:`~dcl_core.study.results`: rows of finished trials and the study summary;
 - :mod:`~dcl_core.study.report` / :mod:`~dcl_core.study.search_report`: tables and plots over rows (no Ray);
-- :mod:`~dcl_core.study.tracking`: the only module using Ray's reporting API and MLflow.
+- :mod:`~dcl_core.study.tracking`: the only module using Ray's reporting API and MLflow;
+- :mod:`~dcl_core.study.answer` / :mod:`~dcl_core.study.stats`: a study's answer and the intervals behind its
+  verdicts; :mod:`~dcl_core.study.calibration`: those intervals checked on simulated studies with a known truth;
+  :mod:`~dcl_core.study.reanalysis`: answers recomputed from stored rows (``python -m dcl_core.study.answer``).
 
 The names below are the package's public API; importing it does not import Ray (the runner does).
 """
