@@ -226,6 +226,11 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
         return 2
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
         why = f" ({err})" if str(err) else ""
+        began = (Path(args.output_dir).expanduser() / "summary" / args.name / "study_options.json").exists()
+        if not began:  # stopped before the study wrote anything: there is nothing to resume
+            sys.stderr.write(f"interrupted{why} before the study started: nothing was run or written; run the same "
+                             "command again\n")
+            return 130
         line = resume_command(argv)
         hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
                 "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)" if "***" in line else "")

@@ -206,6 +206,11 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experimen
     options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
     if options.resume and (options_file.exists() or options_file.is_symlink()):
         before = _read_options(options_file)
+        ran = (before.get("command") or {}).get("script") if isinstance(before.get("command"), dict) else None
+        now = (options.command or {}).get("script")
+        if ran and now and ran != now:
+            raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by studies/{ran}.py, not "
+                              f"studies/{now}.py; resume it with that script, or give this one another --name")
         options.check_resume(before)
         _check_same_study(spec, before.get("spec", {}))
     options.output_dir.mkdir(parents=True, exist_ok=True)

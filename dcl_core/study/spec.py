@@ -105,6 +105,8 @@ class StudyOptions:
     def from_namespace(cls, args: Any) -> StudyOptions:
         """From parsed command-line options (attributes named like the fields; missing ones keep defaults)."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        if not str(values.get("output_dir", cls.output_dir)).strip():  # Path("") is the current folder
+            raise ConfigError("--output-dir is empty; name a folder (default: outputs)")
         values["output_dir"] = Path(values.get("output_dir", cls.output_dir))
         return cls(**values)
 

@@ -99,8 +99,11 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
     file is never opened through a link planted at its name (one line instead), is readable by its owner only, and
     records the holder's command with credentials redacted."""
     path = output_dir / f".{study}.lock"
+    new_dir = not output_dir.exists()
+    new_lock = not path.exists() and not path.is_symlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o600)
+    refused = False
     try:
         os.fchmod(fd, 0o600)  # a lock file an older version left readable by all
         try:
@@ -113,9 +116,19 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
                 "command": " ".join(redact_args(sys.argv))[:300]}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
-        yield path
+        try:
+            yield path
+        except ConfigError:
+            refused = True  # bad input found under the lock: leave the folder as it was found
+            raise
     finally:
+        if refused and new_lock:
+            with contextlib.suppress(OSError):
+                path.unlink()
         os.close(fd)  # releases the lock
+        if refused and new_dir:
+            with contextlib.suppress(OSError):
+                output_dir.rmdir()  # only if empty
 
 
 def default_tracking_uri(output_dir: Path) -> str:

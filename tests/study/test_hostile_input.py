@@ -241,3 +241,46 @@ def test_a_folder_at_the_lock_path_exits_in_one_line(tmp_path):
     (tmp_path / ".s.lock").mkdir()
     with pytest.raises(ConfigError, match="is a folder where a file belongs"), study_lock(tmp_path, "s"):
         pass
+
+
+def _study_script(*args, cwd=REPO):
+    return subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", *args],
+                          capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_an_empty_output_dir_is_refused_and_leaves_nothing_in_the_current_folder(tmp_path):
+    """Issue reproduction: ``--output-dir ''`` left a lock file in the current directory."""
+    proc = _study_script("--output-dir", "", cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --output-dir is empty"), proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_leaves_no_folder_or_lock_behind(tmp_path):
+    """Issue reproduction: a run refused under the lock (here: nothing to resume) left an empty output folder and
+    its lock file."""
+    out = tmp_path / "new"
+    proc = _study_script("--output-dir", str(out), "--resume")
+    assert proc.returncode == 2 and "nothing to resume" in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists()
+    existing = tmp_path / "existing"
+    (existing / "keep.txt").parent.mkdir()
+    (existing / "keep.txt").write_text("x")
+    proc = _study_script("--output-dir", str(existing), "--resume")
+    assert proc.returncode == 2 and sorted(p.name for p in existing.iterdir()) == ["keep.txt"]
+
+
+def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
+    """Issue reproduction: running another study's script under this one's name was refused with a message that
+    blamed "a changed --set"."""
+    from dataclasses import replace
+
+    from dcl_core.study import StudyOptions
+    from dcl_core.study.runner import _prepare_output
+    from dcl_core.study.spec import experiments
+
+    spec = _smoke_spec()
+    ran = replace(StudyOptions(tmp_path).resolved(), command={"script": "temperature_sweep"})
+    _prepare_output(spec, ran, experiments(spec), existing=[])
+    other = replace(ran, resume=True, command={"script": "batch_size_sweep"})
+    with pytest.raises(ConfigError, match=r"was run by studies/temperature_sweep\.py, not studies/batch_size_sweep"):
+        _prepare_output(spec, other, experiments(spec), [str(tmp_path / "ray_results" / "s")])
