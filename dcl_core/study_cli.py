@@ -198,6 +198,8 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
                     raise
                 root = None
                 local_problems.append(str(err))
+            if not args.dry_run:  # what a single run checks before compute, for every trial the study can run
+                check_trials_fit(spec, args.workers)
             if args.gpus_per_worker > 0 and not torch.cuda.is_available():
                 message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
                            "submit to a GPU cluster (--address or ray job submit)")
@@ -251,8 +253,35 @@ def resume_command(argv: list[str] | None) -> str:
     return " ".join(shlex.quote(a) for a in redact_args([sys.executable, sys.argv[0], *args, "--resume"]))
 
 
+def check_trials_fit(spec: StudySpec, workers: int) -> None:
+    """ConfigError (one line) before Ray if a trial of the study could not run on this machine: its device does
+    not exist, or its batch is larger than its pretraining images (each checked at every grid point, seeds aside)."""
+    from dcl_core.config import apply_overrides, check_device
+    from dcl_core.data import pretraining_images
+    from dcl_core.study.spec import grid_points
+    from dcl_core.training.trainer import steps_per_epoch
+
+    seen = set()
+    for grid in spec.grids:
+        for point in grid_points({k: v for k, v in grid.items() if k != "seed"}):
+            cfg = apply_overrides(spec.base, point)
+            key = (cfg.device, cfg.data.dataset, cfg.data.train_per_class, cfg.optim.batch_size)
+            if key in seen:
+                continue
+            seen.add(key)
+            check_device(cfg.device)
+            n = pretraining_images(cfg.data.dataset, cfg.data.root, cfg.data.download, cfg.data.train_per_class)
+            if n is not None:
+                steps_per_epoch(n, cfg.optim.batch_size, workers)
+
+
 def _check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:
-    """``--set`` of a key the study itself sets per trial would be silently overridden: refused."""
+    """``--set`` of a key the study itself sets per trial would be silently overridden: refused; so is an empty
+    ``data.root``, which would silently fall back to the default data."""
+    if "output_dir" in overrides:
+        raise ConfigError("--set output_dir: a study gives every trial its own folder; use --output-dir")
+    if "data.root" in overrides and not overrides["data.root"].strip():
+        raise ConfigError("--set data.root is empty; name the data folder (or drop it for the default data)")
     swept = set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set())
     clash = sorted(swept & set(overrides))
     if clash:

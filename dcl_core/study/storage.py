@@ -47,8 +47,10 @@ def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
 
 
 def check_storage(uri: str) -> None:
-    """ConfigError (one line) unless pyarrow can open ``uri``'s filesystem."""
-    _filesystem(uri)
+    """ConfigError (one line) unless pyarrow can open ``uri``'s filesystem (and a local one is not a file)."""
+    fs, path = _filesystem(uri)
+    if isinstance(fs, pyarrow.fs.LocalFileSystem) and Path(path).exists() and not Path(path).is_dir():
+        raise ConfigError(f"storage {uri} is a file, not a folder")
 
 
 def storage_exists(uri: str) -> bool:

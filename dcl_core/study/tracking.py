@@ -233,6 +233,10 @@ def preflight(tracking_uri: str, timeout: float = 5) -> None:
         if db.exists():
             if not db.is_file() or not os.access(db, os.R_OK | os.W_OK):
                 raise invalid(f"{db} is not a writable file")
+            with db.open("rb") as f:  # an empty file is a new database; anything else must be one already
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise invalid(f"{db} is not an SQLite database")
         else:
             _check_creatable(db.parent, invalid)
     elif scheme == "file" or (not scheme and tracking_uri.startswith("/")):
@@ -249,7 +253,9 @@ def preflight(tracking_uri: str, timeout: float = 5) -> None:
         if not parts.hostname:
             raise invalid("no database host")
     elif scheme in _MANAGED_SCHEMES or tracking_uri.strip() in _MANAGED_SCHEMES:  # "databricks", "databricks://profile"
-        return
+        if not (os.environ.get("DATABRICKS_HOST") or (Path.home() / ".databrickscfg").is_file()):
+            raise invalid("no Databricks configuration (set DATABRICKS_HOST and DATABRICKS_TOKEN, or write "
+                          "~/.databrickscfg); MLflow would fail only after Ray started")
     elif not scheme:
         raise invalid("not a URI; expected http(s)://HOST:PORT, sqlite:///PATH.db or an SQL database URI")
     else:

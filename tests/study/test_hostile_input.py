@@ -284,3 +284,38 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
     other = replace(ran, resume=True, command={"script": "batch_size_sweep"})
     with pytest.raises(ConfigError, match=r"was run by studies/temperature_sweep\.py, not studies/batch_size_sweep"):
         _prepare_output(spec, other, experiments(spec), [str(tmp_path / "ray_results" / "s")])
+
+
+@pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--set", "optim.batch_size=4096"], "give no full batch of 4096"),
+    (["--set", "device=cuda"], "no usable CUDA device"),
+    (["--tracking-uri", "sqlite:///{tmp}/notes.txt"], "notes.txt is not an SQLite database"),
+    (["--tracking-uri", "databricks"], "no Databricks configuration"),
+    (["--storage", "{tmp}/notes.txt"], "is a file, not a folder"),
+    (["--set", "output_dir={tmp}/elsewhere"], "--set output_dir: a study gives every trial its own folder"),
+    (["--set", "data.root="], "--set data.root is empty"),
+])
+def test_what_a_single_run_checks_a_study_checks_before_ray(tmp_path, args, needle):
+    """Issue reproductions: these started Ray and failed a minute later with Ray's tracebacks (or were silently
+    ignored: output_dir, an empty data.root). Now exit 2, one line, seconds, nothing started."""
+    if torch_cuda_available() and "device=cuda" in args:
+        pytest.skip("this machine has CUDA")
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    args = [a.format(tmp=tmp_path) for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DATABRICKS")} | {"HOME": str(tmp_path)}
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke",
+                           "--output-dir", str(tmp_path / "o"), *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Started a local Ray instance" not in proc.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "o").exists()
+
+
+def torch_cuda_available():
+    import torch
+
+    return torch.cuda.is_available()
