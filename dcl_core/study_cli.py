@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import socket
 import sys
 import textwrap
 from collections.abc import Callable
@@ -180,6 +181,8 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
         # What only this machine lacks (the data, a GPU) stops a run here; a dry run, which may plan a cluster
         # run, reports it instead.
         local_problems: list[str] = []
+        if on_cluster and not args.dry_run:
+            check_ray_address(args.address or os.environ.get("RAY_ADDRESS", ""))
         if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
             root: str | None = data.root or str(resolve_data_root(data.dataset, None, data.download))
             if not Path(args.output_dir).expanduser().is_absolute():
@@ -251,6 +254,23 @@ def resume_command(argv: list[str] | None) -> str:
     """The command line that continues this study: the same options, ``--resume`` instead of ``--overwrite``."""
     args = [a for a in (sys.argv[1:] if argv is None else argv) if a not in ("--overwrite", "--resume")]
     return " ".join(shlex.quote(a) for a in redact_args([sys.executable, sys.argv[0], *args, "--resume"]))
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """ConfigError (one line, within ``timeout``) unless something listens at a ``HOST:PORT`` (or ``ray://``)
+    cluster address: ``ray.init`` would retry a dead one for minutes. ``auto`` and job-server URLs are Ray's."""
+    target = address.removeprefix("ray://")
+    if not target or target == "auto" or "://" in target:
+        return
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address}: expected HOST:PORT (e.g. 127.0.0.1:6379), ray://HOST:PORT or auto")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as err:
+        raise ConfigError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one with `ray start "
+                          "--head`, or drop --address to run locally") from None
 
 
 def check_trials_fit(spec: StudySpec, workers: int) -> None:

@@ -11,15 +11,19 @@ import posixpath
 import re
 import socket
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
 from dcl_core.files import open_fd, write_text
+
+T = TypeVar("T")
 
 
 def storage_join(storage: str, name: str) -> str:
@@ -46,19 +50,48 @@ def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
         raise ConfigError(f"storage {uri} is not a filesystem Ray can use: {reason[:200]}") from None
 
 
+STORAGE_TIMEOUT_S = 20.0  # a remote store that has not answered by then will not (offline, no credentials)
+
+
+def _bounded(fn: Callable[[], T], what: str, timeout: float = STORAGE_TIMEOUT_S) -> T:
+    """``fn()``, or ConfigError when it has not returned within ``timeout`` seconds. pyarrow's GCS and S3 clients
+    retry for many minutes without network or credentials, and a blocking C++ call cannot be interrupted: it is
+    left in a daemon thread, which does not keep the process alive."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = fn()
+        except BaseException as err:  # re-raised in the caller's thread
+            result["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True, name="storage-probe")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise ConfigError(f"{what} did not answer within {timeout:g} s (no network, no such bucket, or no "
+                          "credentials on this machine)")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 def check_storage(uri: str) -> None:
-    """ConfigError (one line) unless pyarrow can open ``uri``'s filesystem (and a local one is not a file)."""
+    """ConfigError (one line, within :data:`STORAGE_TIMEOUT_S`) unless pyarrow can open ``uri``'s filesystem and
+    answer for the path (a local one must not be a file)."""
     fs, path = _filesystem(uri)
     if isinstance(fs, pyarrow.fs.LocalFileSystem) and Path(path).exists() and not Path(path).is_dir():
         raise ConfigError(f"storage {uri} is a file, not a folder")
+    storage_exists(uri)
 
 
 def storage_exists(uri: str) -> bool:
     fs, path = _filesystem(uri)
     try:
-        return fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound
+        info = _bounded(lambda: fs.get_file_info(path), f"storage {redact_uri(uri)}")
     except (pyarrow.ArrowException, OSError) as err:
         raise ConfigError(f"storage {uri} cannot be read: {str(err).splitlines()[0][:200]}") from None
+    return info.type != pyarrow.fs.FileType.NotFound
 
 
 def _inside(uri: str, root: str) -> bool:

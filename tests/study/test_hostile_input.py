@@ -319,3 +319,21 @@ def torch_cuda_available():
     import torch
 
     return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(("args", "needle", "limit"), [
+    (["--storage", "gs://no-such-bucket-dcl-test/studies"], "did not answer within 20 s", 60),
+    (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1", 30),
+    (["--address", "localhost"], "expected HOST:PORT", 30),
+])
+def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_path, args, needle, limit):
+    """Issue reproductions: ``--storage gs://no-such-bucket/…`` hung >= 590 s with no output, inside the lock;
+    ``--address 127.0.0.1:1`` retried >= 200 s after creating the output folder."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke",
+                           "--output-dir", str(tmp_path / "o"), *args], capture_output=True, text=True,
+                          timeout=limit + 60, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
+    assert time.monotonic() - started < limit and not (tmp_path / "o").exists()
