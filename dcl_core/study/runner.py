@@ -118,6 +118,8 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         exps = experiments(spec)
         existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
         _prepare_output(spec, options, exps, existing)
+        if options.resume:
+            _check_restorable(existing)
 
         init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if options.verbosity < console.VERBOSE:
@@ -143,6 +145,25 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
             _raise_if_interrupted(storage_join(options.storage, experiment.name))
             rows.extend(tune_rows(results))
         return summarize(spec, rows, options.output_dir, tracker)
+
+
+def _check_restorable(exp_uris: list[str]) -> None:
+    """ConfigError (one line) unless Tune's saved state of each experiment reads back with every trial's config: a
+    damaged ``experiment_state-*.json`` otherwise restores as a trial with an empty config, which trains the
+    defaults (full CIFAR-10, 200 epochs) with a traceback first."""
+    for uri in exp_uris:
+        if not tune.Tuner.can_restore(uri):
+            continue
+        damaged = f"cannot resume: Tune's saved state in {uri} is damaged ({{}}); --overwrite starts the study afresh"
+        try:
+            trials = tune.ExperimentAnalysis(uri).trials
+        except Exception as err:  # whatever Tune's reader raises on a truncated or foreign file
+            raise ConfigError(damaged.format(str(err).strip().splitlines()[0][:120] if str(err).strip()
+                                             else type(err).__name__)) from None
+        for t in trials:
+            missing = [k for k in ("loss.name", "seed", "optim.epochs") if k not in (t.config or {})]
+            if missing:
+                raise ConfigError(damaged.format(f"trial {t.trial_id} has no {missing[0]}"))
 
 
 def _raise_if_interrupted(exp_uri: str) -> None:

@@ -337,3 +337,22 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
     assert time.monotonic() - started < limit and not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
+def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path):
+    """Issue reproduction: a half-truncated ray_results/<study>/experiment_state-*.json turned --resume into a trial
+    with params {} (full CIFAR-10, ResNet-18, 200 epochs) after a Tune traceback, with an MLflow run left
+    RUNNING. Now: one line, exit 2, and nothing started."""
+    out = tmp_path / "o"
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (state,) = sorted((out / "ray_results" / "temperature_sweep").glob("experiment_state-*.json"))
+    text = state.read_text()
+    state.write_text(text[: len(text) // 2])
+    started = time.monotonic()
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "2", "--resume")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "cannot resume: Tune's saved state in" in errors[0] and "damaged" in errors[0]
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 60
