@@ -118,9 +118,10 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
             "--tracking-uri",
             tracking,
         ]
-        for _ in range(10):  # the head's job agent may need a few more seconds than its HTTP server
+        deadline = time.monotonic() + 180  # the head's job agent may start well after its HTTP server on a busy machine
+        while True:
             job = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-            if "No available agent" not in job.stdout + job.stderr:
+            if "No available agent" not in job.stdout + job.stderr or time.monotonic() > deadline:
                 break
             time.sleep(5)
         assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-2000:]

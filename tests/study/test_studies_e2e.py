@@ -360,11 +360,11 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
         first = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
         ids = {r["framework"]: r["trial_id"] for r in first.rows}
         experiments = sorted(p.name for p in (tmp_path / "ray").iterdir())
-        assert experiments == ["two_part-simclr", "two_part-simo"]  # at the URI's path, not in a folder "file:"
+        assert experiments == ["two_part+simclr", "two_part+simo"]  # at the URI's path, not in a folder "file:"
         with pytest.raises(ConfigError, match="study output exists at file://"):
             run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
         # As if the driver had died before the SiMo experiment started.
-        fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part-simo"))
+        fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part+simo"))
         fs.delete_dir(path)
         resumed = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2, resume=True))
     finally:
