@@ -86,6 +86,12 @@ def test_ray_job_submit_to_local_head_node(tmp_path):
             "--include-dashboard=true",
             "--dashboard-host=127.0.0.1",
             f"--dashboard-port={dash}",
+            # Its own ports for the node's agents: another Ray on the machine (a study running beside the tests)
+            # holds the defaults, and the job agent then never comes up ("No available agent").
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
             "--disable-usage-stats",
         ],
         env=env,
