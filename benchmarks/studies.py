@@ -85,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcl_core import metrics as M
+from dcl_core.study.spec import EXPERIMENT_SEP
 
 try:
     from benchmarks.common import Row, markdown_table
@@ -412,7 +413,7 @@ def analyze_study(output_dir: Path, study: str | None = None) -> StudyTiming:
     store = _MlflowStore(str(opts.get("tracking_uri") or ""), study)
 
     experiments = [p for p in storage.iterdir()
-                   if p.is_dir() and (p.name == study or p.name.startswith(study + "-"))
+                   if p.is_dir() and (p.name == study or p.name.startswith(study + EXPERIMENT_SEP))
                    and any(p.glob("experiment_state-*.json"))] if storage.is_dir() else []
     if not experiments:
         raise ValueError(f"{storage}: no Tune experiment of study {study}")
