@@ -243,9 +243,9 @@ def test_a_folder_at_the_lock_path_exits_in_one_line(tmp_path):
         pass
 
 
-def _study_script(*args, cwd=REPO):
+def _study_script(*args, cwd=REPO, env=None, timeout=300):
     return subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", *args],
-                          capture_output=True, text=True, timeout=300, cwd=cwd)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
 def test_an_empty_output_dir_is_refused_and_leaves_nothing_in_the_current_folder(tmp_path):
@@ -305,9 +305,7 @@ def test_what_a_single_run_checks_a_study_checks_before_ray(tmp_path, args, need
     args = [a.format(tmp=tmp_path) for a in args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DATABRICKS")} | {"HOME": str(tmp_path)}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke",
-                           "--output-dir", str(tmp_path / "o"), *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, env=env)
+    proc = _study_script("--output-dir", str(tmp_path / "o"), *args, env=env)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
@@ -330,9 +328,7 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
     """Issue reproductions: ``--storage gs://no-such-bucket/…`` hung >= 590 s with no output, inside the lock;
     ``--address 127.0.0.1:1`` retried >= 200 s after creating the output folder."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke",
-                           "--output-dir", str(tmp_path / "o"), *args], capture_output=True, text=True,
-                          timeout=limit + 60, cwd=REPO)
+    proc = _study_script("--output-dir", str(tmp_path / "o"), *args, timeout=limit + 60)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and needle in errors[0], proc.stderr[-2000:]
