@@ -280,11 +280,12 @@ def test_preflight_refuses_a_sqlite_file_it_cannot_create(tmp_path):
         preflight(f"sqlite:///{tmp_path / 'a_folder.db'}")
 
 
-def test_preflight_accepts_local_stores(tmp_path):
+def test_preflight_accepts_local_stores(tmp_path, monkeypatch):
     preflight(f"sqlite:///{tmp_path / 'mlflow.db'}")  # sqlite:////abs/path
     preflight(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'mlflow.db'}")  # MLflow makes the folders
     preflight("postgresql://user:pw@db.example:5432/mlflow")  # a database server: not probed
-    preflight("databricks")
+    monkeypatch.setenv("DATABRICKS_HOST", "https://example.cloud.databricks.com")
+    preflight("databricks")  # configured: MLflow's own client takes it from here
 
 
 def test_preflight_finds_a_web_server_that_is_not_mlflow(tmp_path):
