@@ -1,15 +1,20 @@
 """Evaluate a saved checkpoint: ``python -m dcl_core.evaluate runs/latest/checkpoint.pt [--linear] [--no-knn]``.
 
-Rebuilds the backbone and the data from the config stored in the checkpoint (data root and subset sizes can be
-overridden), then runs the kNN monitor (k=200, t=0.1 by default) and/or the linear probe on frozen features,
-and prints the results as one JSON line. ``python -m dcl_core.eval`` is the same command. Bad input exits with
-code 2 and one line.
+Rebuilds the backbone from the config stored in the checkpoint and measures it on the data the checkpoint names
+(dataset, image size, subsets), then runs the kNN monitor (k=200, t=0.1 by default) and/or the linear probe on
+frozen features, and prints the results as one JSON line. ``python -m dcl_core.eval`` is the same command. Bad
+input exits with code 2 and one line.
+
+Where and how data is read (``data.root``, ``data.download``, ``data.loader``, ``data.workers``,
+``eval.batch_size``) is this machine's business: it comes from this command line (``--set``) and the project's
+defaults, never from the checkpoint, which may be someone else's file.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 import torch
@@ -26,6 +31,10 @@ from dcl_core.config import (
     to_flat_dict,
 )
 from dcl_core.training.checkpoint import CheckpointError, load_checkpoint
+
+# A checkpoint says what the model is and what it was measured on; these keys say where this machine reads data and
+# how much it holds at once, so a file can neither create folders, download, fork workers nor size batches here.
+LOCAL_KEYS = ("data.root", "data.download", "data.loader", "data.workers", "eval.batch_size")
 
 
 def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.ArgumentParser:
@@ -58,6 +67,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
     from dcl_core.training.builders import build_data, build_model
     from dcl_core.training.evaluation import evaluate_knn, linear_eval
 
+    stored: dict = {}
+    used: dict = {}
     try:
         overrides = parse_overrides(args.set) | {"device": args.device}
         if args.linear_preset:
@@ -65,7 +76,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
         check_device(args.device)
         state = load_checkpoint(args.checkpoint)
         trained = from_flat_dict(state["config"])
-        cfg = apply_overrides(trained, overrides)
+        defaults, stored = to_flat_dict(Config()), to_flat_dict(trained)
+        cfg = apply_overrides(trained, {k: defaults[k] for k in LOCAL_KEYS} | overrides)
+        used = to_flat_dict(cfg)
+        elsewhere = _stored_elsewhere(stored, used)
+        if elsewhere:
+            logging.getLogger(__name__).info("the checkpoint was trained with %s; this evaluation reads with its own "
+                                             "settings (--set to change them)", elsewhere)
         device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
         model = build_model(cfg)
         try:
@@ -76,7 +93,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
             ) from None
         model.to(device)
         data = build_data(cfg)
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as err:
+    except DataError as err:
+        hint = _stored_elsewhere(stored, used, keys=("data.root",)) if used else ""
+        sys.stderr.write(f"error: {err}" + (f" (the checkpoint was trained with {hint}: pass --set "
+                                             f"{hint} to read there)" if hint else "") + "\n")
+        return 2
+    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     ev = cfg.eval
@@ -97,6 +119,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
         return 2
     print(json.dumps(results))
     return 0
+
+
+def _stored_elsewhere(stored: dict, used: dict, keys: tuple[str, ...] = LOCAL_KEYS) -> str:
+    """``data.root=/x, data.loader=stream``: the checkpoint's values of ``keys`` that this evaluation does not use."""
+    return ", ".join(f"{k}={stored[k]}" for k in keys if stored[k] != used[k])
 
 
 def _misfit(trained: Config, cfg: Config, err: RuntimeError) -> str:

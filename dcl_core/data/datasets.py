@@ -329,7 +329,7 @@ def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> to
                 img = _resize_center_crop(img, image_size)
             if out is None:
                 out_bytes = len(paths) * img.numel()
-                _warn_if_large(out_bytes, pretty)
+                _check_fits(out_bytes, pretty)
                 out = torch.empty((len(paths), *img.shape), dtype=torch.uint8)  # (N, 3, H, W)
             if img.shape != out.shape[1:]:
                 raise DataError(
@@ -342,7 +342,23 @@ def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> to
     return out
 
 
-def _warn_if_large(num_bytes: int, pretty: str) -> None:
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (``None`` where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_fits(num_bytes: int, pretty: str) -> None:
+    """Refuse a decoded set larger than the machine (before the tensor exists); warn about a large one."""
+    total = physical_memory()
+    if total is not None and num_bytes > total:
+        raise DataError(
+            f"{pretty} would take {num_bytes / 1024**3:.1f} GB as decoded images, more than this machine's memory "
+            f"({total / 1024**3:.1f} GB); use a smaller data.image_size, a subset (data.train_per_class, "
+            "data.test_per_class) or data.loader=stream"
+        )
     if num_bytes > _LARGE_TENSOR_BYTES:
         logger.warning(
             "%s will take %.1f GB of memory as a uint8 tensor; consider a smaller image size or subset",
@@ -370,7 +386,7 @@ def _finish(
     """Resizes (if requested and needed) and packs tensors into :class:`ImageTensors`."""
     if image_size is not None and (images.shape[-1] != image_size or images.shape[-2] != image_size):
         start = time.perf_counter()
-        _warn_if_large(images.shape[0] * 3 * image_size * image_size, pretty)
+        _check_fits(images.shape[0] * 3 * image_size * image_size, pretty)
         resized = torch.empty((images.shape[0], 3, image_size, image_size), dtype=torch.uint8)
         for begin in range(0, images.shape[0], _DECODE_CHUNK):
             resized[begin : begin + _DECODE_CHUNK] = _resize_center_crop(

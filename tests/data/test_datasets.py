@@ -401,6 +401,21 @@ def test_large_tensor_warning(
     assert any("decoded 2" in r.getMessage() for r in caplog.records)
 
 
+def test_images_that_cannot_fit_in_memory_are_refused_before_the_tensor_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue reproduction: ``data.image_size=1024`` on CIFAR-10 allocated 157 GB and died in a traceback."""
+    root = tmp_path / "c"
+    _write_png_folder(root / "train", ["a"], 2, (8, 8), seed=0)
+    (root / "test").mkdir()
+    monkeypatch.setattr(datasets_module, "physical_memory", lambda: 1000)  # a machine with 1000 bytes
+    load_dataset("cifar10", "train", root=str(root))  # 2 x 3 x 8 x 8 = 384 bytes fit
+    with pytest.raises(DataError, match=r"would take .* more than this machine's memory") as info:
+        load_dataset("cifar10", "train", root=str(root), image_size=16)  # 2 x 3 x 16 x 16 = 1536 do not
+    assert "data.image_size" in str(info.value) and "\n" not in str(info.value)
+    assert datasets_module.physical_memory is not None
+
+
 # ----------------------------------------------------------------------------------------------------
 # Errors and root resolution
 # ----------------------------------------------------------------------------------------------------

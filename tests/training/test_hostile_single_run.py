@@ -2,6 +2,7 @@
 ``python -m dcl_core.eval`` answer bad input with exit code 2 and one line before any compute, a failed run with
 exit code 1 and one line, never a traceback; a checkpoint file cannot run code. Real processes, real files."""
 
+import json
 import os
 import pathlib
 import pickle
@@ -175,6 +176,46 @@ def test_save_checkpoint_respects_the_umask(tmp_path, umask):
 
 
 # ------------------------------------------------------------------------------------------------------------
+# Second pass, item 9: an untrusted checkpoint's config steered evaluation
+
+
+def steered_checkpoint(trained_run, tmp_path, **config):
+    """The trained run's checkpoint with ``config`` written over its stored config (a file from someone else)."""
+    state = torch.load(trained_run / "checkpoint.pt", weights_only=True)
+    state["config"] |= config
+    path = tmp_path / "steered.pt"
+    torch.save(state, path)
+    return path
+
+
+@needs_cifar
+def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoint_says(trained_run, tmp_path):
+    """Issue reproduction: a checkpoint's ``data.download=true`` with a ``data.root`` elsewhere made ``python -m
+    dcl_core.eval`` create folders there and try to download. Where and how to read data is this machine's."""
+    elsewhere = tmp_path / "elsewhere"
+    path = steered_checkpoint(trained_run, tmp_path, **{
+        "data.root": str(elsewhere / "cifar"), "data.download": True, "data.loader": "stream",
+        "data.workers": 256, "eval.batch_size": 2**20})
+    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not elsewhere.exists()
+    # The same measurement as the trainer's own: the embedded data, the checkpoint's subsets, k and t.
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    last = json.loads((trained_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert result["eval/knn_top1"] == pytest.approx(last["eval/knn_top1"])
+    assert "trained with data.root=" in proc.stderr  # what the file said, as a note
+
+
+@needs_cifar
+def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it(trained_run, tmp_path):
+    """Issue reproduction: a checkpoint's ``data.image_size=1024`` made eval allocate 157 GB (a traceback)."""
+    path = steered_checkpoint(trained_run, tmp_path, **{
+        "data.image_size": 1024, "data.train_per_class": 0, "data.test_per_class": 0})
+    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=120)
+    assert_one_line(proc, "more than this machine's memory")
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Item 15: a previous run is not overwritten silently; the width mismatch says what differs
 
 
@@ -274,7 +315,12 @@ def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     bad = tmp_path / "data" / "val" / "c" / "2.jpg"
     bad.write_bytes(b"not an image\n")
-    proc = run("dcl_core.eval", str(tmp_path / "o" / "checkpoint.pt"), "--device", "cpu")
+    checkpoint = str(tmp_path / "o" / "checkpoint.pt")
+    # The checkpoint's data root is not read unless this command line says so; the error says how.
+    proc = run("dcl_core.eval", checkpoint, "--device", "cpu")
+    assert_one_line(proc, f"(the checkpoint was trained with data.root={tmp_path / 'data'}: pass --set data.root=")
+    proc = run("dcl_core.eval", checkpoint, "--device", "cpu", "--set", f"data.root={tmp_path / 'data'}", "--set",
+               "data.loader=stream", "--set", "data.workers=0")
     assert_one_line(proc, f"cannot decode image {bad}")
 
 
