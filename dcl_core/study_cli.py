@@ -275,9 +275,10 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
 
 def check_trials_fit(spec: StudySpec, workers: int) -> None:
     """ConfigError (one line) before Ray if a trial of the study could not run on this machine: its device does
-    not exist, or its batch is larger than its pretraining images (each checked at every grid point, seeds aside)."""
+    not exist, its batch is larger than its pretraining images, or those images, decoded, exceed the machine's memory
+    (each checked at every grid point, seeds aside; DataError for the last)."""
     from dcl_core.config import apply_overrides, check_device
-    from dcl_core.data import pretraining_images
+    from dcl_core.data import check_fits_in_memory, pretraining_images
     from dcl_core.study.spec import grid_points
     from dcl_core.training.trainer import steps_per_epoch
 
@@ -285,14 +286,17 @@ def check_trials_fit(spec: StudySpec, workers: int) -> None:
     for grid in spec.grids:
         for point in grid_points({k: v for k, v in grid.items() if k != "seed"}):
             cfg = apply_overrides(spec.base, point)
-            key = (cfg.device, cfg.data.dataset, cfg.data.train_per_class, cfg.optim.batch_size)
+            dc = cfg.data
+            key = (cfg.device, dc.dataset, dc.train_per_class, cfg.optim.batch_size, dc.image_size, dc.loader)
             if key in seen:
                 continue
             seen.add(key)
             check_device(cfg.device)
-            n = pretraining_images(cfg.data.dataset, cfg.data.root, cfg.data.download, cfg.data.train_per_class)
+            n = pretraining_images(dc.dataset, dc.root, dc.download, dc.train_per_class)
             if n is not None:
                 steps_per_epoch(n, cfg.optim.batch_size, workers)
+                if dc.loader == "memory":  # every trial decodes its images into one uint8 tensor
+                    check_fits_in_memory(n * 3 * dc.image_size**2, f"{n} {dc.dataset} images at {dc.image_size} px")
 
 
 def _check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:

@@ -329,7 +329,7 @@ def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> to
                 img = _resize_center_crop(img, image_size)
             if out is None:
                 out_bytes = len(paths) * img.numel()
-                _check_fits(out_bytes, pretty)
+                check_fits_in_memory(out_bytes, pretty)
                 out = torch.empty((len(paths), *img.shape), dtype=torch.uint8)  # (N, 3, H, W)
             if img.shape != out.shape[1:]:
                 raise DataError(
@@ -350,7 +350,7 @@ def physical_memory() -> int | None:
         return None
 
 
-def _check_fits(num_bytes: int, pretty: str) -> None:
+def check_fits_in_memory(num_bytes: int, pretty: str) -> None:
     """Refuse a decoded set larger than the machine (before the tensor exists); warn about a large one."""
     total = physical_memory()
     if total is not None and num_bytes > total:
@@ -386,7 +386,7 @@ def _finish(
     """Resizes (if requested and needed) and packs tensors into :class:`ImageTensors`."""
     if image_size is not None and (images.shape[-1] != image_size or images.shape[-2] != image_size):
         start = time.perf_counter()
-        _check_fits(images.shape[0] * 3 * image_size * image_size, pretty)
+        check_fits_in_memory(images.shape[0] * 3 * image_size * image_size, pretty)
         resized = torch.empty((images.shape[0], 3, image_size, image_size), dtype=torch.uint8)
         for begin in range(0, images.shape[0], _DECODE_CHUNK):
             resized[begin : begin + _DECODE_CHUNK] = _resize_center_crop(
