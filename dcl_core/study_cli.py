@@ -8,14 +8,17 @@ their totals and an estimated cost (:mod:`dcl_core.study.cost`) instead of runni
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
 import shlex
+import signal
 import socket
 import sys
 import textwrap
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,6 +156,12 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
     if not logging_set:
         setup_logging(args.verbose, quiet=args.quiet)
     args.verbosity = 0 if args.quiet else 2 if args.verbose else 1
+    with _sigterm_as_ctrl_c() as terminated:
+        return _run(args, doc, default_name, build_spec, argv, terminated)
+
+
+def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
+         argv: list[str] | None, terminated: list[int]) -> int:
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -230,24 +239,47 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
         sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
         return 2
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
-        why = f" ({err})" if str(err) else ""
+        code = 128 + signal.SIGTERM if terminated else 130
+        why = "; ".join(([] if not terminated else ["SIGTERM"]) + ([str(err)] if str(err) else []))
+        why = f" ({why})" if why else ""
         began = (Path(args.output_dir).expanduser() / "summary" / args.name / "study_options.json").exists()
         if not began:  # stopped before the study wrote anything: there is nothing to resume
             sys.stderr.write(f"interrupted{why} before the study started: nothing was run or written; run the same "
                              "command again\n")
-            return 130
+            return code
         line = resume_command(argv)
         hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
                 "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)" if "***" in line else "")
         sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
                          f"Continue with:\n  {line}{hint}\n")
-        return 130
+        return code
     print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r["status"] != "ok"]
     if outcome.rows and len(failed) == len(outcome.rows):
         sys.stderr.write(f"error: every trial failed; the first: {failed[0].get('error') or failed[0]['status']}\n")
         return 1
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """SIGTERM (``kill``, a batch scheduler's time limit, ``ray job stop``) stops the study as Ctrl-C does: Tune
+    saves its state, nothing half-trained is summarized, the resume line is printed (exit 143). Yields the list the
+    handler appends the signal to, so the caller can tell SIGTERM from Ctrl-C; the previous handler is restored."""
+    received: list[int] = []
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)  # Tune's graceful-stop handler while it runs, else KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield received
+        return
+    before = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def resume_command(argv: list[str] | None) -> str:

@@ -10,6 +10,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -73,15 +75,31 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or None, log_to_driver=True, **levels)
+    with _own_sigterm():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or None, log_to_driver=True, **levels)
+            return
+        # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
+        # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
+        ray.init(
+            address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+            _node_ip_address="127.0.0.1", log_to_driver=True, **levels,
+        )
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """Keep this process's SIGTERM handling through ``ray.init``: Ray's core worker installs a C++ handler that
+    answers SIGTERM with a stack dump and SIGABRT (exit 134), so the study's own handler (stop like Ctrl-C, exit
+    143 with the resume line) would never run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
-    # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
-    # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
-    ray.init(
-        address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-        _node_ip_address="127.0.0.1", log_to_driver=True, **levels,
-    )
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
@@ -322,7 +340,9 @@ def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptio
     )
     # A study of several experiments may have been killed before its later ones started: those start afresh.
     if options.resume and tune.Tuner.can_restore(exp_uri):
-        return tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True).fit()
+        restored = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True)
+        with _tune_output(verbose=options.verbosity >= console.VERBOSE):  # restored: quiet as a first run
+            return restored.fit()
     param_space, search_alg, num_samples = _search(spec, experiment, options)
     scheduler = None
     if options.asha:

@@ -33,7 +33,10 @@ def _epochs(result_file):
     return [json.loads(line)["epoch"] for line in result_file.read_text().splitlines() if line.strip()]
 
 
-def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp_path):
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp_path, sig, code):
+    """Ctrl-C, or a SIGTERM (``kill PID``, a scheduler's time limit), stops the study the same way: before, SIGTERM
+    killed the driver by SIGABRT (exit 134) with Ray's C++ '*** SIGTERM received' lines and no resume hint."""
     out, epochs = tmp_path / "o", 12
     cmd = study_cmd(out, "--max-concurrent", "1", "--set", f"optim.epochs={epochs}")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -47,14 +50,15 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
             partial = running[0] if done and running else None
             time.sleep(0.2)
         assert partial, "never saw one finished and one running trial"
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-    # Interrupted: exit 130, the resume command printed, no summary written for half-trained trials.
-    assert proc.returncode == 130, stderr[-3000:]
+    # Interrupted: exit 130 (143 for SIGTERM), the resume command printed, no summary for half-trained trials.
+    assert proc.returncode == code, stderr[-3000:]
     assert "--resume" in stderr and "Traceback" not in stderr.split("interrupted")[-1]
+    assert "*** SIGTERM received" not in stderr and "PC: @" not in stderr
     assert not (summary_dir(out, "temperature_sweep") / "results.csv").exists()
 
     # The interrupted trial's checkpoints are damaged (a disk error, a partial copy on shared storage).
@@ -64,6 +68,7 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
         ckpt.write_bytes(ckpt.read_bytes()[:100])
     resumed = subprocess.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert "Configuration for experiment" not in resumed.stdout + resumed.stderr  # quiet is the default, resumed too
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2, rows
     assert all(r["status"] == "ok" and r["epochs"] == epochs for r in rows), [(r["status"], r["error"]) for r in rows]
