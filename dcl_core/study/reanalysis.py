@@ -24,7 +24,7 @@ from typing import Any
 from dcl_core.config import ConfigError
 from dcl_core.study.columns import COLUMNS
 from dcl_core.study.spec import StudyOptions, StudySpec
-from dcl_core.study.storage import summary_dir
+from dcl_core.study.storage import check_no_links, study_entries, summary_dir
 
 OPTIONS_FILE = "study_options.json"
 RESULTS_FILE = "results.parquet"
@@ -89,6 +89,7 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
 
     options = options.resolved()
     assert options.tracking_uri is not None
+    check_no_links(options.output_dir, study_entries(spec.name))
     out = summary_dir(options.output_dir, spec.name)
     if (out / OPTIONS_FILE).is_file():
         _check_same_study(spec, _read_json(out / OPTIONS_FILE), out / OPTIONS_FILE)
@@ -108,6 +109,7 @@ def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
     from dcl_core.study.storage import atomic_write_text, study_lock
     from dcl_core.study.tracking import StudyTracker, git_commit
 
+    check_no_links(output_dir, study_entries(TOY))
     out = summary_dir(output_dir, TOY)
     rows = read_rows(out / "mi_toy.parquet")
     if not rows or not {"true_mi", "k", "method", "mi_estimate"} <= set(rows[0]):

@@ -48,12 +48,15 @@ from dcl_core.study.spec import (
     with_asha,
 )
 from dcl_core.study.storage import (
+    OPTUNA_DB,
     atomic_write_text,
+    check_no_links,
     check_output_dir,
     check_storage,
     storage_delete,
     storage_exists,
     storage_join,
+    study_entries,
     study_lock,
     summary_dir,
 )
@@ -128,12 +131,13 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
     check_output_dir(options.output_dir)
+    exps = experiments(spec)
+    check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
     check_storage(options.storage)
     local = not (options.address or os.environ.get("RAY_ADDRESS"))
     if local:
         check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
     with study_lock(options.output_dir, spec.name):
-        exps = experiments(spec)
         existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
         _prepare_output(spec, options, exps, existing)
         if options.resume:
@@ -305,7 +309,6 @@ def _search(spec: StudySpec, experiment: Experiment, options: StudyOptions) -> t
     return {}, search_alg, spec.num_samples
 
 
-OPTUNA_DB = "optuna.db"
 
 
 def optuna_storage(output_dir: Path) -> Any:

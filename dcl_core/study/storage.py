@@ -13,7 +13,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -124,6 +124,26 @@ def check_output_dir(output_dir: Path) -> None:
         raise ConfigError(f"--output-dir {output_dir}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--output-dir {output_dir}: {existing} is not writable")
+
+
+OPTUNA_DB = "optuna.db"  # the Optuna searches' storage, in the output folder
+
+
+def check_no_links(output_dir: Path, entries: Iterable[str]) -> None:
+    """ConfigError (one line) if one of ``entries`` (paths relative to ``output_dir`` where a study writes: its
+    summary folder, Tune's, MLflow's store and artifacts) is a symbolic link: every file written there would land
+    wherever the link points. The output folder itself may be a link; what is planted inside it may not."""
+    for entry in entries:
+        path = output_dir / entry
+        if path.is_symlink():
+            raise ConfigError(f"{path} is a symbolic link; a study writes only inside its output folder, never "
+                              "through a link planted in it: remove the link (or pass the real folder as --output-dir)")
+
+
+def study_entries(study: str, experiments: Iterable[str] = ()) -> list[str]:
+    """What a study writes inside its output folder, for :func:`check_no_links`."""
+    return ["summary", f"summary/{study}", "ray_results", *(f"ray_results/{e}" for e in experiments), "mlartifacts",
+            "mlflow.db", OPTUNA_DB]
 
 
 @contextlib.contextmanager

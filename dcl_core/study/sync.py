@@ -19,7 +19,7 @@ from pathlib import Path
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.study.spec import check_name
-from dcl_core.study.storage import default_tracking_uri, summary_dir
+from dcl_core.study.storage import check_no_links, default_tracking_uri, study_entries, summary_dir
 
 OPTIONS_FILE = "study_options.json"  # written by the runner into the study's summary folder
 
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         study_dir = journal.parent
         experiment = study_dir.name  # the folder names the study; the journal's own lines are not trusted for it
         try:
+            check_no_links(out, study_entries(experiment))  # summary/ -> ~ would sync (and rewrite) a journal there
             uri = recorded_tracking_uri(study_dir, out, args.tracking_uri)
             preflight(uri)
         except ConfigError as err:

@@ -173,6 +173,24 @@ def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path
     assert precious.read_text() == "keep me"
 
 
+@needs_data
+@pytest.mark.parametrize("entry", ["summary", "summary/temperature_sweep", "ray_results", "mlartifacts", "mlflow.db"])
+def test_a_link_planted_at_a_folder_the_study_writes_is_refused_before_anything_is_written(tmp_path, entry):
+    """A link planted where the study keeps its summary, Tune state, artifacts or MLflow store would make every
+    file written there land outside the output folder (``summary/`` → ``~``). Now one line, exit 2, the target
+    as it was."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep me")
+    out = tmp_path / "o"
+    (out / entry).parent.mkdir(parents=True)
+    (out / entry).symlink_to(elsewhere / "keep.txt" if entry == "mlflow.db" else elsewhere)
+    proc = _study_script("--output-dir", str(out))
+    assert_one_line_exit_2(proc, f"{out / entry} is a symbolic link")
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["keep.txt"]
+    assert (elsewhere / "keep.txt").read_text() == "keep me"
+
+
 def test_the_lock_file_keeps_no_secret_and_is_private(tmp_path, monkeypatch):
     """Issue reproduction: the lock (left after the run) held the command line with the password, mode 0644, and
     a second run printed it."""

@@ -94,6 +94,23 @@ def test_sync_refuses_a_name_outside_the_output_folder(store, tmp_path, capsys):
     assert "k" not in store["client"].get_run(store["trial"]).data.tags
 
 
+def test_sync_refuses_a_summary_folder_that_is_a_planted_link(store, tmp_path, capsys):
+    """``summary/`` replaced by a link to a folder elsewhere holding a journal: sync would replay (and rewrite) it."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "s").mkdir(parents=True)
+    line = json.dumps({"op": "tag", "run": store["trial"], "key": "k", "value": "v"}) + "\n"
+    (elsewhere / "s" / JOURNAL_FILE).write_text(line)
+    (elsewhere / "s" / "study_options.json").write_text(json.dumps({"tracking_uri": store["uri"]}))
+    summary = store["out"] / "summary"
+    summary.rename(tmp_path / "summary.real")
+    summary.symlink_to(elsewhere)
+    assert sync([str(store["out"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: s: ") and "is a symbolic link" in err and len(err.strip().splitlines()) == 1
+    assert (elsewhere / "s" / JOURNAL_FILE).read_text() == line
+    assert "k" not in store["client"].get_run(store["trial"]).data.tags
+
+
 def test_an_overwrite_while_mlflow_is_down_is_journaled_without_deleting(tmp_path, caplog):
     from dcl_core.study.tracking import journal_problem
 
