@@ -10,9 +10,14 @@ One job a module:
 - :mod:`~dcl_core.study.columns`: the results table's columns, declared once;
 - :mod:`~dcl_core.study.results`: rows of finished trials and the study summary;
 - :mod:`~dcl_core.study.report` / :mod:`~dcl_core.study.search_report`: tables and plots over rows (no Ray);
-- :mod:`~dcl_core.study.tracking`: the only module using Ray's reporting API and MLflow;
+- :mod:`~dcl_core.study.tracking`: the only package using Ray's reporting API and MLflow (a job a module);
+  :mod:`~dcl_core.study.sync`: ``python -m dcl_core.study.sync``, what MLflow did not take, pushed later;
+  :mod:`~dcl_core.study.mlflow_view`: the study's saved comparison view in MLflow's UI;
+- :mod:`~dcl_core.study.console`: the one-line progress of a study on the console;
+- :mod:`~dcl_core.study.cost`: ``--dry-run``, a study's trials and estimated time;
 - :mod:`~dcl_core.study.answer` / :mod:`~dcl_core.study.stats`: a study's answer and the intervals behind its
-  verdicts; :mod:`~dcl_core.study.calibration`: those intervals checked on simulated studies with a known truth;
+  verdicts; :mod:`~dcl_core.study.paper`: the papers' numbers as data, cited;
+  :mod:`~dcl_core.study.calibration`: those intervals checked on simulated studies with a known truth;
   :mod:`~dcl_core.study.reanalysis`: answers recomputed from stored rows (``python -m dcl_core.study.answer``).
 
 The names below are the package's public API; importing it does not import Ray (the runner does).

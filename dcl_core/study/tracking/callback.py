@@ -1,0 +1,111 @@
+"""The Tune side of MLflow: :class:`MLflowTrialCallback`, a public ``ray.tune.Callback`` that logs each trial of an
+experiment through the study's :class:`~dcl_core.study.tracking.tracker.StudyTracker`, from the driver."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow.fs
+from ray import tune
+
+from dcl_core import metrics as M
+from dcl_core.study.report import plot_q_hist_epochs, q_hist_edges
+from dcl_core.study.tracking.tracker import StudyTracker
+
+METRIC_PREFIXES = ("train/", "eval/", "time/")
+
+
+class MLflowTrialCallback(tune.Callback):
+    """Logs every trial of a Tune experiment as a child run of the study (see :class:`StudyTracker`).
+
+    Args:
+        tracker: the study's tracker (opened: its parent run exists).
+        tag_keys: per-trial tags from config keys, e.g. ``{"loss": "loss.name"}``.
+        name_of: the run name of a trial (default: Tune's trial name).
+        save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
+            ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
+    """
+
+    def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
+                 storage: str | None = None) -> None:
+        self.tracker = tracker
+        self.tag_keys = dict(tag_keys)
+        self.save_checkpoint = save_checkpoint
+        self.storage = storage
+        self.runs: dict[str, str] = {}  # trial id -> run id
+        self.logged: dict[str, int] = {}  # trial id -> last epoch its run already holds (a resumed trial)
+        self.q_hists: dict[str, dict[int, list[float]]] = {}
+
+    def _run_of(self, trial: Any) -> str:
+        if trial.trial_id not in self.runs:
+            tags = {tag: str(trial.config.get(key)) for tag, key in self.tag_keys.items()}
+            tags["trial_name"] = str(trial)
+            run_id = self.tracker.trial_run(trial.trial_id, str(trial), tags, trial.config)
+            self.runs[trial.trial_id] = run_id
+            self.logged[trial.trial_id] = self.tracker.last_step(run_id, M.TRAIN_LOSS)
+        return self.runs[trial.trial_id]
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._run_of(trial)
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any) -> None:
+        run_id = self._run_of(trial)
+        step = int(result.get(M.EPOCH, result.get("training_iteration", iteration)))
+        metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) and k != M.KNN_FRESH}
+        if not result.get(M.KNN_FRESH, 1.0):  # Tune's copy carries the last kNN forward; MLflow's curve has only
+            metrics.pop(M.KNN_TOP1, None)  # the epochs that measured it (eval.knn_every)
+        hist = result.get(M.Q_HIST)
+        if isinstance(hist, list) and hist:
+            self.q_hists.setdefault(trial.trial_id, {})[step] = hist
+        if step <= self.logged.get(trial.trial_id, 0) and not result.get(M.DIVERGED):
+            return  # an epoch retrained after a resume: its run already holds this point
+        self.tracker.log_metrics(run_id, metrics, step)
+        if result.get(M.DIVERGED):  # a flag, not a curve
+            self.tracker.set_tag(run_id, "diverged", f"epoch {step}")
+        if isinstance(hist, list) and hist:
+            # DCL Fig. 1: the NPC multiplier's distribution this epoch, one small JSON per epoch.
+            self.tracker.log_dict(run_id, {"epoch": step, "bin_edges": q_hist_edges(len(hist)), "fraction": hist},
+                                  f"npc/q_hist_epoch{step:04d}.json")
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, failed=False)
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        self._end(trial, failed=True)
+
+    def _end(self, trial: Any, failed: bool) -> None:
+        run_id = self._run_of(trial)
+        last = trial.last_result or {}
+        diverged = bool(last.get(M.DIVERGED)) or bool(last.get(M.FAILED))
+        if last.get(M.ERROR):
+            self.tracker.set_tag(run_id, "error", str(last[M.ERROR])[:5000])
+        knn = last.get(M.KNN_TOP1)
+        varied = ", ".join(f"{tag} {trial.config.get(key)}" for tag, key in self.tag_keys.items())
+        outcome = ("failed" if failed or diverged else
+                   f"kNN top-1 {knn:.2f}% after {last.get(M.EPOCH)} epochs" if isinstance(knn, float) else "finished")
+        self.tracker.set_tag(run_id, "mlflow.note.content", f"{varied}: {outcome}")  # the run's description
+        hists = self.q_hists.pop(trial.trial_id, None)
+        if hists:
+            with tempfile.TemporaryDirectory() as d:
+                png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
+                self.tracker.log_artifact(run_id, png, "npc", temporary=True)
+        checkpoint = self._final_checkpoint(trial) if self.save_checkpoint else None
+        if checkpoint is not None:
+            # The checkpoint Tune keeps in the study's storage (the trial's driver-side folder holds none).
+            with checkpoint.as_directory() as d:
+                self.tracker.log_artifact(run_id, Path(d), "checkpoint", temporary=True)
+        self.tracker.end_run(run_id, failed=failed or diverged)
+
+    def _final_checkpoint(self, trial: Any) -> tune.Checkpoint | None:
+        """Tune's checkpoint of an in-process trial; for a DDP trial, the Ray Train run's last checkpoint,
+        whose path (on the storage's filesystem) ``TuneReportCallback`` forwarded with the metrics."""
+        if trial.checkpoint is not None:
+            return trial.checkpoint
+        path = (trial.last_result or {}).get("checkpoint_path")
+        if not path or not self.storage:
+            return None
+        fs, _ = pyarrow.fs.FileSystem.from_uri(self.storage)
+        return tune.Checkpoint(path, filesystem=fs)

@@ -1,0 +1,211 @@
+"""The journal of MLflow operations a study could not deliver: ``summary/<study>/pending_mlflow.jsonl``, one
+JSON object a line, appended while MLflow is down and replayed (in order) when it is back.
+
+It is replayed with the owner's MLflow rights, so it holds only what a study's tracker can have written:
+:func:`journal_problem` checks every line's schema, its experiment, and that an artifact lies inside the study's
+summary folder; other lines are skipped with one warning. Appends and replays take an exclusive ``flock`` on the
+folder's ``.pending_mlflow.lock`` (a study and ``python -m dcl_core.study.sync`` may share a journal). A line cut
+short by a crash is skipped; files are written without following planted links (:mod:`dcl_core.files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from dcl_core.files import open_append, write_text
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the journal is not locked against a concurrent `sync`
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+JOURNAL_FILE = "pending_mlflow.jsonl"  # tracking operations MLflow has not taken yet, one JSON object a line
+IDS_FILE = "pending_mlflow_ids.json"  # placeholder run id of a run created offline -> its MLflow run id
+FILES_DIR = "pending_mlflow_files"  # copies of temporary artifacts (a plot in a temporary folder) still to log
+LOCK_FILE = ".pending_mlflow.lock"
+LOCAL_ID = "offline-"  # prefix of a placeholder run id
+_MAX_COPY = 1 << 30  # a temporary artifact larger than this is journaled by its path, not copied
+PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag name (mlflow.utils.mlflow_tags.MLFLOW_PARENT_RUN_ID)
+
+
+_OPS = ("open", "trial_run", "metrics", "params", "tag", "dict", "artifact", "end")
+
+
+def _str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _relative(value: Any) -> bool:
+    """An artifact path inside the run: relative, no ``..``."""
+    return isinstance(value, str) and bool(value) and not value.startswith("/") and ".." not in value.split("/")
+
+
+def _inside(path: str, root: Path) -> bool:
+    """``path`` (every link resolved) lies inside ``root``, and a folder there holds no link."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if not real.startswith(base.rstrip(os.sep) + os.sep):
+        return False
+    return not (os.path.isdir(real) and any(p.is_symlink() for p in Path(real).rglob("*")))
+
+
+def journal_problem(rec: Any, experiment: str, root: Path) -> str | None:
+    """Why a journal line is not one this study's tracker can have written (None if it is): an unknown operation
+    or wrong fields; another experiment; a run deletion (a journaled ``--overwrite`` never deletes); an artifact
+    outside the study's summary folder ``root`` (the journal is replayed with the owner's MLflow rights, so a
+    planted line must not upload a file from elsewhere or touch another study)."""
+    if not isinstance(rec, dict) or rec.get("op") not in _OPS:
+        return f"unknown operation {rec.get('op') if isinstance(rec, dict) else rec!r}"
+    op = rec["op"]
+    if op in ("open", "trial_run"):
+        if rec.get("experiment") != experiment:
+            return f"another experiment ({rec.get('experiment')!r})"
+        if not (isinstance(rec.get("id"), str) and _str_map(rec.get("tags")) and isinstance(rec.get("time"), int)):
+            return f"a malformed {op}"
+        if op == "open" and rec.get("overwrite"):
+            return "a run deletion (a journaled --overwrite deletes nothing)"
+        if op == "trial_run" and not (isinstance(rec.get("trial_id"), str) and isinstance(rec.get("name"), str)
+                                      and _str_map(rec.get("params"))):
+            return "a malformed trial_run"
+        return None
+    if not isinstance(rec.get("run"), str):
+        return f"a malformed {op} (no run)"
+    ok = {
+        "metrics": lambda: isinstance(rec.get("metrics"), list) and all(
+            isinstance(m, list) and len(m) == 4 and isinstance(m[0], str) and isinstance(m[1], int | float)
+            and isinstance(m[2], int) and isinstance(m[3], int) for m in rec["metrics"]),
+        "params": lambda: _str_map(rec.get("params")),
+        "tag": lambda: isinstance(rec.get("key"), str) and isinstance(rec.get("value"), str),
+        "dict": lambda: isinstance(rec.get("data"), dict) and _relative(rec.get("path")),
+        "artifact": lambda: isinstance(rec.get("path"), str) and (
+            rec.get("artifact_path") is None or _relative(rec.get("artifact_path"))),
+        "end": lambda: rec.get("status") in ("FINISHED", "FAILED") and isinstance(rec.get("time"), int | None),
+    }[op]
+    if not ok():
+        return f"a malformed {op}"
+    if op == "artifact" and not _inside(rec["path"], root):
+        return f"an artifact outside {root} ({rec['path']})"
+    return None
+
+
+class Journal:
+    """The journal of one study: ``folder/pending_mlflow.jsonl`` (operations), ``pending_mlflow_ids.json``
+    (placeholder run id -> MLflow run id, for runs a replay created) and ``pending_mlflow_files/`` (copies of
+    temporary artifacts). Stateless beyond its paths: cheap to make, safe to pickle."""
+
+    def __init__(self, folder: Path, experiment: str) -> None:
+        self.folder = Path(folder)
+        self.experiment = experiment
+        self.path = self.folder / JOURNAL_FILE
+
+    def size(self) -> int:
+        """The file's size in bytes (0 if there is none): the cheap "anything pending?" test."""
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """An exclusive lock on the journal (the study and ``python -m dcl_core.study.sync`` may share it)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open_append(self.folder / LOCK_FILE) as f:
+            if fcntl is not None:
+                fcntl.flock(f, fcntl.LOCK_EX)
+            yield
+
+    def append(self, rec: Mapping[str, Any]) -> None:
+        """Add one operation (one line, written whole under the lock; after a line a crash cut short, on a line
+        of its own). Raises OSError (a full disk)."""
+        line = json.dumps(rec, default=str) + "\n"
+        with self.lock():
+            cut_short = not self._ends_with_newline()
+            with open_append(self.path) as f:
+                f.write("\n" + line if cut_short else line)
+
+    def _ends_with_newline(self) -> bool:
+        """Whether the journal is empty or missing, or its last line is whole."""
+        try:
+            with self.path.open("rb") as f:
+                f.seek(-1, os.SEEK_END)
+                return f.read(1) == b"\n"
+        except OSError:  # no file, or an empty one (seeking before its start)
+            return True
+
+    def read(self) -> list[dict[str, Any]]:
+        """The operations in order; unreadable lines (cut short by a crash) and lines this study cannot have
+        written (:func:`journal_problem`) are skipped with a warning, and dropped at the next :meth:`rewrite`."""
+        if not self.path.exists():
+            return []
+        records, ignored = [], []
+        for line in self.path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut short by a crash while it was written
+                if line.strip():
+                    log.warning("skipping an unreadable line of %s", self.path)
+                continue
+            why = journal_problem(rec, self.experiment, self.folder)
+            if why is None:
+                records.append(rec)
+            else:
+                ignored.append(why)
+        if ignored:  # dropped from the journal at its next rewrite
+            log.warning("ignoring %d line(s) of %s that this study cannot have written (the first: %s)",
+                        len(ignored), self.path, ignored[0])
+        return records
+
+    def known_ids(self) -> dict[str, str]:
+        """Placeholder run id -> MLflow run id, as replays (of any tracker of the study) recorded them."""
+        ids_path = self.folder / IDS_FILE
+        with contextlib.suppress(OSError, ValueError):
+            known = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+            if _str_map(known):
+                return known
+        return {}
+
+    def rewrite(self, records: list[dict[str, Any]], new_ids: Mapping[str, str], real: Callable[[str], str]) -> None:
+        """The journal after a replay: ``records`` (what is left, run ids made real by ``real`` where known) and
+        the id map grown by ``new_ids``; no records left removes the journal and its kept files."""
+        known = self.known_ids()
+        if any(k not in known for k in new_ids):
+            write_text(self.folder / IDS_FILE, json.dumps({**known, **new_ids}, indent=0))
+        if not records:
+            self.path.unlink(missing_ok=True)
+            shutil.rmtree(self.folder / FILES_DIR, ignore_errors=True)
+            return
+        for rec in records:
+            if "run" in rec:
+                rec["run"] = real(rec["run"])
+            if rec.get("tags", {}).get(PARENT_TAG):
+                rec["tags"][PARENT_TAG] = real(rec["tags"][PARENT_TAG])
+        write_text(self.path, "".join(json.dumps(r, default=str) + "\n" for r in records))
+
+    def keep_copy(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """``rec`` logging a copy of its temporary file (or folder) kept in the journal folder."""
+        src = Path(rec["path"])
+        files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
+        if sum(p.stat().st_size for p in files) > _MAX_COPY:
+            log.warning("%s is too large to keep a copy for MLflow; journaled by its path", src)
+            return rec
+        dest = self.folder / FILES_DIR / uuid.uuid4().hex / src.name
+        dest.parent.mkdir(parents=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        else:
+            shutil.copy2(src, dest)
+        return {**rec, "path": str(dest), "owned": True}
+
+    def release(self, rec: Mapping[str, Any]) -> None:
+        """Delete the kept copy of a delivered (or dropped) artifact operation."""
+        if rec.get("owned"):
+            shutil.rmtree(Path(rec["path"]).parent, ignore_errors=True)

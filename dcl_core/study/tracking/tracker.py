@@ -1,0 +1,520 @@
+"""A study's MLflow experiment through one ``MlflowClient`` (:class:`StudyTracker`): the parent run, a nested child
+run per trial, the summary on the parent. MLflow being down never stops a study: what it does not take goes to the
+study's :class:`~dcl_core.study.tracking.journal.Journal` and is replayed later."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from dcl_core.study.storage import redact_uri
+from dcl_core.study.tracking import transport
+from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, Journal
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: custom_model_development or genai_development
+SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
+TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
+_BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
+_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
+assert PARENT_TAG == MLFLOW_PARENT_RUN_ID  # the journal names MLflow's tag without importing MLflow
+
+
+def metric_name(name: str) -> str:
+    """An MLflow-valid metric name: characters MLflow rejects (``+ ( ) =`` …) become ``_``."""
+    return re.sub(r"[^/\w.\- :]", "_", name)
+
+
+def git_commit() -> str:
+    """The repository's HEAD commit (``unknown`` outside a git checkout, e.g. under ``ray job submit``)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+
+
+class StudyTracker:
+    """A study's MLflow experiment through one ``MlflowClient``: the parent run, a child run per trial, the
+    summary on the parent.
+
+    MLflow being unreachable never stops the study: every operation that fails (or that comes while the
+    tracker knows MLflow is down) is appended to a journal, ``journal_dir/pending_mlflow.jsonl``, with what it
+    needs to be replayed; a run created offline gets a placeholder id (``offline-…``), mapped to its MLflow id
+    when replayed (``pending_mlflow_ids.json``). One warning per outage; while down, MLflow is not called for
+    ``cooldown`` seconds after a failure, and each call gives up after ``http_retries`` retries of
+    ``http_timeout`` seconds (MLflow's defaults retry for minutes). The next call after the cool-down, and
+    :meth:`sync`, replay the journal first, in order; a replayed run creation first looks the run up by its
+    trial id (or the summary tag), so runs are never duplicated, and the journal keeps only what MLflow did
+    not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study.sync`` replay it too.
+    Without a ``journal_dir`` failed operations are logged and dropped.
+
+    Picklable (Tune saves its callbacks with the experiment, and restores them on ``--resume``): the client is
+    dropped when pickled and made again on first use.
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
+                 tags: Mapping[str, str] | None = None, journal_dir: Path | None = None, *,
+                 cooldown: float = 30.0, http_timeout: int = 10, http_retries: int = 1, description: str = "",
+                 experiment_tags: Mapping[str, str] | None = None) -> None:
+        self.tracking_uri = transport.move_credentials(tracking_uri)
+        self.experiment = experiment
+        self.description = description
+        self.experiment_tags = dict(experiment_tags or {})
+        self.artifact_root = artifact_root
+        self.tags = dict(tags or {})
+        self.journal_dir = Path(journal_dir).resolve() if journal_dir is not None else None
+        self.cooldown = cooldown
+        self.http_timeout = http_timeout
+        self.http_retries = http_retries
+        self.experiment_id: str | None = None
+        self.parent_run_id: str | None = None
+        self.dropped = 0  # operations lost: refused by MLflow, or failed without a journal
+        self.last_error: str | None = None
+        self._client: MlflowClient | None = None
+        self._ids: dict[str, str] = {}
+        self._offline_until = 0.0  # time.monotonic() before which MLflow is not called
+        self._outage = False  # warned about the current outage
+        self._warned_refused: set[str] = set()
+        self._mine: set[str] = set()  # run ids known to be in this study's experiment
+        self._env_added: list[str] = []  # the MLflow env vars _short_http set (not the user's)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_client": None, "_offline_until": 0.0, "_outage": False, "_env_added": []}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Defaults first: a study started before the journal existed resumes with its pickled tracker.
+        StudyTracker.__init__(self, state["tracking_uri"], state["experiment"])
+        self.__dict__.update(state)
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+    @property
+    def journal(self) -> Path | None:
+        """The journal file (whether or not it exists yet); None without a ``journal_dir``."""
+        return None if self.journal_dir is None else self.journal_dir / JOURNAL_FILE
+
+    def _journal(self) -> Journal | None:
+        return None if self.journal_dir is None else Journal(self.journal_dir, self.experiment)
+
+    def _pending_ops(self) -> list[dict[str, Any]]:
+        journal = self._journal()
+        return journal.read() if journal is not None and journal.size() else []
+
+    # -- the study's operations: each is one journal record, applied now or journaled ------------------------
+
+    def open(self, overwrite: bool = False) -> StudyTracker:
+        """Replay what an earlier run of the study journaled; get or create the experiment (local stores get an
+        absolute artifact folder); with ``overwrite`` soft-delete its runs started before now; then find (a
+        resumed study) or create the parent run. If MLflow is unreachable the parent run is a placeholder."""
+        rec = {"op": "open", "id": _local_id(), "experiment": self.experiment, "overwrite": overwrite,
+               "tags": {SUMMARY_TAG: "true", **self.tags}, "time": _now_ms()}
+        self.parent_run_id = self._real(self._apply_or_journal(rec))
+        return self
+
+    def trial_run(self, trial_id: str, name: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
+        """The child run of a trial: found by its trial id (a resumed or retried trial), else created with
+        the study's tags, ``tags`` and every param. A placeholder id while MLflow is unreachable."""
+        all_tags = {**self.tags, **tags, TRIAL_TAG: trial_id, MLFLOW_PARENT_RUN_ID: self.parent_run_id or ""}
+        rec = {"op": "trial_run", "id": _local_id(), "experiment": self.experiment, "trial_id": trial_id,
+               "name": name, "tags": {k: str(v) for k, v in all_tags.items()},
+               "params": {k: str(v) for k, v in params.items()}, "time": _now_ms()}
+        return self._apply_or_journal(rec)
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Finite numbers only (a NaN marks a missing measurement, not a value to plot)."""
+        now = _now_ms()
+        items = [[metric_name(k), float(v), now, int(step)] for k, v in metrics.items()
+                 if isinstance(v, int | float) and math.isfinite(v)]
+        if items:
+            self._apply_or_journal({"op": "metrics", "run": run_id, "metrics": items})
+
+    def last_step(self, run_id: str, key: str) -> int:
+        """The last step of metric ``key`` MLflow holds for the run (0 if none, or if it cannot say now): a
+        resumed trial retrains the epochs after its checkpoint, which may already be logged."""
+        if time.monotonic() < self._offline_until or run_id.startswith("offline-"):
+            return 0
+        try:
+            with self._short_http():
+                history = self.client.get_metric_history(self._real(run_id), metric_name(key))
+        except Exception:  # tracking never stops the study; a duplicate point is the worst outcome
+            return 0
+        return max((m.step for m in history), default=0)
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        """Params the run does not have yet (a resumed study's summary keeps its first values)."""
+        if params:
+            self._apply_or_journal({"op": "params", "run": run_id, "params": {k: str(v) for k, v in params.items()}})
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self._apply_or_journal({"op": "tag", "run": run_id, "key": key, "value": str(value)})
+
+    def log_dict(self, run_id: str, data: Mapping[str, Any], path: str) -> None:
+        self._apply_or_journal({"op": "dict", "run": run_id, "data": dict(data), "path": path})
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None,
+                     temporary: bool = False) -> None:
+        """A file or a folder's contents. ``temporary``: ``path`` is deleted soon (a temporary folder), so a
+        journaled operation logs a copy kept in the journal folder."""
+        rec = {"op": "artifact", "run": run_id, "path": str(Path(path).resolve()), "artifact_path": artifact_path}
+        self._apply_or_journal(rec, temporary=temporary)
+
+    def end_run(self, run_id: str, failed: bool = False) -> None:
+        status = "FAILED" if failed else "FINISHED"
+        self._apply_or_journal({"op": "end", "run": run_id, "status": status, "time": _now_ms()})
+
+    def log_summary(self, metrics: Mapping[str, float], artifacts: list[Path],
+                    params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None) -> str:
+        """The study summary on the parent run (metrics, the results table, the plots), which then finishes.
+
+        A resumed study summarizes all its trials again: metrics get a new point, artifacts are replaced. The
+        study's last operation: if anything is still journaled, one more :meth:`sync` (cool-down or not), then a
+        warning saying what is left and how to push it. Returns the parent run's id (a placeholder if MLflow
+        never answered)."""
+        if self.parent_run_id is None:
+            self.open()
+        rid = self.parent_run_id
+        assert rid is not None
+        self.log_params(rid, params or {})
+        for key, value in (tags or {}).items():
+            self.set_tag(rid, key, value)
+        self.log_metrics(rid, metrics)
+        for path in artifacts:
+            self.log_artifact(rid, path)
+        self.end_run(rid)
+        if self.pending():
+            self.sync()
+        message = self.pending_message()
+        if message:
+            log.warning("%s", message)
+        return self._real(rid)
+
+    def delete_runs(self, before_ms: int | None = None) -> int:
+        """Soft-delete every run of the experiment (started before ``before_ms``: ``--overwrite``, the new
+        trials replace the old ones); returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run``
+        brings one back."""
+        runs = self.client.search_runs([self._experiment()], max_results=50_000)
+        runs = [r for r in runs if before_ms is None or (r.info.start_time or 0) < before_ms]
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
+        if runs:
+            log.info("--overwrite: deleted %d earlier MLflow runs of %s", len(runs), self.experiment)
+        return len(runs)
+
+    # -- the journal --------------------------------------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Replay the journal now, cool-down or not; returns how many operations MLflow took (:meth:`pending`
+        counts what is left, :attr:`last_error` says why)."""
+        journal = self._journal()
+        if journal is None or not journal.size():
+            return 0
+        with self._short_http():
+            done, error = self._flush()
+        if error is None:
+            self._back_online(done)
+        else:
+            self._went_offline(error)
+        return done
+
+    def pending(self) -> int:
+        """How many operations the journal holds (0 without a journal)."""
+        return len(self._pending_ops())
+
+    def pending_runs(self) -> int:
+        """How many runs the journaled operations touch."""
+        return len({rec.get("run") or rec.get("id") for rec in self._pending_ops()})
+
+    def pending_message(self) -> str | None:
+        """One line for the end of a study: what is still to be pushed to MLflow and how, else None."""
+        n = self.pending()
+        if n and self.journal_dir is not None:
+            out = self.journal_dir.parent.parent if self.journal_dir.parent.name == "summary" else None
+            command = (f"`python -m dcl_core.study.sync {out} --name {self.journal_dir.name}`" if out else
+                       f"StudyTracker(..., journal_dir={str(self.journal_dir)!r}).sync()")
+            return (f"MLflow was unreachable: {n} operations for {self.pending_runs()} runs are in {self.journal}; "
+                    f"{command} (or the study's --resume) pushes them")
+        if self.dropped:
+            return f"MLflow: {self.dropped} tracking operations were not logged (see the warnings above)"
+        return None
+
+    def _apply_or_journal(self, rec: dict[str, Any], temporary: bool = False) -> Any:
+        """Apply ``rec`` now, after the journal (so MLflow takes everything in order); if MLflow is down (or
+        known to be, within the cool-down) journal it (``temporary``: with a copy of its file). Returns what the
+        operation returns (a run id; a placeholder when journaled)."""
+        if time.monotonic() >= self._offline_until:
+            try:
+                with self._short_http():
+                    done = 0
+                    journal = self._journal()
+                    if journal is not None and journal.size():
+                        done, error = self._flush()
+                        if error is not None:
+                            raise error
+                    result = self._apply(rec)
+                self._ids.pop(rec.get("id", ""), None)  # only runs made by a replay need the id map
+                self._back_online(done)
+                return result
+            except Exception as exc:  # tracking never stops the study
+                if transport.is_refused(exc):
+                    self._drop(rec, exc)
+                    return rec.get("id")
+                self._went_offline(exc)
+        self._append(rec, temporary)
+        return rec.get("id")
+
+    def _apply(self, rec: dict[str, Any]) -> str | None:
+        """One journal record against MLflow (live or replayed alike)."""
+        op = rec["op"]
+        if op == "open":
+            return self._apply_open(rec)
+        if op == "trial_run":
+            return self._apply_trial_run(rec)
+        run = self._real(rec["run"])
+        if run.startswith(LOCAL_ID):
+            raise transport.UnreplayableError(f"its run ({run}) was never created")
+        self._check_mine(run)
+        c = self.client
+        if op == "metrics":
+            items = [Metric(k, v, ts, step) for k, v, ts, step in rec["metrics"]]
+            for i in range(0, len(items), _METRICS_PER_BATCH):
+                c.log_batch(run, metrics=items[i : i + _METRICS_PER_BATCH])
+        elif op == "params":
+            existing = c.get_run(run).data.params
+            self._log_params(run, {k: v for k, v in rec["params"].items() if k not in existing})
+        elif op == "tag":
+            c.set_tag(run, rec["key"], rec["value"])
+        elif op == "dict":
+            c.log_dict(run, rec["data"], rec["path"])
+        elif op == "artifact":
+            path = Path(rec["path"])
+            if not path.exists():
+                raise transport.UnreplayableError(f"{path} no longer exists")
+            with transport.upload_timeout(path, self.http_timeout, self._env_added):
+                if path.is_dir():
+                    c.log_artifacts(run, str(path), rec.get("artifact_path"))
+                else:
+                    c.log_artifact(run, str(path), rec.get("artifact_path"))
+        elif op == "end":
+            c.set_terminated(run, status=rec["status"], end_time=rec.get("time"))
+        else:
+            raise transport.UnreplayableError(f"unknown operation {op!r}")
+        return None
+
+    def _check_mine(self, run: str) -> None:
+        """An operation may touch only runs of this study's experiment (a replayed line names any run id)."""
+        if run in self._mine:
+            return
+        if self.client.get_run(run).info.experiment_id != self._experiment():
+            raise transport.UnreplayableError(f"run {run} is not in experiment {self.experiment}")
+        self._mine.add(run)
+
+    def _apply_open(self, rec: dict[str, Any]) -> str:
+        exp = self._experiment()
+        if rec.get("overwrite"):  # only runs older than the study's start: a replay keeps what it made
+            self.delete_runs(before_ms=rec["time"])
+        found = self._search(f"tags.`{SUMMARY_TAG}` = 'true'")
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec.get("experiment"),
+                                            tags=rec["tags"]).info.run_id
+        self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
+        if self.parent_run_id in (None, rec["id"]):
+            self.parent_run_id = run_id
+        return run_id
+
+    def _apply_trial_run(self, rec: dict[str, Any]) -> str:
+        exp = self._experiment()
+        found = self._search(f"tags.{TRIAL_TAG} = '{rec['trial_id']}'")
+        params = rec["params"]
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            params = {k: v for k, v in params.items() if k not in found[0].data.params}
+        else:
+            tags = dict(rec["tags"])
+            if tags.get(MLFLOW_PARENT_RUN_ID):
+                parent = self._real(tags[MLFLOW_PARENT_RUN_ID])
+                if not parent.startswith(LOCAL_ID):
+                    self._check_mine(parent)
+                tags[MLFLOW_PARENT_RUN_ID] = "" if parent.startswith(LOCAL_ID) else parent
+            run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec["name"], tags=tags).info.run_id
+        self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
+        try:
+            self._log_params(run_id, params)
+        except MlflowException as exc:  # a refused param must not lose the run (its metrics, its status)
+            if not transport.is_refused(exc):
+                raise
+            self._drop({"op": "params", "run": run_id}, exc)
+        return run_id
+
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(run_id, params=items[i : i + _BATCH])
+
+    def _experiment(self) -> str:
+        """The experiment's id: found by name, else created (local stores get an absolute artifact folder)."""
+        if self.experiment_id is None:
+            exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is not None:
+                self.experiment_id = exp.experiment_id
+                tags = dict(self.experiment_tags)  # this run's saved view replaces the last run's
+                if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version: MLflow would guess its kind
+                    tags |= self._experiment_tags()
+                for key, value in tags.items():
+                    self.client.set_experiment_tag(exp.experiment_id, key, value)
+            else:
+                location = None
+                if self.artifact_root is not None and not self.tracking_uri.startswith(
+                        ("http://", "https://", "databricks")):
+                    location = (self.artifact_root / self.experiment).resolve().as_uri()
+                self.experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
+                                                                   tags=self._experiment_tags())
+        return self.experiment_id
+
+    def _experiment_tags(self) -> dict[str, str]:
+        """A model-training experiment described by the study's question, with the caller's tags (the study's
+        saved view, :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose an experiment's page by its kind
+        tag and guessed GenAI without it; 3.17's follows a per-browser mode instead (README: browse the runs)."""
+        tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self.experiment_tags}
+        if self.description:
+            tags["mlflow.note.content"] = self.description
+        return tags
+
+    def runs_url(self, ui: str = "http://127.0.0.1:5000") -> str:
+        """The MLflow UI's runs view of this study's experiment (``ui``: where ``mlflow ui`` serves a local
+        store; a tracking server's own address otherwise)."""
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ui
+        # workflowType: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview.
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs?workflowType=machine_learning"
+
+    def _search(self, filter_string: str) -> list[Any]:
+        return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)
+
+    def _real(self, run_id: str) -> str:
+        """The MLflow id of a run (a placeholder is looked up, also in what other trackers replayed)."""
+        if not run_id.startswith(LOCAL_ID):
+            return run_id
+        journal = self._journal()
+        if run_id not in self._ids and journal is not None:
+            self._ids.update(journal.known_ids())
+        return self._ids.get(run_id, run_id)
+
+    def _flush(self) -> tuple[int, BaseException | None]:
+        """Replay the journal in order until an operation fails transiently; keep only what is left. Returns
+        (operations done, the transient error or None)."""
+        journal = self._journal()
+        assert journal is not None
+        done, error = 0, None
+        with journal.lock():
+            records = journal.read()
+            try:
+                for rec in records:
+                    try:
+                        self._apply(rec)
+                    except Exception as exc:
+                        if not transport.is_refused(exc):
+                            error = exc
+                            break
+                        self._drop(rec, exc)
+                    journal.release(rec)
+                    done += 1
+            finally:
+                journal.rewrite(records[done:], self._ids, self._real)
+        return done, error
+
+    def _append(self, rec: dict[str, Any], temporary: bool = False) -> None:
+        journal = self._journal()
+        if journal is None:
+            self.dropped += 1
+            return
+        if rec["op"] == "open" and rec.get("overwrite"):  # the journal never deletes runs (a planted line could)
+            rec = {**rec, "overwrite": False}
+            log.warning("--overwrite: MLflow is unreachable, so the earlier runs of %s were not soft-deleted; they "
+                        "stay beside the new ones (delete them in the UI, or run with --overwrite again)",
+                        self.experiment)
+        try:
+            journal.append(journal.keep_copy(rec) if temporary else rec)
+        except OSError as err:  # a full disk must not stop the study either
+            self.dropped += 1
+            log.warning("could not journal an MLflow operation in %s: %s", self.journal_dir, err)
+
+    @contextlib.contextmanager
+    def _short_http(self) -> Iterator[None]:
+        """This tracker's calls: few retries, a short timeout (:func:`transport.short_http`)."""
+        with transport.short_http(self.http_retries, self.http_timeout) as added:
+            self._env_added = added
+            try:
+                yield
+            finally:
+                self._env_added = []
+
+    def _went_offline(self, exc: BaseException) -> None:
+        self._offline_until = time.monotonic() + self.cooldown
+        self.last_error = transport.reason(exc)
+        if self._outage:
+            log.debug("MLflow still unreachable: %s", self.last_error)
+            return
+        self._outage = True
+        where = f"journaled in {self.journal}" if self.journal is not None else "dropped (no journal folder)"
+        log.warning("MLflow at %s is unreachable (%s); training goes on, tracking operations are %s and MLflow "
+                    "is tried again every %g s", redact_uri(self.tracking_uri), self.last_error, where,
+                    self.cooldown)
+
+    def _back_online(self, pushed: int) -> None:
+        self._offline_until = 0.0
+        self.last_error = None
+        if self._outage or pushed:
+            log.info("MLflow at %s is reachable: %d journaled operations pushed, %d left",
+                     redact_uri(self.tracking_uri), pushed, self.pending())
+        self._outage = False
+
+    def _drop(self, rec: dict[str, Any], exc: BaseException) -> None:
+        """An operation MLflow will never take: warned once per kind of operation, then counted."""
+        self.dropped += 1
+        journal = self._journal()
+        if journal is not None:
+            journal.release(rec)
+        if rec["op"] in self._warned_refused:
+            log.debug("MLflow refused %s: %s", rec["op"], transport.reason(exc))
+            return
+        self._warned_refused.add(rec["op"])
+        log.warning("MLflow refused an operation (%s on run %s): %s; it is dropped", rec["op"],
+                    rec.get("run") or rec.get("trial_id") or self.experiment, transport.reason(exc))
+
+
+def _local_id() -> str:
+    return LOCAL_ID + uuid.uuid4().hex
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
