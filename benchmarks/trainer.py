@@ -21,7 +21,7 @@ here than over the cpu preset's 5000-image epoch; the note gives it, and the tra
 Rows ``step phase``: one trainer step reproduced with a timer around each phase — augmentation (index, augment,
 channels_last), forward (both views through the encoder + head), loss (incl. the non-finite check), backward
 (zero_grad + backward), diagnostics (the trainer's gradient-norm probe and q_B histogram / loss sums, via its
-own ``_grad_norm`` and ``EpochStats``) and optimizer (schedule + SGD step) — at ResNet-18 ×0.125, batch 32,
+own ``grad_norm`` and ``EpochStats``) and optimizer (schedule + SGD step) — at ResNet-18 ×0.125, batch 32,
 1 thread. ``ours`` is seconds per epoch of the cpu preset's 5000 pretraining images (median step phase ×
 steps per epoch), ``baseline`` the whole step's (the sum of the phases' medians), ``ratio`` the phase's share
 of the step. The ``kNN`` row times ``evaluate_knn`` (k=200, t=0.1) over the preset's bank (5000) and test
@@ -51,7 +51,7 @@ from dcl_core.training import train
 from dcl_core.training.builders import InMemoryData, build_data, build_loss, build_model, build_optimizer
 from dcl_core.training.evaluation import evaluate_knn
 from dcl_core.training.schedule import cosine_lr
-from dcl_core.training.trainer import EpochStats, _grad_norm
+from dcl_core.training.trainer import EpochStats, grad_norm
 
 try:
     from benchmarks.common import Row, markdown_table, median_time
@@ -246,7 +246,7 @@ def step_phases(steps: int, warmup: int = 2, knn_reps: int = 1) -> list[Row]:
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         t_diag = time.perf_counter()
-        stats.add_gradients(_grad_norm(probes), out.npc)
+        stats.add_gradients(grad_norm(probes), out.npc)
         stats.add_losses({"loss": out.loss.detach(), **out.diagnostics}, images=n, lr=0.0)
         t_opt = time.perf_counter()
         lr = cosine_lr(step, warmup + steps, derived.lr, 0, cfg.optim.min_lr_ratio)

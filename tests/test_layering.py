@@ -7,8 +7,10 @@ internals.
   import statement, including those inside functions (b).
 - Nothing in dcl_core imports the benchmark baselines (lightly, kornia), which only the ``bench`` extra installs.
 - ``dcl_core.config`` stays torch-free, since the registries import its name lists (a).
-- No code uses a private (single-underscore) name of Ray, MLflow or Optuna (c): their internals change without
-  notice between releases.
+- No code uses a private (single-underscore) name of Ray, MLflow or Optuna, a Ray DeveloperAPI that hands out
+  an internal object (``get_storage()``), or an environment switch of Ray that Ray's documentation does not list
+  (c): their internals change without notice between releases. Nor does a module import another's private name
+  (``from dcl_core.training.trainer import _grad_norm``): what a benchmark or a study needs is public.
 
 Each check is a function of a source tree, and each is also run on a small tree with a planted violation, so a
 check that stopped detecting anything would fail.
@@ -53,6 +55,16 @@ THIRD_PARTY = ("ray", "mlflow", "optuna")
 PRIVATE_PATH = re.compile(r"\b(?:ray|mlflow|optuna)(?:\.\w+)*\._[A-Za-z]")
 # Internals of Ray's MLflowLoggerCallback that a subclass can reach without naming ray or mlflow.
 RAY_PRIVATE_ATTRIBUTES = re.compile(r"\b(?:_trial_runs|mlflow_util|_get_client)\b")
+# Ray DeveloperAPIs that return ray.*._internal objects (the train/tune context's storage).
+RAY_DEVELOPER_APIS = re.compile(r"\.get_storage\(")
+# Ray's environment variables the project may name, each where Ray documents it for users.
+DOCUMENTED_RAY_ENV = {
+    "RAY_ADDRESS": "ray.init / ray job submit: the cluster to attach to",
+    "RAY_AIR_NEW_OUTPUT": "Ray AIR environment variables: 0 disables the new console output",
+    "RAY_CHDIR_TO_TRIAL_DIR": "tune.Trainable: 0 keeps the driver's working directory in trials",
+    "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "Ray Tune environment variables",
+}
+RAY_ENV = re.compile(r"[\"'](?:RAY|TUNE)_[A-Za-z0-9_]+[\"']")
 
 
 def is_forbidden(module: str) -> bool:
@@ -131,10 +143,20 @@ def private_api_uses(root: Path) -> list[str]:
             source = path.read_text()
             where = path.relative_to(root)
             for number, line in enumerate(source.splitlines(), start=1):
-                for pattern in (PRIVATE_PATH, RAY_PRIVATE_ATTRIBUTES):
+                for pattern in (PRIVATE_PATH, RAY_PRIVATE_ATTRIBUTES, RAY_DEVELOPER_APIS):
                     hits += [f"{where}:{number}: {m.group(0)}" for m in pattern.finditer(line)]
+                hits += [f"{where}:{number}: {m.group(0)}" for m in RAY_ENV.finditer(line)
+                         if m.group(0)[1:-1] not in DOCUMENTED_RAY_ENV]
             hits += [f"{where}:{line}: {name}" for line, name in _private_names_imported(source, str(path))]
+            hits += [f"{where}:{line}: {name}" for line, name in _own_private_imports(source, str(path))]
     return sorted(set(hits))
+
+
+def _own_private_imports(source: str, filename: str) -> list[tuple[int, str]]:
+    """``from dcl_core.x import _name``: a private name of one of the project's modules, used from another."""
+    return [(node.lineno, f"{node.module}.{alias.name}") for node in ast.walk(ast.parse(source, filename))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("dcl_core", "search_spaces")
+            for alias in node.names if is_private(alias.name)]
 
 
 def _private_names_imported(source: str, filename: str) -> list[tuple[int, str]]:
@@ -278,8 +300,12 @@ def test_private_names_are_detected(tmp_path):
                 "        tune._private_thing()\n"
                 "        mlflow.start_run(); report({}); print(mlflow.__version__)\n"
             ),
-            "studies/ok.py": "import optuna\noptuna.create_study()\nclass A:\n    def f(self):\n        self._x = 1\n",
-            "benchmarks/bad.py": "import optuna as o\no._imports.check()\n",
+            "studies/ok.py": "import optuna\noptuna.create_study()\nclass A:\n    def f(self):\n        self._x = 1\n"
+                             "import os\nos.environ['RAY_ADDRESS']\n",
+            "benchmarks/bad.py": "import optuna as o\no._imports.check()\nfrom dcl_core.training.trainer import _n\n",
+            "dcl_core/study/trial.py": "from ray import tune\nimport os\n"
+                                       "d = tune.get_context().get_storage().trial_working_directory\n"
+                                       "os.environ['RAY_experimental_noset_cuda_visible_devices'] = '1'\n",
         },
     )
     hits = private_api_uses(tmp_path)
@@ -287,6 +313,9 @@ def test_private_names_are_detected(tmp_path):
     flagged = {h.split(": ", 1)[0] for h in hits}
     assert flagged == {
         "benchmarks/bad.py:2",
+        "benchmarks/bad.py:3",
+        "dcl_core/study/trial.py:3",
+        "dcl_core/study/trial.py:4",
         *(f"dcl_core/study/tracking.py:{n}" for n in (3, 4, 8, 9, 10, 11)),
     }
     assert "dcl_core/study/tracking.py:3: ray.air._internal.mlflow._MLflowLoggerUtil" in hits

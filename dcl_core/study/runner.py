@@ -382,7 +382,8 @@ def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptio
 @contextlib.contextmanager
 def _tune_output(verbose: bool) -> Iterator[None]:
     """Tune's console output: its status tables with ``-v``; otherwise none at all (its newer output engine prints
-    a configuration box and result paths even at verbosity 0; the classic one prints nothing)."""
+    a configuration box and result paths even at verbosity 0; the classic one prints nothing). The switch is
+    ``RAY_AIR_NEW_OUTPUT=0``, which Ray documents for users among its AIR environment variables."""
     if verbose:
         yield
         return

@@ -524,7 +524,7 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(out.loss).backward()
         run.scaler.unscale_(run.optimizer)  # true gradients for the probe below (no-op without AMP)
-        stats.add_gradients(_grad_norm(run.probes), out.npc)
+        stats.add_gradients(grad_norm(run.probes), out.npc)
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.framework.after_step()
@@ -549,7 +549,7 @@ def _stop_if_not_finite(loss: torch.Tensor, run: Run, epoch: int, step: int, lr:
         )
 
 
-def _grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+def grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """L2 norm of the gradients of ``params`` taken together, float64 ()."""
     return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).double()
 
