@@ -22,11 +22,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
-from dcl_core.data import DataError, check_dataset, resolve_data_root
 from dcl_core.study.spec import (
     DDP_TRIAL_CPU,
     StudyInterruptedError,
@@ -162,6 +159,11 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
 
 def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
          argv: list[str] | None, terminated: list[int]) -> int:
+    # torch and torchvision (seconds): not for --help or a bad option, which argparse answers before this.
+    import torch
+
+    from dcl_core.data import DataError, check_dataset, resolve_data_root
+
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")

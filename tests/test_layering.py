@@ -6,7 +6,8 @@ internals.
   ``dcl_core.cli``) or Ray/MLflow/Optuna: checked by importing it in a fresh interpreter (a) and by reading every
   import statement, including those inside functions (b).
 - Nothing in dcl_core imports the benchmark baselines (lightly, kornia), which only the ``bench`` extra installs.
-- ``dcl_core.config`` stays torch-free, since the registries import its name lists (a).
+- ``dcl_core.config`` stays torch-free, since the registries import its name lists (a); so does the study command
+  line up to its parsing, so a study's ``--help`` is instant (a).
 - No code uses a private (single-underscore) name of Ray, MLflow or Optuna, a Ray DeveloperAPI that hands out
   an internal object (``get_storage()``), or an environment switch of Ray that Ray's documentation does not list
   (c): their internals change without notice between releases. Nor does a module import another's private name
@@ -203,6 +204,13 @@ def test_the_config_stays_torch_free():
     loaded = modules_loaded_by("import dcl_core.config", REPO)
     assert "dcl_core.config" in loaded
     assert [m for m in loaded if m == "torch" or m.startswith("torch.") or is_forbidden(m)] == []
+
+
+def test_a_study_script_answers_help_without_loading_torch():
+    # `python studies/<x>.py --help` or a bad option: argparse answers before torch (seconds) is needed.
+    loaded = modules_loaded_by("import dcl_core.study_cli, dcl_core.study", REPO)
+    assert "dcl_core.study_cli" in loaded
+    assert [m for m in loaded if m in ("torch", "torchvision", "ray", "mlflow", "optuna")] == []
 
 
 def test_no_library_module_imports_the_study_layer_or_the_command_lines():
