@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dcl_core import metrics as M
 from dcl_core.losses import EqCoLoss, InfoNCELoss, PairSimilarities
 from dcl_core.study.paper import PAPER_KS, PAPER_TABLE5  # EqCo Table 5, typed once (re-exported here)
 
@@ -82,7 +83,8 @@ def run_toy(cfg: ToyConfig) -> dict[str, Any]:
     with torch.no_grad():
         for _ in range(cfg.eval_repeats):
             x, y = sample_pairs(cfg.k, cfg.dim, rho, gen)
-            bounds.append(float(loss_fn.from_similarities(critic_similarities(g(x), h(y))).diagnostics["mi_bound"]))
+            diagnostics = loss_fn.from_similarities(critic_similarities(g(x), h(y))).diagnostics
+            bounds.append(float(diagnostics[M.Diagnostic.MI_BOUND]))
     return {"mi_estimate": sum(bounds) / len(bounds), "final_loss": float(out.loss.detach()), "bounds": bounds}
 
 

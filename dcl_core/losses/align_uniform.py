@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dcl_core import metrics as M
 from dcl_core.distributed import distributed_world, gather_with_grad
 from dcl_core.losses.base import (
     ContrastiveLoss,
@@ -81,8 +82,8 @@ class AlignUniformLoss(ContrastiveLoss):
             pos = sims.pos / self.temperature  # (A,)
             log_u = sims.negative_logsumexp(self.temperature)  # (A,)
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics["align"] = align.detach()
-        diagnostics["uniform"] = uniform.detach()
+        diagnostics[M.Diagnostic.ALIGN] = align.detach()
+        diagnostics[M.Diagnostic.UNIFORM] = uniform.detach()
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:

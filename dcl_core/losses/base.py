@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from dcl_core import metrics as M
 from dcl_core.distributed import distributed_world, gather_with_grad
 
 
@@ -221,13 +222,13 @@ def npc_diagnostics(pos_logit: Tensor, log_u: Tensor) -> dict[str, Tensor]:
         q = npc_multiplier(pos_logit, log_u)  # (A,)
         mean = q.mean()
         std = q.std(unbiased=False)
-        return {"q_mean": mean, "q_std": std, "q_cv": std / mean.clamp_min(1e-12)}
+        return {M.Diagnostic.Q_MEAN: mean, M.Diagnostic.Q_STD: std, M.Diagnostic.Q_CV: std / mean.clamp_min(1e-12)}
 
 
 def similarity_diagnostics(sims: PairSimilarities) -> dict[str, Tensor]:
     """Mean positive and negative cosine similarity (alignment and spread of the embedding)."""
     with torch.no_grad():
-        return {"pos_sim": sims.pos.mean(), "neg_sim": sims.negative_mean()}
+        return {M.Diagnostic.POS_SIM: sims.pos.mean(), M.Diagnostic.NEG_SIM: sims.negative_mean()}
 
 
 class ContrastiveLoss(nn.Module):

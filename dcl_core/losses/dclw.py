@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from dcl_core import metrics as M
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
@@ -70,7 +71,7 @@ class DCLWLoss(ContrastiveLoss):
         # Departs from DCL (and InfoNCE) here: the positive logit is reweighted per pair.
         loss = (log_u - w * pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics["weight_std"] = w.std(unbiased=False)
+        diagnostics[M.Diagnostic.WEIGHT_STD] = w.std(unbiased=False)
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dcl_core import metrics as M
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
@@ -58,7 +59,7 @@ class DCLWExpLoss(ContrastiveLoss):
         # Departs from DCL here: the positive logit is reweighted by δ·exp(−σ⟨z1,z2⟩).
         loss = (log_u - w * pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics["weight_mean"] = w.mean().detach()
+        diagnostics[M.Diagnostic.WEIGHT_MEAN] = w.mean().detach()
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from dcl_core import metrics as M
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
@@ -105,7 +106,7 @@ class EqCoLoss(ContrastiveLoss):
         log_denominator = torch.logaddexp(pos, log_u)  # (A,) log(s_0 + (α/K) Σ s_i)
         loss = (log_denominator - pos).mean()
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics["mi_bound"] = (math.log1p(alpha) - loss).detach()
+        diagnostics[M.Diagnostic.MI_BOUND] = (math.log1p(alpha) - loss).detach()
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
 
     def extra_repr(self) -> str:

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from dcl_core import metrics as M
 from dcl_core.losses.base import (
     ContrastiveLoss,
     LossOutput,
@@ -52,5 +53,5 @@ class InfoNCELoss(ContrastiveLoss):
         loss = per_anchor.mean()
         k = sims.num_negatives
         diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics["mi_bound"] = (math.log1p(k) - loss).detach()
+        diagnostics[M.Diagnostic.MI_BOUND] = (math.log1p(k) - loss).detach()
         return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))

@@ -443,7 +443,7 @@ class EpochStats:
     def metrics(self, runtime: Runtime) -> dict[str, float]:
         """``train/*``: step means and gradient-norm statistics averaged over ranks, images/s over all ranks,
         the q_B histogram over every rank's anchors (fractions; absent without q_B) and the last lr."""
-        metrics = {f"train/{k}": float(v) / self.steps for k, v in self.sums.items()}
+        metrics = {M.train_metric(k): float(v) / self.steps for k, v in self.sums.items()}
         metrics[M.IMAGES_PER_S] = self.images / self.seconds
         grad_mean = float(self.grad_sum) / self.steps
         grad_std = math.sqrt(max(float(self.grad_sq) / self.steps - grad_mean**2, 0.0))
@@ -528,7 +528,7 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
         run.scaler.step(run.optimizer)
         run.scaler.update()
         run.framework.after_step()
-        stats.add_losses({"loss": out.loss.detach(), **out.diagnostics}, images=n, lr=lr)
+        stats.add_losses({M.Diagnostic.LOSS: out.loss.detach(), **out.diagnostics}, images=n, lr=lr)
         if progress is not None:
             progress.step(n * run.runtime.world_size)
     stats.seconds = time.perf_counter() - stats.started
