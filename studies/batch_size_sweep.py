@@ -29,47 +29,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, PAPER_BATCH_SIZES, TAU, Grid
 
 PRESETS = {
-    "smoke": dict(
-        base=("smoke", {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4}),
-        batches=(16, 32), losses=("infonce", "dcl"), seeds=1, samples=2,
-    ),
+    "smoke": smoke({"optim.epochs": 1}, axis=(16, 32), samples=2),  # axis: batch size
     # 5 seeds per cell within 15 minutes on 2 cores (measured): every trial sees the same 2,500 images per epoch, so
     # each costs about the same. Batch 512 is left to the paper preset: on 2,500 images it is 4 steps an epoch,
     # too few for any loss to learn in a CPU budget.
-    "cpu": dict(
-        base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                      "data.test_per_class": 100, "optim.epochs": 5, "optim.base_lr": 0.24,
-                      "optim.warmup_epochs": 1.0, "loss.temperature": 0.1, "eval.knn_every": 5}),
-        batches=(32, 64, 128, 256), losses=("infonce", "dcl"), seeds=5, samples=8,
-    ),
+    "cpu": cpu({"optim.epochs": 5, "loss.temperature": 0.1, "eval.knn_every": 5}, axis=(32, 64, 128, 256), seeds=5),
     # The CPU protocol that reaches the NPC regime at the small batches (README "NPC regime"): Table 1's tau 0.07,
     # 40 epochs and batch 16 (below Table 1's 32) take InfoNCE's mean q_B to ~0.6 in the last epoch; larger batches
     # stay higher (more negatives, fewer steps). Batch 256 is left out: on 2,500 images it learns too slowly.
-    "cpu_long": dict(
-        base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                      "data.test_per_class": 100, "optim.epochs": 40, "optim.base_lr": 0.24,
-                      "optim.warmup_epochs": 1.0, "loss.temperature": 0.07, "eval.knn_every": 10}),
-        batches=(16, 32, 64, 128), losses=("infonce", "dcl"), seeds=3, samples=8,
-    ),
+    "cpu_long": cpu({"optim.epochs": 40, "loss.temperature": 0.07, "eval.knn_every": 10},
+                    axis=(16, 32, 64, 128), seeds=3),
     # Table 1 (CIFAR-10 row): ResNet-18, 200 epochs, base lr 0.03, tau 0.07, batch 32..512.
-    "paper": dict(
-        base=("paper", {"optim.epochs": 200, "eval.knn_every": 10}),
-        batches=PAPER_BATCH_SIZES, losses=("infonce", "dcl"), seeds=1, samples=30,
-    ),
+    "paper": StudyPreset("paper", {"optim.epochs": 200, "eval.knn_every": 10}, axis=PAPER_BATCH_SIZES, samples=30),
 }
 
 
 def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
-    base = base_config(args, p["base"])
-    losses = losses_arg(args, p["losses"])
-    grid = {"loss.name": Grid(losses), "optim.batch_size": Grid(tuple(p["batches"]))}
+    base = base_config(args, p.base)
+    losses = losses_arg(args, p.losses)
+    grid = {"loss.name": Grid(losses), "optim.batch_size": Grid(p.axis)}
     if args.search == "grid":  # an Optuna search runs once per (loss, batch size), seed 0
-        grid["seed"] = Grid(tuple(range(args.seeds or p["seeds"])))
+        grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
     return StudySpec(
         name=args.name, base=base, grid=grid, x_key="optim.batch_size", x_label="batch", log_x=True, gap=True,
         paper="batch_size_sweep", questions=(
@@ -79,7 +65,7 @@ def build_spec(args) -> StudySpec:
                      label="gap slope per doubling", paper_sign=-1, paper_key="gap_slope_per_log2_batch"),
         ),
         search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p["samples"], title="kNN top-1 vs batch size (DCL Table 1)",
+        num_samples=args.num_samples or p.samples, title="kNN top-1 vs batch size (DCL Table 1)",
     )
 
 

@@ -24,21 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, main
 from search_spaces import PAPER_SIGMA_GRID, SIGMA, Grid
 
 DCL_SIGMA = 1000.0  # σ this large makes DCLW's weights flat: DCL
 
 PRESETS = {
-    "smoke": dict(base=("smoke", {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4}),
-                  sigmas=(0.5, DCL_SIGMA), seeds=1, samples=2),
-    "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                              "data.test_per_class": 100, "optim.epochs": 8, "optim.batch_size": 32,
-                              "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0, "loss.temperature": 0.1,
-                              "eval.knn_every": 8}),
-                sigmas=(0.1, 0.25, 0.5, 1.0, DCL_SIGMA), seeds=3, samples=8),
+    "smoke": smoke({"optim.epochs": 1}, axis=(0.5, DCL_SIGMA), samples=2),  # axis: σ
+    "cpu": cpu({"optim.epochs": 8, "optim.batch_size": 32, "loss.temperature": 0.1, "eval.knn_every": 8},
+               axis=(0.1, 0.25, 0.5, 1.0, DCL_SIGMA), seeds=3),
     # Table 2 (CIFAR-10 column): ResNet-18, batch 256, 200 epochs, tau 0.07.
-    "paper": dict(base=("paper", {"eval.knn_every": 10}), sigmas=PAPER_SIGMA_GRID, seeds=1, samples=20),
+    "paper": StudyPreset("paper", {"eval.knn_every": 10}, axis=PAPER_SIGMA_GRID, samples=20),
 }
 
 
@@ -48,9 +45,9 @@ def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
     grid = {"loss.name": "dclw"}
     if args.search == "grid":
-        grid |= {"loss.sigma": Grid(tuple(p["sigmas"])), "seed": Grid(tuple(range(args.seeds or p["seeds"])))}
+        grid |= {"loss.sigma": Grid(p.axis), "seed": Grid(tuple(range(args.seeds or p.seeds)))}
     return StudySpec(
-        name=args.name, base=base_config(args, p["base"]), grid=grid, x_key="loss.sigma", x_label="sigma",
+        name=args.name, base=base_config(args, p.base), grid=grid, x_key="loss.sigma", x_label="sigma",
         log_x=True, paper="dclw_sigma_sweep", pairs=(("dclw", "dclw", DCL_SIGMA),),
         questions=(  # Table 2's claim at its σ first; the best σ of our grid is our extension (a max: simultaneous CI)
             Question("DCLW (σ = 0.5) beats DCL (σ = 1000)", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=DCL_SIGMA,
@@ -58,7 +55,7 @@ def build_spec(args) -> StudySpec:
             Question("DCLW (best σ) beats DCL (σ = 1000)", "best_margin", "dclw", baseline_x=DCL_SIGMA,
                      label="best σ − DCL", paper_key="best_margin"),
         ),
-        search=SIGMA if args.search == "optuna" else None, num_samples=args.num_samples or p["samples"],
+        search=SIGMA if args.search == "optuna" else None, num_samples=args.num_samples or p.samples,
         title="DCLW kNN top-1 vs σ (DCL Eq. 7)",
     )
 

@@ -25,22 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, main
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
 
+FIXED_ALPHA = 256.0  # EqCo's fixed α (Figs. 3-4), beside α = K
 PRESETS = {
-    "smoke": dict(base=("smoke", {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
-                                  "loss.temperature": 0.2}),
-                  ks=(4, 16), alpha=256.0, seeds=1, samples=2),
+    "smoke": smoke({"optim.epochs": 1, "loss.temperature": 0.2}, axis=(4, 16), samples=2),  # axis: K
     # 2 frameworks x 3 K x 2 alpha on 2,500 images; batch 64 so SiMo has up to 63 keys per query.
-    "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                              "data.test_per_class": 100, "optim.epochs": 6, "optim.batch_size": 64,
-                              "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0, "loss.temperature": 0.2,
-                              "framework.momentum": 0.99, "eval.knn_every": 6}),
-                ks=(4, 16, 63), alpha=256.0, seeds=3, samples=6),
+    "cpu": cpu({"optim.epochs": 6, "optim.batch_size": 64, "loss.temperature": 0.2, "framework.momentum": 0.99,
+                "eval.knn_every": 6}, axis=(4, 16, 63), seeds=3, samples=6),
     # EqCo Figs. 3-4: ImageNet, ResNet-50, N = 256 queries, 200 epochs, tau 0.2, alpha 256.
-    "paper": dict(base=("paper_imagenet", {"loss.temperature": 0.2, "optim.base_lr": 0.03}),
-                  ks=PAPER_EQCO_KS, alpha=256.0, seeds=1, samples=8),
+    "paper": StudyPreset("paper_imagenet", {"loss.temperature": 0.2, "optim.base_lr": 0.03}, axis=PAPER_EQCO_KS),
 }
 
 
@@ -48,18 +44,18 @@ def build_spec(args) -> StudySpec:
     if args.losses:
         raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
     p = PRESETS[args.preset]
-    base = base_config(args, p["base"])
+    base = base_config(args, p.base)
     n = base.optim.batch_size
     common = {"loss.name": "eqco"}
     if args.search == "grid":  # an Optuna search runs once per (framework, K), seed 0, over α
-        common |= {"loss.alpha": Grid((None, p["alpha"])), "seed": Grid(tuple(range(args.seeds or p["seeds"])))}
+        common |= {"loss.alpha": Grid((None, FIXED_ALPHA)), "seed": Grid(tuple(range(args.seeds or p.seeds)))}
     grids = [
-        {"framework.name": "simclr", "loss.num_negatives": Grid(tuple(min(k, 2 * n - 2) for k in p["ks"])),
+        {"framework.name": "simclr", "loss.num_negatives": Grid(tuple(min(k, 2 * n - 2) for k in p.axis)),
          **common},
-        {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in p["ks"])),
+        {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in p.axis)),
          **common},
     ]
-    fixed = format(p["alpha"], "g")
+    fixed = format(FIXED_ALPHA, "g")
     pairs = tuple((f"{fw}+eqco(α={fixed})", f"{fw}+eqco(α=K)") for fw in ("simclr", "simo"))
     # The paper's range: SimCLR/MoCo-type frameworks keep accuracy with EqCo for K >= 16 (EqCo Sec. 1, Sec. 5);
     # SiMo's claim reaches very small K (Sec. 3, Fig. 4). Cells below a range are shown, not counted.
@@ -71,7 +67,7 @@ def build_spec(args) -> StudySpec:
         pairs=pairs, questions=questions, paper="eqco_negatives_sweep",
         name=args.name, base=base, grid=grids, x_key="num_negatives", x_label="K", log_x=True,
         series=("framework", "method"), search=ALPHA if args.search == "optuna" else None,
-        num_samples=args.num_samples or p["samples"], title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",
+        num_samples=args.num_samples or p.samples, title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",
     )
 
 

@@ -23,32 +23,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, TAU, Grid
 
 PRESETS = {
-    "smoke": dict(base=("smoke", {"data.train_per_class": 8, "data.test_per_class": 4, "optim.warmup_epochs": 0.0}),
-                  budgets=(1, 2), losses=("infonce", "dcl"), seeds=1, samples=2, frameworks=({},)),
-    "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                              "data.test_per_class": 100, "optim.batch_size": 32, "optim.base_lr": 0.24,
-                              "optim.warmup_epochs": 1.0, "loss.temperature": 0.1}),
-                budgets=(2, 4, 8), losses=("infonce", "dcl"), seeds=3, samples=6, frameworks=({},)),
+    "smoke": smoke({"optim.warmup_epochs": 0.0}, axis=(1, 2), samples=2),  # axis: epoch budget
+    "cpu": cpu({"optim.batch_size": 32, "loss.temperature": 0.1}, axis=(2, 4, 8), seeds=3, samples=6),
     # Table 6: SimCLR (tau 0.1, lr 0.3) and MoCo-v2 (queue 65536, tau 0.2, lr 0.03), 100 and 200 epochs.
-    "paper": dict(base=("paper_imagenet", {}), budgets=(100, 200), losses=("infonce", "dcl"), seeds=1, samples=8,
-                  frameworks=({"framework.name": "simclr"},
-                              {"framework.name": "moco", "framework.queue_size": 65536, "loss.temperature": 0.2,
-                               "optim.base_lr": 0.03})),
+    "paper": StudyPreset("paper_imagenet", axis=(100, 200),
+                         variants=({"framework.name": "simclr"},
+                                   {"framework.name": "moco", "framework.queue_size": 65536,
+                                    "loss.temperature": 0.2, "optim.base_lr": 0.03})),
 }
 
 
 def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
-    base = base_config(args, p["base"])
+    base = base_config(args, p.base)
     grids = []
-    for fw in p["frameworks"]:
-        grid = {**fw, "loss.name": Grid(losses_arg(args, p["losses"])), "optim.epochs": Grid(tuple(p["budgets"]))}
+    for fw in p.variants:
+        grid = {**fw, "loss.name": Grid(losses_arg(args, p.losses)), "optim.epochs": Grid(p.axis)}
         if args.search == "grid":  # an Optuna search runs once per (loss, budget), seed 0
-            grid["seed"] = Grid(tuple(range(args.seeds or p["seeds"])))
+            grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
         grids.append(grid)
     prefix = "simclr+" if len(grids) > 1 else ""
     question = Question("DCL beats InfoNCE at the smallest epoch budget", "gap_at_smallest", f"{prefix}dcl",
@@ -57,7 +54,7 @@ def build_spec(args) -> StudySpec:
         questions=(question,), paper="few_epochs",
         name=args.name, base=base, grid=grids if len(grids) > 1 else grids[0], x_key="optim.epochs",
         x_label="epochs", log_x=True, gap=True, series=("framework", "loss") if len(grids) > 1 else ("loss",),
-        search={**TAU, **LR} if args.search == "optuna" else None, num_samples=args.num_samples or p["samples"],
+        search={**TAU, **LR} if args.search == "optuna" else None, num_samples=args.num_samples or p.samples,
         title="kNN top-1 vs epoch budget (DCL Table 6)",
     )
 

@@ -23,36 +23,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, PAPER_QUEUE_SIZES, TAU, Grid
 
 MOCO = {"framework.name": "moco", "loss.temperature": 0.2}
 PRESETS = {
-    "smoke": dict(base=("smoke", {**MOCO, "optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4}),
-                  queues=(32, 64), losses=("infonce", "dcl"), seeds=1, samples=2),
+    "smoke": smoke({**MOCO, "optim.epochs": 1}, axis=(32, 64), samples=2),  # axis: queue size K
     # Short runs: momentum 0.99 (0.999 would leave the key encoder almost at its initialisation).
-    "cpu": dict(base=("cpu", {**MOCO, "model.width": 0.125, "model.proj_hidden_dim": 128,
-                              "data.train_per_class": 250, "data.test_per_class": 100, "optim.epochs": 5,
-                              "optim.batch_size": 32, "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0,
-                              "framework.momentum": 0.99, "eval.knn_every": 5}),
-                queues=(32, 256, 2048), losses=("infonce", "dcl"), seeds=3, samples=6),
+    "cpu": cpu({**MOCO, "optim.epochs": 5, "optim.batch_size": 32, "framework.momentum": 0.99, "eval.knn_every": 5},
+               axis=(32, 256, 2048), seeds=3, samples=6),
     # Table 5 (ImageNet-100 columns): MoCo-v2, ResNet-50, 200 epochs, lr 0.03, tau 0.2, momentum 0.999.
-    "paper": dict(base=("paper_imagenet", {**MOCO, "optim.base_lr": 0.03}),
-                  queues=PAPER_QUEUE_SIZES, losses=("infonce", "dcl"), seeds=1, samples=8),
+    "paper": StudyPreset("paper_imagenet", {**MOCO, "optim.base_lr": 0.03}, axis=PAPER_QUEUE_SIZES),
 }
 
 
 def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
-    grid = {"loss.name": Grid(losses_arg(args, p["losses"])), "framework.queue_size": Grid(tuple(p["queues"]))}
+    grid = {"loss.name": Grid(losses_arg(args, p.losses)), "framework.queue_size": Grid(p.axis)}
     if args.search == "grid":  # an Optuna search runs once per (loss, queue size), seed 0
-        grid["seed"] = Grid(tuple(range(args.seeds or p["seeds"])))
+        grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
     return StudySpec(
-        name=args.name, base=base_config(args, p["base"]), grid=grid, x_key="framework.queue_size",
+        name=args.name, base=base_config(args, p.base), grid=grid, x_key="framework.queue_size",
         x_label="queue", log_x=True, gap=True, paper="queue_size_sweep",
         questions=(Question("MoCo-v2 + DCL beats MoCo-v2 at the smallest queue", "gap_at_smallest", "dcl", "infonce",
                             label="gap at smallest queue"),), search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p["samples"], title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
+        num_samples=args.num_samples or p.samples, title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
     )
 
 

@@ -23,18 +23,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, TAU, Grid
 
-PRESETS = {
-    "smoke": dict(base=("smoke", {"optim.epochs": 2, "data.train_per_class": 8, "data.test_per_class": 4}),
-                  losses=("infonce", "dcl"), samples=3),
-    "cpu": dict(base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                              "data.test_per_class": 100, "optim.epochs": 6, "optim.batch_size": 32,
-                              "optim.warmup_epochs": 1.0, "eval.knn_every": 1}),
-                losses=("infonce", "dcl"), samples=10),
+PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed 0)
+    "smoke": smoke({"optim.epochs": 2}, samples=3),
+    # lr is searched: the shared CPU protocol without its base lr.
+    "cpu": cpu({"optim.epochs": 6, "optim.batch_size": 32, "eval.knn_every": 1}, without=("optim.base_lr",),
+               samples=10),
     # Table 3: ImageNet-1K, batch 256, 200 epochs (kNN every 10 epochs is what ASHA compares there).
-    "paper": dict(base=("paper_imagenet", {}), losses=("infonce", "dcl"), samples=30),
+    "paper": StudyPreset("paper_imagenet", samples=30),
 }
 
 
@@ -43,10 +42,10 @@ def build_spec(args) -> StudySpec:
         raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")
     p = PRESETS[args.preset]
     return StudySpec(
-        name=args.name, base=base_config(args, p["base"]), grid={"loss.name": Grid(losses_arg(args, p["losses"]))},
+        name=args.name, base=base_config(args, p.base), grid={"loss.name": Grid(losses_arg(args, p.losses))},
         x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR}, paper="tau_lr_search",
         questions=(Question("tuned DCL beats tuned InfoNCE", "best_gap", "dcl", "infonce", label="best gap"),),
-        num_samples=args.num_samples or p["samples"], title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
+        num_samples=args.num_samples or p.samples, title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
     )
 
 

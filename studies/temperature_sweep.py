@@ -31,52 +31,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
+from dcl_core.study.presets import StudyPreset, cpu, smoke
 from dcl_core.study_cli import base_config, losses_arg, main
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 
 # Per preset: base config, τ grid, losses, seeds, Optuna trials per loss.
 PRESETS = {
-    "smoke": dict(
-        base=("smoke", {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
-                        "optim.batch_size": 32}),
-        taus=(0.1, 0.5), losses=("infonce", "dcl"), seeds=1, samples=2,
-    ),
-    # Sized so 5 seeds per cell run on 2 cores within 15 minutes (measured): narrow ResNet-18, 2,500 images,
-    # 5 epochs (the batch-size study's protocol), small batches (the regime where the paper finds InfoNCE
-    # weakest), kNN after the last epoch. Seeds before epochs: the effect is small next to the seed spread, so
-    # a verdict needs n more than it needs a longer schedule.
-    "cpu": dict(
-        base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                      "data.test_per_class": 100, "optim.epochs": 5, "optim.batch_size": 32,
-                      "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0, "eval.knn_every": 5}),
-        taus=(0.07, 0.2, 0.5, 1.0), losses=("infonce", "dcl"), seeds=5, samples=8,
-    ),
+    "smoke": smoke({"optim.epochs": 1, "optim.batch_size": 32}, axis=(0.1, 0.5), samples=2),  # axis: τ
+    # Sized so 5 seeds per cell run on 2 cores within 15 minutes (measured): the shared CPU protocol, 5 epochs
+    # (the batch-size study's protocol), small batches (the regime where the paper finds InfoNCE weakest), kNN
+    # after the last epoch. Seeds before epochs: the effect is small next to the seed spread, so a verdict needs n
+    # more than it needs a longer schedule.
+    "cpu": cpu({"optim.epochs": 5, "optim.batch_size": 32, "eval.knn_every": 5},
+               axis=(0.07, 0.2, 0.5, 1.0), seeds=5),
     # The CPU protocol that reaches the NPC regime (README "NPC regime"): batch 16 and 40 epochs take InfoNCE's
     # mean q_B at tau 0.07 to ~0.6 in the last epoch (measured q_B-vs-epoch curves in the README); 3 seeds.
-    "cpu_long": dict(
-        base=("cpu", {"model.width": 0.125, "model.proj_hidden_dim": 128, "data.train_per_class": 250,
-                      "data.test_per_class": 100, "optim.epochs": 40, "optim.batch_size": 16,
-                      "optim.base_lr": 0.24, "optim.warmup_epochs": 1.0, "eval.knn_every": 10}),
-        taus=(0.07, 0.2, 0.5, 1.0), losses=("infonce", "dcl"), seeds=3, samples=8,
-    ),
+    "cpu_long": cpu({"optim.epochs": 40, "optim.batch_size": 16, "eval.knn_every": 10},
+                    axis=(0.07, 0.2, 0.5, 1.0), seeds=3),
     # Table 18: full CIFAR-10, batch 512, 500 epochs, lr 0.03 * 512/256, every τ of the paper. A.9 names no
     # backbone; ResNet-18 is the paper's CIFAR backbone (Sec. 4.1), though Table 18's τ = 0.5 cells equal Table 4's
     # ResNet-50 ones.
-    "paper": dict(
-        base=("paper", {"optim.epochs": 500, "optim.batch_size": 512, "eval.knn_every": 10}),
-        taus=PAPER_TAU_GRID, losses=("infonce", "dcl"), seeds=1, samples=30,
-    ),
+    "paper": StudyPreset("paper", {"optim.epochs": 500, "optim.batch_size": 512, "eval.knn_every": 10},
+                         axis=PAPER_TAU_GRID, samples=30),
 }
 
 
 def build_spec(args) -> StudySpec:
     p = PRESETS[args.preset]
-    base = base_config(args, p["base"])
-    losses = losses_arg(args, p["losses"])
-    seeds = tuple(range(args.seeds or p["seeds"]))
+    base = base_config(args, p.base)
+    losses = losses_arg(args, p.losses)
+    seeds = tuple(range(args.seeds or p.seeds))
     grid = {"loss.name": Grid(losses)}
     if args.search == "grid":  # an Optuna search runs once per loss (seed 0)
-        grid |= {"seed": Grid(seeds), "loss.temperature": Grid(tuple(p["taus"]))}
+        grid |= {"seed": Grid(seeds), "loss.temperature": Grid(p.axis)}
     if args.search == "grid":
         question = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
     else:  # each trial samples its own τ: compare the tuned results
@@ -86,7 +73,7 @@ def build_spec(args) -> StudySpec:
         name=args.name, base=base, grid=grid, x_key="loss.temperature", x_label="tau",
         questions=(question,), paper="temperature_sweep",
         search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p["samples"], title="kNN top-1 vs temperature (DCL Table 18)",
+        num_samples=args.num_samples or p.samples, title="kNN top-1 vs temperature (DCL Table 18)",
     )
 
 
