@@ -167,18 +167,13 @@ def toy_answer(rows: list[dict], ks: tuple[int, ...]) -> tuple[str, dict[str, fl
     """What the toy study prints, writes to ``table.txt`` and logs on its summary run: (the table beside EqCo
     Table 5 with the verdict last, the summary metrics, the verdict tags). A pure function of the rows, so
     ``python -m dcl_core.study.answer`` recomputes it from ``mi_toy.parquet``."""
+    from dcl_core.study.answer import verdict_metrics, verdict_tags
+
     found = toy_verdict(rows)
     mi = max(r["true_mi"] for r in rows)
     seeds = len({r.get("seed") or 0 for r in rows if r["true_mi"] == mi})
     head = (f"Verdict (t-interval over {seeds} critic(s) per cell at true MI {mi:g}, trained from different seeds: "
             "each seed's slope, its bound averaged over its evaluation batches; decided by its 95% CI alone)")
     table = "\n\n".join([format_table5(rows, ks), f"{head}\n{found.line()}"])
-    e = found.estimate
-    key = "verdict/gap_slope_0"
-    verdict_metrics = {f"{key}/estimate": e.estimate, f"{key}/ci_lo": e.lo, f"{key}/ci_hi": e.hi,
-                       f"{key}/paper": found.paper_value if found.paper_value is not None else math.nan,
-                       f"{key}/supports": float(found.words == "supports the paper")}
     metrics = {f"{m}/mi{t:g}/K{k}": v for (m, t, k), v in _cell_means(rows).items()}
-    metrics |= {k: v for k, v in verdict_metrics.items() if math.isfinite(v)}
-    tags = {"verdict_0": found.words, "verdict_0_line": found.line(), "verdict": found.words}
-    return table, metrics, tags
+    return table, metrics | verdict_metrics(0, found), verdict_tags([found])

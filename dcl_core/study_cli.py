@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
+from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.spec import (
     DDP_TRIAL_CPU,
     StudyInterruptedError,
@@ -256,9 +257,9 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
                          f"Continue with:\n  {line}{hint}\n")
         return code
     print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
-    failed = [r for r in outcome.rows if r["status"] != "ok"]
+    failed = [r for r in outcome.rows if r[STATUS] != Status.OK]
     if outcome.rows and len(failed) == len(outcome.rows):
-        sys.stderr.write(f"error: every trial failed; the first: {failed[0].get('error') or failed[0]['status']}\n")
+        sys.stderr.write(f"error: every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}\n")
         return 1
     return 0
 

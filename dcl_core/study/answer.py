@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from dcl_core.study import stats
+from dcl_core.study.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status
 from dcl_core.study.paper import PaperClaim, paper_claim
 
 Means = dict[str, dict[Any, float]]
@@ -259,10 +260,10 @@ def _one_per_seed(rows: Sequence[Mapping[str, Any]], x_key: str) -> list[Mapping
     """At most one finished row per (series, x, seed): a search can run one cell twice; its best row stands."""
     best: dict[tuple[Any, ...], Mapping[str, Any]] = {}
     for r in rows:
-        if r.get("status") != "ok" or r.get("knn_top1") is None:
+        if r.get(STATUS) != Status.OK or r.get(KNN_TOP1) is None:
             continue
-        key = (r.get("series"), r.get(x_key), r.get("seed"))
-        if key not in best or r["knn_top1"] > best[key]["knn_top1"]:
+        key = (r.get(SERIES), r.get(x_key), r.get(SEED))
+        if key not in best or r[KNN_TOP1] > best[key][KNN_TOP1]:
             best[key] = r
     return list(best.values())
 
@@ -299,7 +300,7 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
         name = f"{better} − {base}" + (f"@{_fmt_x(base_x)}" if base_x is not None else "")
         if gaps := _paired(data, better, base, base_x):
             paired[name] = gaps
-    q_data = stats.collect(rows, x_key, value_key="q_mean")
+    q_data = stats.collect(rows, x_key, value_key=Q_MEAN)
     q_b = {s: {x: _mean(list(by_seed.values())) for x, by_seed in by_x.items()} for s, by_x in q_data.items()}
     claim = paper_claim(paper) if paper else None
     verdicts = []
@@ -444,31 +445,36 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
             out |= {f"paired_gap/{name.replace(' − ', '-')}/{_fmt_x(x)}/{k}": v for k, v in
                     (("mean", e.estimate), ("ci_lo", e.lo), ("ci_hi", e.hi))}
     for i, v in enumerate(answer.verdicts):
-        key = f"verdict/{v.question.statistic}_{i}"
-        out |= {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo,
-                f"{key}/ci_hi": v.estimate.hi,
-                f"{key}/supports": float(v.words == "supports the paper"),
-                f"{key}/contradicts": float(v.words == "contradicts the paper")}
-        if v.paper_value is not None:
-            out[f"{key}/paper"] = v.paper_value
-        if v.seeds_needed is not None:
-            out[f"{key}/seeds_needed"] = v.seeds_needed
+        out |= verdict_metrics(i, v)
     return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
+
+
+def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
+    """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
+    ``ci_hi``, ``supports``, ``contradicts``, ``paper``, ``seeds_needed``), finite values only."""
+    key = f"verdict/{v.question.statistic}_{i}"
+    out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
+           f"{key}/supports": float(v.words == "supports the paper"),
+           f"{key}/contradicts": float(v.words == "contradicts the paper"),
+           f"{key}/paper": v.paper_value, f"{key}/seeds_needed": v.seeds_needed}
+    return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
+
+
+def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """The summary run's tags of the verdicts: each one's words and line, and all the words together."""
+    tags = {}
+    for i, v in enumerate(verdicts):
+        tags[f"verdict_{i}"] = v.words
+        tags[f"verdict_{i}_line"] = v.line()
+    if verdicts:
+        tags["verdict"] = "; ".join(v.words for v in verdicts)
+    return tags
 
 
 def answer_tags(answer: Answer) -> dict[str, str]:
     """Tags for the summary run: each verdict's words and line, and the regime line."""
-    tags = {"npc_regime": answer.regime}
-    for i, v in enumerate(answer.verdicts):
-        tags[f"verdict_{i}"] = v.words
-        tags[f"verdict_{i}_line"] = v.line()
-    if answer.verdicts:
-        tags["verdict"] = "; ".join(v.words for v in answer.verdicts)
-    return tags
+    return {"npc_regime": answer.regime, **verdict_tags(answer.verdicts)}
 
-
-CELL_COLUMNS = ("framework", "temperature", "batch_size", "base_lr", "sigma", "alpha", "num_negatives", "queue_size",
-                "epoch_budget")  # what makes two trials the same cell, apart from the loss and the seed
 
 
 def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
@@ -478,16 +484,16 @@ def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list
     for study, rows in sorted(rows_by_study.items()):
         by_cell: dict[tuple[Any, ...], dict[str, dict[int, Mapping[str, Any]]]] = {}
         for r in rows:
-            if r.get("status") != "ok" or r.get("loss") not in ("dcl", "infonce") or r.get("knn_top1") is None:
+            if r.get(STATUS) != Status.OK or r.get(LOSS) not in ("dcl", "infonce") or r.get(KNN_TOP1) is None:
                 continue
             key = tuple(r.get(c) for c in CELL_COLUMNS)
-            by_cell.setdefault(key, {}).setdefault(r["loss"], {})[int(r.get("seed") or 0)] = r
+            by_cell.setdefault(key, {}).setdefault(r[LOSS], {})[int(r.get(SEED) or 0)] = r
         for by_loss in by_cell.values():
             if "dcl" not in by_loss or "infonce" not in by_loss:
                 continue
-            gap = stats.paired_difference({s: r["knn_top1"] for s, r in by_loss["dcl"].items()},
-                                          {s: r["knn_top1"] for s, r in by_loss["infonce"].items()})
-            q = _mean([r.get("q_mean") for r in by_loss["infonce"].values()])
+            gap = stats.paired_difference({s: r[KNN_TOP1] for s, r in by_loss["dcl"].items()},
+                                          {s: r[KNN_TOP1] for s, r in by_loss["infonce"].items()})
+            q = _mean([r.get(Q_MEAN) for r in by_loss["infonce"].values()])
             if gap.n and not math.isnan(q):
                 points.append({"label": study, "gap": gap.estimate, "lo": gap.lo, "hi": gap.hi,
                                "one_minus_q": 1.0 - q, "n": gap.n})

@@ -15,6 +15,7 @@ from typing import Any
 from ray import tune
 
 from dcl_core import metrics as M
+from dcl_core.study.columns import Status
 
 QUIET, PROGRESS, VERBOSE = 0, 1, 2
 
@@ -85,7 +86,7 @@ def trial_line(trial: Any, failed: bool) -> str:
     knn, loss, secs = r.get(M.KNN_TOP1), r.get(M.TRAIN_LOSS), r.get("time_total_s")
     parts = [str(trial)]
     if failed:
-        parts.append("diverged" if r.get(M.DIVERGED) else "FAILED")
+        parts.append(Status.DIVERGED if r.get(M.DIVERGED) else "FAILED")
     if isinstance(knn, float) and not math.isnan(knn):
         parts.append(f"kNN {knn:.1f}%")
     if isinstance(loss, float):

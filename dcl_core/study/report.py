@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dcl_core.study.columns import COLUMN_NAMES, FLOAT_COLUMNS
+from dcl_core.study.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Status
 
 Row = dict[str, Any]
 
@@ -75,7 +75,7 @@ def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, di
         groups[(r[series], r[x_key])].append(r)
     out: dict[str, dict[Any, dict[str, float]]] = defaultdict(dict)
     for (loss, x), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        ok = [m["knn_top1"] for m in members if m["status"] == "ok" and m["knn_top1"] is not None]
+        ok = [m[KNN_TOP1] for m in members if m[STATUS] == Status.OK and m[KNN_TOP1] is not None]
         mean, std = _mean_std(ok)
         out[loss][x] = {"mean": mean, "std": std, "n": len(ok), "failed": len(members) - len(ok)}
     return dict(out)
@@ -272,7 +272,7 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
     Returns ``None`` when no row carries a histogram (``q_hist``)."""
     groups: dict[str, dict[Any, list[Sequence[float]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        if r.get("q_hist") and r["status"] == "ok":
+        if r.get("q_hist") and r[STATUS] == Status.OK:
             groups[r[series]][r[x_key]].append(r["q_hist"])
     if not groups:
         return None

@@ -14,7 +14,21 @@ from typing import Any
 from dcl_core import metrics as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
 from dcl_core.study import answer, report
-from dcl_core.study.columns import COLUMNS, x_column
+from dcl_core.study.columns import (
+    ALPHA_USED,
+    BEST_KNN_TOP1,
+    COLUMNS,
+    ERROR,
+    KNN_TOP1,
+    METHOD,
+    NUM_NEGATIVES,
+    SEED,
+    SERIES,
+    STATUS,
+    TRIAL_ID,
+    Status,
+    x_column,
+)
 from dcl_core.study.mlflow_view import view_query
 from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
@@ -68,18 +82,18 @@ def trial_row(config: dict[str, Any], metrics: dict[str, Any], error: BaseExcept
             row[c.name] = config.get(c.key)
         elif c.metric is not None:
             row[c.name] = metrics.get(c.metric)
-    knn = row["knn_top1"]
+    knn = row[KNN_TOP1]
     if isinstance(knn, float) and math.isnan(knn):  # a diverged trial, or no measurement yet
-        row["knn_top1"] = None
+        row[KNN_TOP1] = None
     if M.NUM_NEGATIVES not in metrics:
-        row["num_negatives"], row["alpha_used"] = _derived(config)
-    row["trial_id"] = metrics.get("trial_id") or ""
+        row[NUM_NEGATIVES], row[ALPHA_USED] = _derived(config)
+    row[TRIAL_ID] = metrics.get("trial_id") or ""  # Tune's id of the trial
     failed = error or metrics.get(M.FAILED)
-    row["status"] = "error" if failed else ("diverged" if metrics.get(M.DIVERGED) else "ok")
-    row["method"] = _method(config)
+    row[STATUS] = Status.ERROR if failed else (Status.DIVERGED if metrics.get(M.DIVERGED) else Status.OK)
+    row[METHOD] = _method(config)
     best = max((v for v in history if not math.isnan(v)), default=math.nan)
-    row["best_knn_top1"] = None if math.isnan(best) else best
-    row["error"] = error_text(error) if error else metrics.get(M.ERROR)
+    row[BEST_KNN_TOP1] = None if math.isnan(best) else best
+    row[ERROR] = error_text(error) if error else metrics.get(M.ERROR)
     row["q_hist"] = metrics.get(M.Q_HIST)  # not a table column: the q_B plots read it
     row["config"] = config  # not a table column: the search report reads the sampled values from it
     return row
@@ -103,18 +117,18 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     as it was drawn."""
     x = x_column(spec.x_key)
     for r in rows:
-        r["series"] = "+".join(str(r.get(c)) for c in spec.series)
+        r[SERIES] = "+".join(str(r.get(c)) for c in spec.series)
     out_dir = summary_dir(output_dir, spec.name)
     parquet, csv = report.write_table(rows, out_dir)
     table, shown = _table(spec, rows, x)
     found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper)
     claim = found.claim
-    paper_curves = answer.paper_curves(claim, sorted({r["series"] for r in shown}))
+    paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
     png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
-                      log_x=spec.log_x, series="series", paper=paper_curves,
+                      log_x=spec.log_x, series=SERIES, paper=paper_curves,
                       paper_label=f"paper: {claim.source}" if claim else "paper")
     files = [parquet, csv, png, out_dir / "table.txt"]
-    q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series="series")
+    q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
     if q_png is None and reanalysis and (out_dir / "npc_q_hist.png").is_file():
         q_png = out_dir / "npc_q_hist.png"
     if q_png is not None:
@@ -128,7 +142,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     answer_text = answer.format_answer(found)
     table += "\n\n" + answer_text
     atomic_write_text(out_dir / "table.txt", table + "\n")
-    rob = report.robustness(shown, x, series="series")
+    rob = report.robustness(shown, x, series=SERIES)
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
@@ -155,16 +169,16 @@ def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
 def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
     """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
     if not spec.search:
-        return _caption(rows) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series="series"), rows
+        return _caption(rows) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
     searched = {x_column(k) for k in keys_of(spec.search)}
     if x in searched:  # every trial has its own x: list the trials instead of a cell table
         return format_trials(rows, spec.search), rows
     shown = best_per_cell(rows, x)  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
-    return report.format_table(shown, x, spec.x_label, gap=spec.gap, series="series"), shown
+    return report.format_table(shown, x, spec.x_label, gap=spec.gap, series=SERIES), shown
 
 
 def _caption(rows: list[Row]) -> str:
-    seeds = sorted({r.get("seed") for r in rows if r.get("seed") is not None})
+    seeds = sorted({r.get(SEED) for r in rows if r.get(SEED) is not None})
     return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
             "means\n")
 
@@ -173,10 +187,10 @@ def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
                      rob: dict[str, dict[str, float]]) -> dict[str, float]:
     metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
     if spec.gap:
-        for prefix, g in report.all_gaps(shown, x, series="series").items():
+        for prefix, g in report.all_gaps(shown, x, series=SERIES).items():
             metrics |= {f"gap_dcl_minus_infonce/{prefix + '_' if prefix else ''}{x}_{k}": v for k, v in g.items()}
     metrics["trials"] = len(rows)
-    metrics["trials_failed"] = sum(r["status"] != "ok" for r in rows)
+    metrics["trials_failed"] = sum(r[STATUS] != Status.OK for r in rows)
     return {metric_name(k): v for k, v in metrics.items()}
 
 

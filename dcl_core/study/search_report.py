@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 from optuna.visualization import matplotlib as ovm
 
+from dcl_core.study.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Status
 from dcl_core.study.report import Row, pyplot
 from search_spaces import Space, optuna_distributions
 
@@ -29,40 +30,40 @@ def replay_study(rows: Sequence[Row], space: Space, name: str = "search") -> Any
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     distributions = optuna_distributions(space)
     study = optuna.create_study(direction="maximize", study_name=name)
-    for r in sorted(rows, key=lambda r: str(r.get("trial_id"))):
+    for r in sorted(rows, key=lambda r: str(r.get(TRIAL_ID))):
         config = r.get("config") or {}
         params = {k: config[k] for k in distributions if k in config}
         dists = {k: distributions[k] for k in params}
-        ok = r["status"] == "ok" and r.get("knn_top1") is not None
+        ok = r[STATUS] == Status.OK and r.get(KNN_TOP1) is not None
         state = optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL
         study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, state=state,
-                                                  value=float(r["knn_top1"]) if ok else None))
+                                                  value=float(r[KNN_TOP1]) if ok else None))
     return study
 
 
-def best_rows(rows: Sequence[Row], series: str = "series") -> dict[str, Row]:
+def best_rows(rows: Sequence[Row], series: str = SERIES) -> dict[str, Row]:
     """The best finished trial (final kNN top-1) per series."""
     best: dict[str, Row] = {}
     for r in rows:
-        if r["status"] != "ok" or r.get("knn_top1") is None:
+        if r[STATUS] != Status.OK or r.get(KNN_TOP1) is None:
             continue
-        if r[series] not in best or r["knn_top1"] > best[r[series]]["knn_top1"]:
+        if r[series] not in best or r[KNN_TOP1] > best[r[series]][KNN_TOP1]:
             best[r[series]] = r
     return best
 
 
-def format_best(rows: Sequence[Row], space: Space, series: str = "series") -> str:
+def format_best(rows: Sequence[Row], space: Space, series: str = SERIES) -> str:
     """``best dcl: kNN 45.1% at loss.temperature=0.2, optim.base_lr=0.07`` per series (DCL Table 3's pair)."""
     keys = list(optuna_distributions(space))
     lines = []
     for name, r in sorted(best_rows(rows, series).items()):
         config = r.get("config") or {}
         pairs = ", ".join(f"{k}={config[k]:.4g}" for k in keys if isinstance(config.get(k), float))
-        lines.append(f"best {name}: kNN top-1 {r['knn_top1']:.2f}% at {pairs}")
+        lines.append(f"best {name}: kNN top-1 {r[KNN_TOP1]:.2f}% at {pairs}")
     return "\n".join(lines)
 
 
-def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series: str = "series") -> list[Path]:
+def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series: str = SERIES) -> list[Path]:
     """Optuna's optimisation-history and hyperparameter-importance plots, one pair per series."""
     plt = pyplot()
     groups: dict[str, list[Row]] = defaultdict(list)
@@ -97,20 +98,20 @@ def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series:
     return files
 
 
-def best_per_cell(rows: Sequence[Row], x_key: str, series: str = "series") -> list[Row]:
+def best_per_cell(rows: Sequence[Row], x_key: str, series: str = SERIES) -> list[Row]:
     """The best finished trial of each (series, x) cell: a searched study's table shows tuned cells."""
     best: dict[tuple[Any, Any], Row] = {}
     for r in rows:
         key = (r[series], r[x_key])
-        ok = r["status"] == "ok" and r.get("knn_top1") is not None
+        ok = r[STATUS] == Status.OK and r.get(KNN_TOP1) is not None
         cur = best.get(key)
-        if cur is None or (ok and (cur["status"] != "ok" or cur.get("knn_top1") is None
-                                   or r["knn_top1"] > cur["knn_top1"])):
+        if cur is None or (ok and (cur[STATUS] != Status.OK or cur.get(KNN_TOP1) is None
+                                   or r[KNN_TOP1] > cur[KNN_TOP1])):
             best[key] = r
     return list(best.values())
 
 
-def format_trials(rows: Sequence[Row], space: Space, series: str = "series", top: int = 10) -> str:
+def format_trials(rows: Sequence[Row], space: Space, series: str = SERIES, top: int = 10) -> str:
     """Each series' best ``top`` trials (kNN top-1 and the sampled values), best first."""
     keys = list(optuna_distributions(space))
     lines = []
@@ -118,8 +119,8 @@ def format_trials(rows: Sequence[Row], space: Space, series: str = "series", top
     for r in rows:
         groups[r[series]].append(r)
     for name, members in sorted(groups.items()):
-        ok = sorted((r for r in members if r["status"] == "ok" and r.get("knn_top1") is not None),
-                    key=lambda r: -r["knn_top1"])
+        ok = sorted((r for r in members if r[STATUS] == Status.OK and r.get(KNN_TOP1) is not None),
+                    key=lambda r: -r[KNN_TOP1])
         failed = len(members) - len(ok)
         lines.append(f"{name}: {len(members)} trials" + (f" ({failed} failed or stopped)" if failed else ""))
         lines.append("  " + "kNN top-1".rjust(10) + "".join(f"{k:>20}" for k in keys) + "epochs".rjust(8))
@@ -127,5 +128,5 @@ def format_trials(rows: Sequence[Row], space: Space, series: str = "series", top
             config = r.get("config") or {}
             values = "".join(f"{config.get(k, float('nan')):>20.4g}" if isinstance(config.get(k), float)
                              else f"{config.get(k)!s:>20}" for k in keys)
-            lines.append("  " + f"{r['knn_top1']:10.2f}" + values + f"{r.get('epochs') or 0:>8}")
+            lines.append("  " + f"{r[KNN_TOP1]:10.2f}" + values + f"{r.get(EPOCHS) or 0:>8}")
     return "\n".join(lines)

@@ -24,6 +24,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats as sps
 
+from dcl_core.study.columns import KNN_TOP1, SEED, SERIES, STATUS, Status
+
 log = logging.getLogger(__name__)
 
 Data = dict[str, dict[Any, dict[int, float]]]  # {series: {x: {seed: value}}}
@@ -60,25 +62,25 @@ def _finite(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = "series",
-            value_key: str = "knn_top1") -> Data:
-    """``{series: {x: {seed: value}}}`` from the rows with ``status == "ok"`` and a finite ``value_key`` (rows
+def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SERIES,
+            value_key: str = KNN_TOP1) -> Data:
+    """``{series: {x: {seed: value}}}`` from the rows with ``status == Status.OK`` and a finite ``value_key`` (rows
     without a seed are skipped: they cannot be paired). A second row for one (series, x, seed) raises ValueError:
     a pairing by seed would be ambiguous."""
     data: Data = {}
     no_seed = 0
     for r in rows:
         value = _finite(r.get(value_key))
-        if r.get("status") != "ok" or value is None:
+        if r.get(STATUS) != Status.OK or value is None:
             continue
-        if r.get("seed") is None:
+        if r.get(SEED) is None:
             no_seed += 1
             continue
         cell = data.setdefault(r.get(series_key), {}).setdefault(r.get(x_key), {})
-        if r["seed"] in cell:
+        if r[SEED] in cell:
             raise ValueError(f"two rows for {series_key}={r.get(series_key)!r}, {x_key}={r.get(x_key)!r}, "
-                             f"seed={r['seed']!r}: pairing by seed would be ambiguous")
-        cell[r["seed"]] = value
+                             f"seed={r[SEED]!r}: pairing by seed would be ambiguous")
+        cell[r[SEED]] = value
     if no_seed:
         log.warning("skipped %d finished row(s) without a seed (%s)", no_seed, value_key)
     return data
