@@ -10,14 +10,7 @@ from torch import Tensor
 
 from dcl_core import metrics as M
 from dcl_core.distributed import distributed_world, gather_with_grad
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-    two_view_similarities,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, two_view_similarities
 
 
 def uniformity(z: Tensor, t: float) -> Tensor:
@@ -81,10 +74,8 @@ class AlignUniformLoss(ContrastiveLoss):
         with torch.no_grad():  # the logits serve the diagnostics only
             pos = sims.pos / self.temperature  # (A,)
             log_u = sims.negative_logsumexp(self.temperature)  # (A,)
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics[M.Diagnostic.ALIGN] = align.detach()
-        diagnostics[M.Diagnostic.UNIFORM] = uniform.detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        extra = {M.Diagnostic.ALIGN: align.detach(), M.Diagnostic.UNIFORM: uniform.detach()}
+        return LossOutput.with_npc(loss, sims, pos, log_u, extra)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, t={self.uniformity_t}, weight={self.uniformity_weight}"

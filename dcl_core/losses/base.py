@@ -164,6 +164,15 @@ class LossOutput:
     diagnostics: dict[str, Tensor] = field(default_factory=dict)
     npc: Tensor | None = None
 
+    @classmethod
+    def with_npc(cls, loss: Tensor, sims: PairSimilarities, pos_logit: Tensor, log_u: Tensor,
+                 extra: dict[str, Tensor] | None = None) -> LossOutput:
+        """``loss`` with what every loss of the InfoNCE family reports: q_B's statistics and per-anchor values
+        (DCL Eq. 4, from the positive logits ``pos_logit`` (A,) and ``log_u`` (A,), the log-sum-exp of the
+        negatives' logits), the similarity means, then the loss's own ``extra`` diagnostics."""
+        diagnostics = npc_diagnostics(pos_logit, log_u) | similarity_diagnostics(sims) | (extra or {})
+        return cls(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos_logit, log_u))
+
 
 def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = False) -> PairSimilarities:
     """SimCLR's construction: 2n anchors (both views), positive = the other view, 2N−2 negatives each.

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    PairSimilarities,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 class DCLLoss(ContrastiveLoss):
@@ -39,5 +32,4 @@ class DCLLoss(ContrastiveLoss):
         # Key difference from InfoNCE: the denominator sums over negatives only (no positive term).
         log_u = sims.negative_logsumexp(self.temperature)  # (A,) log U_{i,k}
         loss = (log_u - pos).mean()
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        return LossOutput.with_npc(loss, sims, pos, log_u)

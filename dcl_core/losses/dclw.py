@@ -8,14 +8,7 @@ import torch
 from torch import Tensor
 
 from dcl_core import metrics as M
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    PairSimilarities,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 def vmf_weights(pos: Tensor, pos_batch: Tensor, sigma: float) -> Tensor:
@@ -70,9 +63,7 @@ class DCLWLoss(ContrastiveLoss):
         w = vmf_weights(sims.pos, sims.pos_batch, self.sigma)  # (A,)
         # Departs from DCL (and InfoNCE) here: the positive logit is reweighted per pair.
         loss = (log_u - w * pos).mean()
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics[M.Diagnostic.WEIGHT_STD] = w.std(unbiased=False)
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.WEIGHT_STD: w.std(unbiased=False)})
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}"

@@ -5,14 +5,7 @@ from __future__ import annotations
 import torch
 
 from dcl_core import metrics as M
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    PairSimilarities,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 class DCLWExpLoss(ContrastiveLoss):
@@ -58,9 +51,7 @@ class DCLWExpLoss(ContrastiveLoss):
         w = self.delta * torch.exp(-self.sigma * sims.pos.detach())  # (A,)
         # Departs from DCL here: the positive logit is reweighted by δ·exp(−σ⟨z1,z2⟩).
         loss = (log_u - w * pos).mean()
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics[M.Diagnostic.WEIGHT_MEAN] = w.mean().detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.WEIGHT_MEAN: w.mean().detach()})
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}, delta={self.delta}"

@@ -8,15 +8,7 @@ import torch
 from torch import Tensor
 
 from dcl_core import metrics as M
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    PairSimilarities,
-    negative_columns,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, negative_columns
 
 
 def sample_negatives(
@@ -105,9 +97,7 @@ class EqCoLoss(ContrastiveLoss):
         log_u = negatives.negative_logsumexp(self.temperature) + math.log(alpha / k)  # (A,) log((α/K) Σ s_i)
         log_denominator = torch.logaddexp(pos, log_u)  # (A,) log(s_0 + (α/K) Σ s_i)
         loss = (log_denominator - pos).mean()
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics[M.Diagnostic.MI_BOUND] = (math.log1p(alpha) - loss).detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.MI_BOUND: (math.log1p(alpha) - loss).detach()})
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}, num_negatives={self.num_negatives}"

@@ -7,14 +7,7 @@ import math
 import torch
 
 from dcl_core import metrics as M
-from dcl_core.losses.base import (
-    ContrastiveLoss,
-    LossOutput,
-    PairSimilarities,
-    npc_diagnostics,
-    npc_multiplier,
-    similarity_diagnostics,
-)
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 class InfoNCELoss(ContrastiveLoss):
@@ -52,6 +45,4 @@ class InfoNCELoss(ContrastiveLoss):
         per_anchor = log_denominator - pos  # (A,)
         loss = per_anchor.mean()
         k = sims.num_negatives
-        diagnostics = npc_diagnostics(pos, log_u) | similarity_diagnostics(sims)
-        diagnostics[M.Diagnostic.MI_BOUND] = (math.log1p(k) - loss).detach()
-        return LossOutput(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos, log_u))
+        return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.MI_BOUND: (math.log1p(k) - loss).detach()})
