@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -116,12 +117,9 @@ def format_table5(rows: list[dict], ks: tuple[int, ...]) -> str:
 
 def plot_table5(rows: list[dict], path):
     """Estimated MI vs K for each true MI, InfoNCE dashed, EqCo solid."""
-    import matplotlib
+    from dcl_core.study.report import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig, ax = pyplot().subplots(figsize=(6, 4), dpi=120)
     for i, mi in enumerate(sorted({r["true_mi"] for r in rows})):
         ax.axhline(mi, color=f"C{i}", lw=0.6, alpha=0.4)  # the true MI
         for method, style in (("infonce", "--"), ("eqco", "-")):  # one colour per true MI
@@ -133,10 +131,7 @@ def plot_table5(rows: list[dict], path):
     ax.set_ylabel("estimated MI (nats)")
     ax.set_title("EqCo Table 5: MI bound vs K (thin lines: true MI)")
     ax.legend(fontsize=6, ncol=2, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(path))
 
 
 def toy_verdict(rows: list[dict]) -> Any:

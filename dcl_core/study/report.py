@@ -31,6 +31,15 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` (folders made) and close it."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    pyplot().close(fig)
+    return path
+
+
 def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
     """Write the per-trial table as Parquet and CSV; returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -197,11 +206,7 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
         fig.text(0.01, 0.01, "Dashed: the paper, on its own axis; compare the shape (ranking, spread, gap sign), "
                  "not the level.", fontsize=6.5)
     ax.legend(handles, labels, fontsize=7)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, rect=(0, 0.03, 1, 1))
 
 
 def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
@@ -226,11 +231,7 @@ def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -
     ax.grid(alpha=0.3)
     if groups:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
@@ -259,11 +260,7 @@ def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, series: str = "loss") -> Path | None:
@@ -291,8 +288,4 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("fraction of anchors (last epoch)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
