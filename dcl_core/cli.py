@@ -1,8 +1,22 @@
-"""What every command line shares: one logging setup."""
+"""What every command line shares: one logging setup, the argument groups several of them take, and one error and
+exit-code path (:func:`run_command`): 0 done, 1 a run that failed, 2 bad input (before any compute), 130 Ctrl-C,
+143 SIGTERM; an error is one line, ``error: <message>``, written in one piece (ranks sharing stderr keep whole
+lines)."""
 
 from __future__ import annotations
 
 import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import InputError, RunFailedError
+
+EXIT_FAILED = 1  # a run that started and failed
+EXIT_BAD_INPUT = 2  # refused before any compute
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
@@ -10,3 +24,37 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     warnings and errors only with ``quiet``."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def error(message: object, code: int = EXIT_BAD_INPUT) -> int:
+    """Write ``error: <message>`` as one line in one write and return ``code``."""
+    sys.stderr.write(f"error: {message}\n")
+    return code
+
+
+def run_command(body: Callable[[], int]) -> int:
+    """Run a command's ``body`` (after its options parsed) through the one exit path: what ``body`` returns;
+    bad input (:class:`~dcl_core.config.InputError`: config, data, checkpoint) exit 2, a failed run
+    (:class:`~dcl_core.config.RunFailedError`) exit 1, each as one line."""
+    try:
+        return body()
+    except InputError as err:
+        return error(err, EXIT_BAD_INPUT)
+    except RunFailedError as err:
+        return error(err, EXIT_FAILED)
+
+
+def add_set_option(parser: Any, help: str) -> None:  # parser: an ArgumentParser or one of its groups
+    """``--set KEY=VALUE`` (repeatable): a dotted config key, parsed by :func:`dcl_core.config.parse_overrides`."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
+def add_store_options(parser: Any, output_help: str,
+                      output_default: str | None = "outputs") -> None:
+    """Where a study's results are: ``--output-dir`` (its folder) and ``--tracking-uri`` (its MLflow store)."""
+    if output_default is None:
+        parser.add_argument("output_dir", type=Path, help=output_help)
+    else:
+        parser.add_argument("--output-dir", default=output_default, help=output_help)
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: the study's own, an SQLite store in OUTPUT_DIR/mlflow.db)")

@@ -38,7 +38,17 @@ DATA_LOADERS = ("memory", "stream")
 DEVICES = ("auto", "cpu", "cuda")
 
 
-class ConfigError(ValueError):
+class InputError(Exception):
+    """Input a command line refuses before any compute: it exits with code 2 and ``error: <str(err)>`` on one line
+    (:func:`dcl_core.cli.run_command`). Bad config values, missing data and unreadable checkpoints are all this."""
+
+
+class RunFailedError(RuntimeError):
+    """A run that started and failed in a way no retry fixes (a NaN loss, an unwritable output folder): exit code
+    1 and one line."""
+
+
+class ConfigError(InputError, ValueError):
     """A bad configuration value. ``str(err)`` is one line meant for the user."""
 
 

@@ -16,21 +16,23 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 import torch
 
 from dcl_core import metrics as M
-from dcl_core.cli import setup_logging
+from dcl_core.cli import add_set_option, run_command, setup_logging
 from dcl_core.config import (
     Config,
     ConfigError,
+    InputError,
     apply_overrides,
     check_device,
     from_flat_dict,
     parse_overrides,
     to_flat_dict,
 )
-from dcl_core.training.checkpoint import CheckpointError, load_checkpoint
+from dcl_core.training.checkpoint import load_checkpoint
 
 # A checkpoint says what the model is and what it was measured on; these keys say where this machine reads data and
 # how much it holds at once, so a file can neither create folders, download, fork workers nor size batches here.
@@ -48,13 +50,7 @@ def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.Argument
         choices=("paper", "cpu", "smoke"),
         help="linear-probe protocol (default: the checkpoint's eval.linear_preset)",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys for evaluation, e.g. data.root=/data/cifar, data.test_per_class=0",
-    )
+    add_set_option(p, "override config keys for evaluation, e.g. data.root=/data/cifar, data.test_per_class=0")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     return p
 
@@ -62,63 +58,69 @@ def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.Argument
 def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate") -> int:
     args = build_parser(prog).parse_args(argv)
     setup_logging()
+    return run_command(lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     # Deferred: the data code imports torchvision (seconds), which --help does not need.
-    from dcl_core.data import DataError
-    from dcl_core.training.builders import build_data, build_model
     from dcl_core.training.evaluation import evaluate_knn, linear_eval
 
-    stored: dict = {}
-    used: dict = {}
     try:
-        overrides = parse_overrides(args.set) | {"device": args.device}
-        if args.linear_preset:
-            overrides["eval.linear_preset"] = args.linear_preset
-        check_device(args.device)
-        state = load_checkpoint(args.checkpoint)
-        trained = from_flat_dict(state["config"])
-        defaults, stored = to_flat_dict(Config()), to_flat_dict(trained)
-        cfg = apply_overrides(trained, {k: defaults[k] for k in LOCAL_KEYS} | overrides)
-        used = to_flat_dict(cfg)
-        elsewhere = _stored_elsewhere(stored, used)
-        if elsewhere:
-            logging.getLogger(__name__).info("the checkpoint was trained with %s; this evaluation reads with its own "
-                                             "settings (--set to change them)", elsewhere)
-        device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
-        model = build_model(cfg)
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as err:  # e.g. --set model.width=... against the trained encoder
-            raise ConfigError(
-                f"the checkpoint's weights do not fit the configured model: {_misfit(trained, cfg, err)}"
-            ) from None
-        model.to(device)
-        data = build_data(cfg)
-    except DataError as err:
-        hint = _stored_elsewhere(stored, used, keys=("data.root",)) if used else ""
-        sys.stderr.write(f"error: {err}" + (f" (the checkpoint was trained with {hint}: pass --set "
-                                             f"{hint} to read there)" if hint else "") + "\n")
-        return 2
-    except (ConfigError, CheckpointError, FileNotFoundError, ValueError) as err:
-        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
-        return 2
+        cfg, state, model, data, device = _load(args)
+    except (FileNotFoundError, ValueError) as err:  # what the model and data builders raise on odd input
+        if isinstance(err, InputError):
+            raise
+        raise ConfigError(str(err)) from None
     ev = cfg.eval
     results: dict[str, float] = {"epoch": state["epoch"]}
-    try:
-        if not args.no_knn:
-            results[M.KNN_TOP1] = evaluate_knn(
-                model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size,
-                device=device,
-            )
-        if args.linear:
-            results |= linear_eval(
-                model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size,
-                device=device,
-            )
-    except DataError as err:  # a streamed image that cannot be decoded, found while reading it
-        sys.stderr.write(f"error: {err}\n")
-        return 2
+    if not args.no_knn:  # a streamed image that cannot be decoded is a DataError found here: exit 2 as well
+        results[M.KNN_TOP1] = evaluate_knn(
+            model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size,
+            device=device,
+        )
+    if args.linear:
+        results |= linear_eval(
+            model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size, device=device,
+        )
     print(json.dumps(results))
     return 0
+
+
+def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, torch.device]:
+    """(config, checkpoint state, model with its weights on its device, data, device) for the evaluation."""
+    from dcl_core.data import DataError
+    from dcl_core.training.builders import build_data, build_model
+
+    overrides = parse_overrides(args.set) | {"device": args.device}
+    if args.linear_preset:
+        overrides["eval.linear_preset"] = args.linear_preset
+    check_device(args.device)
+    state = load_checkpoint(args.checkpoint)
+    trained = from_flat_dict(state["config"])
+    defaults, stored = to_flat_dict(Config()), to_flat_dict(trained)
+    cfg = apply_overrides(trained, {k: defaults[k] for k in LOCAL_KEYS} | overrides)
+    used = to_flat_dict(cfg)
+    elsewhere = _stored_elsewhere(stored, used)
+    if elsewhere:
+        logging.getLogger(__name__).info("the checkpoint was trained with %s; this evaluation reads with its own "
+                                         "settings (--set to change them)", elsewhere)
+    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    model = build_model(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # e.g. --set model.width=... against the trained encoder
+        raise ConfigError(
+            f"the checkpoint's weights do not fit the configured model: {_misfit(trained, cfg, err)}"
+        ) from None
+    model.to(device)
+    try:
+        data = build_data(cfg)
+    except DataError as err:
+        hint = _stored_elsewhere(stored, used, keys=("data.root",))
+        if not hint:
+            raise
+        raise DataError(f"{err} (the checkpoint was trained with {hint}: pass --set {hint} to read there)") from None
+    return cfg, state, model, data, device
 
 
 def _stored_elsewhere(stored: dict, used: dict, keys: tuple[str, ...] = LOCAL_KEYS) -> str:

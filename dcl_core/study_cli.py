@@ -22,8 +22,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dcl_core import cli
 from dcl_core.cli import setup_logging
-from dcl_core.config import ConfigError, apply_overrides, parse_overrides, preset
+from dcl_core.config import ConfigError, InputError, apply_overrides, parse_overrides, preset
 from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.spec import (
     DDP_TRIAL_CPU,
@@ -74,13 +75,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
                    help="train nothing: recompute the answer of this study's finished run in OUTPUT_DIR from its "
                         "stored results (the same options it ran with), rewrite its summary files and its MLflow "
                         "summary run (python -m dcl_core.study.answer OUTPUT_DIR does it for every study there)")
-    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a base config key for every trial, e.g. --set optim.epochs=50")
+    cli.add_set_option(g, "override a base config key for every trial, e.g. --set optim.epochs=50")
     o = p.add_argument_group("where results go")
     o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
-    o.add_argument("--output-dir", default="outputs", help="study folder: Ray results, MLflow store, summary")
-    o.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: sqlite store in OUTPUT_DIR/mlflow.db)")
+    cli.add_store_options(o, "study folder: Ray results, MLflow store, summary")
     o.add_argument("--storage", default=None, help="Ray storage path or URI (default: OUTPUT_DIR/ray_results)")
     o.add_argument("--resume", action="store_true", help="continue an interrupted study from its storage")
     o.add_argument("--overwrite", action="store_true", help="delete an existing study of the same name first")
@@ -238,11 +236,10 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             preflight(options.tracking_uri)
 
         outcome = run_study(spec, options)
-    except (ConfigError, DataError) as err:
-        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
-        return 2
+    except InputError as err:  # ConfigError, DataError
+        return cli.error(err, cli.EXIT_BAD_INPUT)
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
-        code = 128 + signal.SIGTERM if terminated else 130
+        code = cli.EXIT_TERMINATED if terminated else cli.EXIT_INTERRUPTED
         why = "; ".join(([] if not terminated else ["SIGTERM"]) + ([str(err)] if str(err) else []))
         why = f" ({why})" if why else ""
         began = (Path(args.output_dir).expanduser() / "summary" / args.name / "study_options.json").exists()
@@ -259,8 +256,7 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
     print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r[STATUS] != Status.OK]
     if outcome.rows and len(failed) == len(outcome.rows):
-        sys.stderr.write(f"error: every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}\n")
-        return 1
+        return cli.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}", cli.EXIT_FAILED)
     return 0
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metrics as M
-from dcl_core.cli import setup_logging
+from dcl_core.cli import add_set_option, run_command, setup_logging
 from dcl_core.config import (
     CONFIG_KEYS,
     PRESETS,
@@ -72,13 +72,7 @@ def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--preset", default="cpu", help=f"starting point: {', '.join(PRESETS)} (default: cpu)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config key, e.g. --set loss.alpha=4096 (repeatable)",
-    )
+    add_set_option(p, "override any config key, e.g. --set loss.alpha=4096 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue from OUTPUT_DIR/checkpoint.pt if present")
     p.add_argument(
         "--overwrite", action="store_true", help="replace the run already in OUTPUT_DIR (its checkpoint.pt)"
@@ -132,25 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(first.parse_known_args(argv)[0].preset)
     args = parser.parse_args(argv)
     setup_logging(verbose=args.verbose)
-    # Deferred: the data code and the trainer import torchvision (seconds), which --help does not need.
-    from dcl_core.data import DataError
-    from dcl_core.training import NonFiniteLossError, RunOutputError, train
-    from dcl_core.training.checkpoint import CheckpointError
+    return run_command(lambda: _run(args))
 
-    try:
-        cfg = config_from_args(args)
-        if args.print_config:
-            print(json.dumps(to_flat_dict(cfg), indent=1))
-            return 0
-        preflight(cfg, resume=args.resume, overwrite=args.overwrite)
-        try:
-            result = train(cfg, resume=args.resume, progress=True)
-        except (NonFiniteLossError, RunOutputError) as err:  # a failed run, not bad input: exit 1, still one line
-            sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
-            return 1
-    except (ConfigError, DataError, CheckpointError) as err:
-        sys.stderr.write(f"error: {err}\n")  # one write: ranks sharing stderr keep whole lines
-        return 2
+
+def _run(args: argparse.Namespace) -> int:
+    # Deferred: the data code and the trainer import torchvision (seconds), which --help does not need.
+    from dcl_core.training import train
+
+    cfg = config_from_args(args)
+    if args.print_config:
+        print(json.dumps(to_flat_dict(cfg), indent=1))
+        return 0
+    preflight(cfg, resume=args.resume, overwrite=args.overwrite)
+    result = train(cfg, resume=args.resume, progress=True)  # a NaN loss, a full disk: exit 1 (RunFailedError)
     final = result.final
     log.info(
         "done: kNN top-1 %.2f%%, loss %.4f; checkpoint and metrics in %s",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.cli import setup_logging
+from dcl_core import cli
 from dcl_core.mi_toy import PAPER_KS, ToyConfig, run_toy
 
 # seeds: critics trained per cell at the largest true MI, where the verdict is asked (each seed's slope is one
@@ -77,16 +77,14 @@ def main(argv=None) -> int:
                         "or smoke")
     p.add_argument("--smoke", dest="preset", action="store_const", const="smoke")
     p.add_argument("--alpha", type=float, default=512.0, help="EqCo alpha (paper: 512)")
-    p.add_argument("--output-dir", default="outputs",
-                   help="study folder shared with the other studies: MLflow store, summary/eqco_mi_toy/")
-    p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in OUTPUT_DIR)")
+    cli.add_store_options(p, "study folder shared with the other studies: MLflow store, summary/eqco_mi_toy/")
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--dry-run", action="store_true", help="print the runs and an estimated time, then exit")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the answer (table and verdict)")
     args = p.parse_args(argv)
-    setup_logging()
+    cli.setup_logging(quiet=args.quiet)
     if not args.alpha > 0:
-        print(f"error: --alpha must be > 0, got {args.alpha}", file=sys.stderr)
-        return 2
+        return cli.error(f"--alpha must be > 0, got {args.alpha}")
     pr = PRESETS[args.preset]
     configs = [ToyConfig(true_mi=mi, k=k, method=m, alpha=args.alpha, steps=pr["steps"], eval_repeats=pr["repeats"],
                          seed=seed)
@@ -112,8 +110,7 @@ def main(argv=None) -> int:
     try:
         preflight(uri)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return cli.error(err)
     init_ray(None, args.num_cpus)
     task = ray.remote(num_cpus=1)(_run_one)
     pending = {task.remote(c): c for c in configs}
@@ -136,7 +133,8 @@ def main(argv=None) -> int:
     tracker.log_summary(metrics, [*files, out / "table.txt"],
                         params={"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"],
                                 "seeds": pr["seeds"]}, tags=tags)
-    print(f"plot: {files[-1]}\nMLflow: experiment 'eqco_mi_toy' at {uri}\n")
+    if not args.quiet:
+        print(f"plot: {files[-1]}\nMLflow: experiment 'eqco_mi_toy' at {uri}\n")
     print(table)
     return 0
 

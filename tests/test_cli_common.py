@@ -56,3 +56,43 @@ def test_evaluation_command_rejects_a_missing_checkpoint_in_one_line(tmp_path):
     )
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert out.returncode == 2 and len(errors) == 1 and "none.pt" in errors[0], out.stderr
+
+
+def test_run_command_is_the_one_exit_path(capsys):
+    from dcl_core.cli import EXIT_BAD_INPUT, EXIT_FAILED, run_command
+    from dcl_core.config import InputError, RunFailedError
+    from dcl_core.data import DataError
+    from dcl_core.training.checkpoint import CheckpointError
+    from dcl_core.training.trainer import NonFiniteLossError, RunOutputError
+
+    def raising(err):
+        def body():
+            raise err
+        return body
+
+    assert run_command(lambda: 0) == 0
+    for err in (ConfigError("bad value"), DataError("no data"), CheckpointError("/x.pt", "damaged")):
+        assert isinstance(err, InputError)
+        assert run_command(raising(err)) == EXIT_BAD_INPUT
+        assert capsys.readouterr().err == f"error: {err}\n"  # one line, one write
+    for err in (NonFiniteLossError("loss is nan"), RunOutputError("cannot write /x")):
+        assert isinstance(err, RunFailedError)
+        assert run_command(raising(err)) == EXIT_FAILED
+        assert capsys.readouterr().err == f"error: {err}\n"
+    with pytest.raises(KeyError):  # a bug is not bad input: its traceback is kept
+        run_command(raising(KeyError("x")))
+
+
+@pytest.mark.parametrize("command", [
+    ["-m", "dcl_core.train", "--preset", "nope"],
+    ["-m", "dcl_core.eval", "/no/such/checkpoint.pt"],
+    ["-m", "dcl_core.study.sync", "/no/such/folder", "--name", "../x"],
+    ["-m", "dcl_core.study.answer", "/no/such/folder"],
+    ["studies/temperature_sweep.py", "--smoke", "--set", "nope=1", "--dry-run"],
+    ["studies/eqco_mi_toy.py", "--alpha", "-1"],
+])
+def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -37,7 +37,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_cla
 from torchvision.io import ImageReadMode
 from torchvision.transforms.v2 import functional as TF
 
-from dcl_core.config import DATASET_NAMES
+from dcl_core.config import DATASET_NAMES, InputError
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ _DECODE_CHUNK = 1024
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
 
-class DataError(Exception):
+class DataError(InputError):
     """A dataset could not be found, read or subset.
 
     The message is always a single line: it is shown to the user as ``error: <msg>``.

@@ -17,7 +17,6 @@ import argparse
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -160,16 +159,15 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dcl_core.cli import setup_logging
+    from dcl_core import cli
 
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study.answer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("output_dir", type=Path, help="the studies' --output-dir")
+    cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study in OUTPUT_DIR)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's own)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the answers")
     args = parser.parse_args(argv)
-    setup_logging(quiet=args.quiet)
+    cli.setup_logging(quiet=args.quiet)
     try:
         output_dir = args.output_dir.expanduser().resolve()
         if not (output_dir / "summary").is_dir():
@@ -184,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         if not dirs:
             raise ConfigError(f"no finished study{f' named {args.name}' if args.name else ''} in {output_dir}/summary")
     except ConfigError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return 2
+        return cli.error(err)
     code = 0
     for i, d in enumerate(dirs):  # one study that cannot be re-analysed does not stop the others
         if len(dirs) > 1:
@@ -193,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
         except ConfigError as err:
-            sys.stderr.write(f"error: {d.name}: {err}\n")
-            code = 2
+            code = cli.error(f"{d.name}: {err}")
     return code
 

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from dcl_core import cli
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.study.spec import check_name
@@ -46,9 +47,8 @@ def recorded_tracking_uri(study_dir: Path, output_dir: Path, given: str | None) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study.sync", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("output_dir", type=Path, help="the studies' --output-dir")
+    cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study with a journal)")
-    parser.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the study's own)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             check_name(args.name)  # never a journal (or a lock) outside the output folder: "../../x"
         except ConfigError as err:
-            sys.stderr.write(f"error: {err}\n")
-            return 2
+            return cli.error(err)
         journals = [summary_dir(out, args.name) / JOURNAL_FILE]
     else:
         journals = sorted((out / "summary").glob(f"*/{JOURNAL_FILE}"))
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             uri = recorded_tracking_uri(study_dir, out, args.tracking_uri)
             preflight(uri)
         except ConfigError as err:
-            sys.stderr.write(f"error: {study_dir.name}: {err}\n")
-            code = 2
+            code = cli.error(f"{study_dir.name}: {err}")
             continue
         tracker = StudyTracker(uri, experiment, artifact_root=out / "mlartifacts", journal_dir=study_dir)
         pushed = tracker.sync()

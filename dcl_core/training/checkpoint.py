@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from dcl_core.config import InputError
+
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 # What every checkpoint holds (the trainer's ``_save``), with the type each entry must have.
@@ -26,7 +28,7 @@ REQUIRED = {"epoch": int, "model": dict, "optimizer": dict, "scaler": dict, "con
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError, ValueError):
     """A file that is not a readable dcl_core checkpoint; ``str(err)`` is one line naming it and why."""
 
     def __init__(self, path: str | os.PathLike, reason: str) -> None:

@@ -31,7 +31,7 @@ from torch.utils.data import DistributedSampler
 
 from dcl_core import files
 from dcl_core import metrics as M
-from dcl_core.config import Config, ConfigError, Derived, derive, to_flat_dict
+from dcl_core.config import Config, ConfigError, Derived, RunFailedError, derive, to_flat_dict
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
     TrainingData,
@@ -54,11 +54,11 @@ Q_HIST_BINS = 40  # bins of the per-epoch NPC multiplier histogram over [0, 1] (
 RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunFailedError):
     """The training loss became NaN or inf; the run stops as failed."""
 
 
-class RunOutputError(RuntimeError):
+class RunOutputError(RunFailedError):
     """The run's output folder could not be written (disk full, quota, permissions); the run stops as failed.
     ``str(err)`` is one line naming the file."""
 
