@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from dcl_core.config import Config, apply_overrides
 from dcl_core.data import DataError, split_location
-from dcl_core.study.spec import DDP_TRIAL_CPU, Resources, StudySpec, experiments, grid_points
+from dcl_core.study.spec import DDP_TRIAL_CPU, Resources, StudySpec, grid_points, tune_experiments
 from dcl_core.training.builders import build_model
 from dcl_core.training.trainer import steps_per_epoch
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
@@ -307,7 +307,7 @@ def plan_study(spec: StudySpec, workers: int, sizes_of: Callable[[Config], DataS
         return TrialGroup(point, seeds, count, cfg, work, flops, sizes[data_key])
 
     plans = []
-    for exp in experiments(spec):
+    for exp in tune_experiments(spec):
         varied = tuple(k for k, v in exp.grid.items() if isinstance(v, Grid) and k != "seed")
         if spec.search is not None:
             pinned = {**grid_points(exp.grid)[0], **exp.point}

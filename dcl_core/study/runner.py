@@ -34,15 +34,15 @@ from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.spec import (
     DDP_TRIAL_CPU,
-    Experiment,
     Resources,
     StudyInterruptedError,
     StudyOptions,
     StudySpec,
-    experiments,
+    TuneExperiment,
     grid_points,
     num_grid_points,
     trial_tags,
+    tune_experiments,
     validate_spec,
     varied_keys,
     with_asha,
@@ -131,7 +131,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
     check_output_dir(options.output_dir)
-    exps = experiments(spec)
+    exps = tune_experiments(spec)
     check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
     check_storage(options.storage)
     local = not (options.address or os.environ.get("RAY_ADDRESS"))
@@ -162,7 +162,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         rows: list[Row] = []
         progress = {"total": sum(_trials_of(spec, e) for e in exps), "done": 0, "started": time.time()}
         for experiment in exps:
-            results = _run_experiment(spec, experiment, options, tracker, progress)
+            results = _run_tune_experiment(spec, experiment, options, tracker, progress)
             progress["done"] += _trials_of(spec, experiment)
             _raise_if_interrupted(storage_join(options.storage, experiment.name))
             rows.extend(tune_rows(results))
@@ -239,7 +239,7 @@ def _check_same_study(spec: StudySpec, before: dict[str, Any]) -> None:
                               "--seeds, --search, --num-samples or --preset)")
 
 
-def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[Experiment], existing: list[str]) -> None:
+def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExperiment], existing: list[str]) -> None:
     """Refuse to mix a new study into an old one's results; check a resume's options; clear for --overwrite;
     record the options."""
     if existing and not (options.resume or options.overwrite):
@@ -290,7 +290,7 @@ def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:
     return "_".join(parts) + f"_{trial.trial_id}"
 
 
-def _search(spec: StudySpec, experiment: Experiment, options: StudyOptions) -> tuple[dict, Any, int]:
+def _search(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions) -> tuple[dict, Any, int]:
     """(param_space, search algorithm, samples): the whole sub-grid for a grid experiment; a seeded Optuna TPE
     search pinned to the experiment's grid point otherwise."""
     base_flat = to_flat_dict(spec.base)
@@ -328,11 +328,11 @@ def _delete_optuna_studies(output_dir: Path, names: list[str]) -> None:
             optuna.delete_study(study_name=name, storage=storage)
 
 
-def _trials_of(spec: StudySpec, experiment: Experiment) -> int:
+def _trials_of(spec: StudySpec, experiment: TuneExperiment) -> int:
     return spec.num_samples if spec.search is not None else num_grid_points(experiment.grid)
 
 
-def _run_experiment(spec: StudySpec, experiment: Experiment, options: StudyOptions,
+def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions,
                     tracker: tracking.StudyTracker, progress: dict[str, Any] | None = None) -> Any:
     """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``."""
     storage = str(options.storage)

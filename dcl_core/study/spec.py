@@ -276,7 +276,7 @@ EXPERIMENT_SEP = "+"
 
 
 @dataclass(frozen=True)
-class Experiment:
+class TuneExperiment:
     """One Tune experiment of a study: a sub-grid, the grid point an Optuna search is pinned to (``{}`` for a
     grid experiment, which runs the whole sub-grid), and its name."""
 
@@ -285,7 +285,7 @@ class Experiment:
     name: str
 
 
-def experiments(spec: StudySpec) -> list[Experiment]:
+def tune_experiments(spec: StudySpec) -> list[TuneExperiment]:
     """Grid mode: one experiment per sub-grid. Search mode: one Optuna search per grid point. With several
     sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``):
     ``eqco_negatives_sweep+simclr``, ``batch_size_sweep+dcl-16`` (:data:`EXPERIMENT_SEP`), never another study's
@@ -302,7 +302,7 @@ def experiments(spec: StudySpec) -> list[Experiment]:
             {k: v for k, v in p.items() if isinstance(g.get(k), Grid)} for p in grid_points(g)]
         for point in points:
             suffix = "-".join(str(v) for v in {**label, **point}.values())
-            out.append(Experiment(g, point, f"{spec.name}{EXPERIMENT_SEP}{suffix}" if suffix else spec.name))
+            out.append(TuneExperiment(g, point, f"{spec.name}{EXPERIMENT_SEP}{suffix}" if suffix else spec.name))
     names = [e.name for e in out]
     if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
         raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")

@@ -16,7 +16,7 @@ from torch import nn
 
 from dcl_core.config import apply_overrides, preset
 from dcl_core.study import cost
-from dcl_core.study.spec import Resources, StudySpec, experiments, grid_points, num_grid_points
+from dcl_core.study.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
 from dcl_core.study_cli import build_parser, main
 from dcl_core.training.builders import build_model
 from search_spaces import Grid, LogUniform
@@ -61,7 +61,7 @@ def expected(name, argv):
         parser.set_defaults(search="optuna")
     spec = module.build_spec(parser.parse_args(argv))
     trials = epochs = 0
-    for exp in experiments(spec):
+    for exp in tune_experiments(spec):
         if spec.search is None:
             trials += num_grid_points(exp.grid)
             epochs += sum(apply_overrides(spec.base, p).optim.epochs for p in grid_points(exp.grid))

@@ -116,21 +116,21 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
 
     from dcl_core.study import StudyOptions
     from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import experiments, with_base
+    from dcl_core.study.spec import tune_experiments, with_base
 
     spec = _smoke_spec()
     options = StudyOptions(tmp_path, tracking_uri="http://alice:s3cret@127.0.0.1:5000").resolved()
     existing = [str(tmp_path / "ray_results" / "s")]
-    _prepare_output(spec, options, experiments(spec), existing=[])
+    _prepare_output(spec, options, tune_experiments(spec), existing=[])
     stored = (tmp_path / "summary" / "s" / "study_options.json").read_text()
     assert "s3cret" not in stored and "http://***@127.0.0.1:5000" in stored
     resume = replace(options, resume=True)
-    _prepare_output(spec, resume, experiments(spec), existing)  # the same study: fine
+    _prepare_output(spec, resume, tune_experiments(spec), existing)  # the same study: fine
     for changed, needle in ((with_base(spec, {"optim.epochs": 3}), "optim.epochs was 2, now 3"),
                             (_smoke_spec(seeds=(0, 1)), "its grids changed"),
                             (_smoke_spec(losses=("dcl", "infonce")), "its grids changed")):
         with pytest.raises(ConfigError, match=needle):
-            _prepare_output(changed, resume, experiments(changed), existing)
+            _prepare_output(changed, resume, tune_experiments(changed), existing)
 
 
 def test_the_browse_hint_fits_the_store_and_hides_credentials():
@@ -244,7 +244,7 @@ def test_a_damaged_options_file_makes_resume_exit_2_in_one_line(tmp_path, conten
 
     from dcl_core.study import StudyOptions
     from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import experiments
+    from dcl_core.study.spec import tune_experiments
 
     spec = _smoke_spec()
     options = replace(StudyOptions(tmp_path).resolved(), resume=True)
@@ -252,7 +252,7 @@ def test_a_damaged_options_file_makes_resume_exit_2_in_one_line(tmp_path, conten
     path.parent.mkdir(parents=True)
     path.write_text(content, errors="surrogateescape")
     with pytest.raises(ConfigError, match=r"cannot resume: .*study_options\.json is damaged"):
-        _prepare_output(spec, options, experiments(spec), [str(tmp_path / "ray_results" / "s")])
+        _prepare_output(spec, options, tune_experiments(spec), [str(tmp_path / "ray_results" / "s")])
 
 
 def test_a_folder_at_the_lock_path_exits_in_one_line(tmp_path):
@@ -294,14 +294,14 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
 
     from dcl_core.study import StudyOptions
     from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import experiments
+    from dcl_core.study.spec import tune_experiments
 
     spec = _smoke_spec()
     ran = replace(StudyOptions(tmp_path).resolved(), command={"script": "temperature_sweep"})
-    _prepare_output(spec, ran, experiments(spec), existing=[])
+    _prepare_output(spec, ran, tune_experiments(spec), existing=[])
     other = replace(ran, resume=True, command={"script": "batch_size_sweep"})
     with pytest.raises(ConfigError, match=r"was run by studies/temperature_sweep\.py, not studies/batch_size_sweep"):
-        _prepare_output(spec, other, experiments(spec), [str(tmp_path / "ray_results" / "s")])
+        _prepare_output(spec, other, tune_experiments(spec), [str(tmp_path / "ray_results" / "s")])
 
 
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")

@@ -14,7 +14,7 @@ from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_d
 from dcl_core.study.mlflow_view import compare_view, read_tag
 from dcl_core.study.paper import PAPER
 from dcl_core.study.results import trial_row
-from dcl_core.study.spec import experiments, grid_points, trial_tags, validate_spec
+from dcl_core.study.spec import grid_points, trial_tags, tune_experiments, validate_spec
 from dcl_core.study_cli import build_parser
 from search_spaces import keys_of
 
@@ -78,7 +78,7 @@ def test_presets_build_valid_specs(name, preset, search):
     spec = module.build_spec(args)
     validate_spec(spec)
     assert (spec.search is not None) == (search == "optuna")
-    names = [e.name for e in experiments(spec)]  # raises if two Tune experiments would share a directory
+    names = [e.name for e in tune_experiments(spec)]  # raises if two Tune experiments would share a directory
     assert len(set(names)) == len(names) and all(n.startswith(spec.name) for n in names)
     for grid in spec.grids:
         for point in grid_points(grid):
@@ -140,16 +140,16 @@ def test_search_bounds_are_checked_where_a_trial_can_reach_them():
 
 def test_a_search_over_several_sub_grids_names_each_experiment_by_its_sub_grid():
     spec = load("eqco_negatives_sweep").build_spec(args_for("eqco_negatives_sweep", "--search", "optuna"))
-    names = [e.name for e in experiments(spec)]
+    names = [e.name for e in tune_experiments(spec)]
     # One Optuna search per (framework, K): the framework tells SimCLR's K=4 from SiMo's K=4.
     assert names == [f"eqco_negatives_sweep+{fw}-{k}" for fw in ("simclr", "simo") for k in (4, 16, 63)]
-    assert [e.point for e in experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
+    assert [e.point for e in tune_experiments(spec)][:2] == [{"loss.num_negatives": 4}, {"loss.num_negatives": 16}]
 
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_no_experiment_folder_of_a_study_can_be_another_studys(name):
     """Issue reproduction: the Optuna temperature study kept its searches in ``temperature_sweep-dcl``, which is
-    also study ``--name temperature_sweep-dcl``'s folder (whose --overwrite deleted it). Experiment folders are the
+    also study ``--name temperature_sweep-dcl``'s folder (whose --overwrite deleted it). TuneExperiment folders are the
     study's name or the name + "+" + a suffix, and "+" is not allowed in a study name."""
     from dcl_core.study.spec import check_name
 
@@ -158,7 +158,7 @@ def test_no_experiment_folder_of_a_study_can_be_another_studys(name):
             spec = load(name).build_spec(args_for(name, "--search", search))
         except ConfigError:  # a study without that mode
             continue
-        for e in experiments(spec):
+        for e in tune_experiments(spec):
             assert e.name == spec.name or e.name.startswith(spec.name + "+")
             if e.name != spec.name:
                 with pytest.raises(ConfigError):
