@@ -158,11 +158,6 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
 
 def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
          argv: list[str] | None, terminated: list[int]) -> int:
-    # torch and torchvision (seconds): not for --help or a bad option, which argparse answers before this.
-    import torch
-
-    from dcl_core.data import DataError, check_dataset, resolve_data_root
-
     try:
         if args.num_samples is not None and args.num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -179,7 +174,6 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             spec = dataclasses.replace(spec, description=" ".join(doc.strip().split("\n\n")[0].split()))
         validate_spec(spec)
         _check_set_not_swept(spec, parse_overrides(args.set))
-        data = spec.base.data
         if args.reanalyze:  # no data, no GPU, no Ray: the stored results only
             from dcl_core.study.reanalysis import reanalyze
             from dcl_core.study.results import summary_lines
@@ -187,38 +181,7 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             outcome = reanalyze(spec, options)
             print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
             return 0
-        on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
-        # What only this machine lacks (the data, a GPU) stops a run here; a dry run, which may plan a cluster
-        # run, reports it instead.
-        local_problems: list[str] = []
-        if on_cluster and not args.dry_run:
-            check_ray_address(args.address or os.environ.get("RAY_ADDRESS", ""))
-        if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
-            root: str | None = data.root or str(resolve_data_root(data.dataset, None, data.download))
-            if not Path(args.output_dir).expanduser().is_absolute():
-                # Under `ray job submit --working-dir .` a relative folder is inside the job's temporary copy.
-                raise ConfigError("on a cluster, pass an absolute --output-dir on storage that outlives the job "
-                                  "(a relative one lands in the job's temporary working directory)")
-            if not args.storage:
-                logging.getLogger(__name__).warning(
-                    "no --storage: Ray results go to %s/ray_results; with trials on several nodes it must be "
-                    "shared storage (NFS, s3://, gs://)", args.output_dir)
-        else:
-            try:
-                root = str(check_dataset(data.dataset, data.root, data.download))
-            except DataError as err:
-                if not args.dry_run:
-                    raise
-                root = None
-                local_problems.append(str(err))
-            if not args.dry_run:  # what a single run checks before compute, for every trial the study can run
-                check_trials_fit(spec, args.workers)
-            if args.gpus_per_worker > 0 and not torch.cuda.is_available():
-                message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
-                           "submit to a GPU cluster (--address or ray job submit)")
-                if not args.dry_run:
-                    raise ConfigError(message)
-                local_problems.append(message)
+        root, local_problems = _where_it_runs(args, spec)
         if root is not None:
             spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
         if args.dry_run:
@@ -239,25 +202,73 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
     except InputError as err:  # ConfigError, DataError
         return cli.error(err, cli.EXIT_BAD_INPUT)
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
-        code = cli.EXIT_TERMINATED if terminated else cli.EXIT_INTERRUPTED
-        why = "; ".join(([] if not terminated else ["SIGTERM"]) + ([str(err)] if str(err) else []))
-        why = f" ({why})" if why else ""
-        began = (Path(args.output_dir).expanduser() / "summary" / args.name / "study_options.json").exists()
-        if not began:  # stopped before the study wrote anything: there is nothing to resume
-            sys.stderr.write(f"interrupted{why} before the study started: nothing was run or written; run the same "
-                             "command again\n")
-            return code
-        line = resume_command(argv)
-        hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
-                "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)" if "***" in line else "")
-        sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
-                         f"Continue with:\n  {line}{hint}\n")
-        return code
+        return _interrupted(args, argv, err, terminated=bool(terminated))
     print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r[STATUS] != Status.OK]
     if outcome.rows and len(failed) == len(outcome.rows):
         return cli.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}", cli.EXIT_FAILED)
     return 0
+
+
+def _where_it_runs(args: argparse.Namespace, spec: StudySpec) -> tuple[str | None, list[str]]:
+    """(the data root the trials read, what this machine lacks). On a cluster the data lives on its nodes (the
+    driver checks the address and the output folder); locally the data, each trial's fit and the GPUs are
+    checked now. What only this machine lacks (the data, a GPU) stops a run; a dry run, which may plan a cluster
+    run, reports it instead."""
+    import torch
+
+    from dcl_core.data import DataError, check_dataset, resolve_data_root
+
+    data = spec.base.data
+    on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+    local_problems: list[str] = []
+    if on_cluster and not args.dry_run:
+        check_ray_address(args.address or os.environ.get("RAY_ADDRESS", ""))
+    if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
+        root: str | None = data.root or str(resolve_data_root(data.dataset, None, data.download))
+        if not Path(args.output_dir).expanduser().is_absolute():
+            # Under `ray job submit --working-dir .` a relative folder is inside the job's temporary copy.
+            raise ConfigError("on a cluster, pass an absolute --output-dir on storage that outlives the job "
+                              "(a relative one lands in the job's temporary working directory)")
+        if not args.storage:
+            logging.getLogger(__name__).warning(
+                "no --storage: Ray results go to %s/ray_results; with trials on several nodes it must be "
+                "shared storage (NFS, s3://, gs://)", args.output_dir)
+    else:
+        try:
+            root = str(check_dataset(data.dataset, data.root, data.download))
+        except DataError as err:
+            if not args.dry_run:
+                raise
+            root = None
+            local_problems.append(str(err))
+        if not args.dry_run:  # what a single run checks before compute, for every trial the study can run
+            check_trials_fit(spec, args.workers)
+        if args.gpus_per_worker > 0 and not torch.cuda.is_available():
+            message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
+                       "submit to a GPU cluster (--address or ray job submit)")
+            if not args.dry_run:
+                raise ConfigError(message)
+            local_problems.append(message)
+    return root, local_problems
+
+
+def _interrupted(args: argparse.Namespace, argv: list[str] | None, err: BaseException, terminated: bool) -> int:
+    """Ctrl-C or SIGTERM: what was kept and the command that continues the study (nothing, before it began)."""
+    code = cli.EXIT_TERMINATED if terminated else cli.EXIT_INTERRUPTED
+    why = "; ".join((["SIGTERM"] if terminated else []) + ([str(err)] if str(err) else []))
+    why = f" ({why})" if why else ""
+    began = (Path(args.output_dir).expanduser() / "summary" / args.name / "study_options.json").exists()
+    if not began:  # stopped before the study wrote anything: there is nothing to resume
+        sys.stderr.write(f"interrupted{why} before the study started: nothing was run or written; run the same "
+                         "command again\n")
+        return code
+    line = resume_command(argv)
+    hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
+            "MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD)" if "***" in line else "")
+    sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
+                     f"Continue with:\n  {line}{hint}\n")
+    return code
 
 
 @contextlib.contextmanager

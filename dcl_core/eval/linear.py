@@ -79,6 +79,42 @@ def _accuracy(model: nn.Module, features: torch.Tensor, labels: torch.Tensor) ->
     return 100.0 * correct / features.shape[0]
 
 
+def _classifier(feature_dim: int, num_classes: int, batch_norm: bool, generator: torch.Generator) -> nn.Module:
+    """``[BatchNorm1d(affine=False) →] Linear``, weights N(0, 0.01²) drawn from ``generator``, zero bias."""
+    linear = torch.nn.utils.skip_init(nn.Linear, feature_dim, num_classes)  # no default (global-RNG) init
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(num_classes, feature_dim, generator=generator) * 0.01)
+        linear.bias.zero_()
+    norm: nn.Module = nn.BatchNorm1d(feature_dim, affine=False) if batch_norm else nn.Identity()
+    return nn.Sequential(norm, linear)
+
+
+def _batch_bounds(num_train: int, batch_size: int) -> list[tuple[int, int]]:
+    """(start, end) of each mini-batch of an epoch. BatchNorm cannot normalise a batch of one sample in train
+    mode: a trailing single sample joins the previous batch (only when ``num_train % batch_size == 1``)."""
+    starts = list(range(0, num_train, batch_size))
+    if len(starts) > 1 and num_train - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], num_train], strict=True))
+
+
+def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+                 bounds: list[tuple[int, int]], generator: torch.Generator) -> float:
+    """One epoch over ``x`` (N, F) in an order drawn from ``generator``; returns the mean training loss."""
+    model.train()
+    perm = torch.randperm(x.shape[0], generator=generator).to(x.device)  # (N,)
+    loss_sum = 0.0
+    for start, end in bounds:
+        idx = perm[start:end]  # (b,)
+        logits = model(x[idx])  # (b, F) -> (b, C)
+        loss = F.cross_entropy(logits, y[idx])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item() * (end - start)
+    return loss_sum / x.shape[0]
+
+
 def linear_probe(
     train_features: torch.Tensor,
     train_labels: torch.Tensor,
@@ -149,37 +185,15 @@ def linear_probe(
     num_train, feature_dim = x_train.shape
 
     generator = torch.Generator().manual_seed(seed)  # CPU generator: same stream on every device
-    linear = torch.nn.utils.skip_init(nn.Linear, feature_dim, num_classes)  # no default (global-RNG) init
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(num_classes, feature_dim, generator=generator) * 0.01)
-        linear.bias.zero_()
-    norm: nn.Module = nn.BatchNorm1d(feature_dim, affine=False) if batch_norm else nn.Identity()
-    model = nn.Sequential(norm, linear).to(device)
-
+    model = _classifier(feature_dim, num_classes, batch_norm, generator).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(milestones), gamma=0.1)
-    # BatchNorm cannot normalise a batch of one sample in train mode: fold a trailing single sample into
-    # the previous batch (only possible when num_train % batch_size == 1).
-    batch_starts = list(range(0, num_train, batch_size))
-    if len(batch_starts) > 1 and num_train - batch_starts[-1] == 1:
-        batch_starts.pop()
-    batch_ends = [*batch_starts[1:], num_train]
-
+    bounds = _batch_bounds(num_train, batch_size)
     for epoch in range(epochs):
-        model.train()
         epoch_lr = optimizer.param_groups[0]["lr"]
-        perm = torch.randperm(num_train, generator=generator).to(device)  # (N,)
-        loss_sum = 0.0
-        for start, end in zip(batch_starts, batch_ends, strict=True):
-            idx = perm[start:end]  # (b,)
-            logits = model(x_train[idx])  # (b, F) -> (b, C)
-            loss = F.cross_entropy(logits, y_train[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * (end - start)
+        loss = _train_epoch(model, optimizer, x_train, y_train, bounds, generator)
         scheduler.step()
-        stats = {"lr": epoch_lr, "loss": loss_sum / num_train}
+        stats = {"lr": epoch_lr, "loss": loss}
         logger.debug("linear probe epoch %d/%d: lr=%g loss=%.4f", epoch + 1, epochs, epoch_lr, stats["loss"])
         if epoch_callback is not None:
             epoch_callback(epoch, stats)
