@@ -1,0 +1,126 @@
+"""What no single field can say: the loss's own keys, framework/loss pairs and K against the batch, the schedule
+and the data loader; and the device."""
+
+from __future__ import annotations
+
+from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
+
+
+def validate(cfg: Config) -> None:
+    """Choice, range and combination checks; raises :class:`ConfigError` with one line naming the key.
+
+    Each field's choices and :class:`Range` live in its metadata (:func:`_check_fields`); what no single field
+    can say is checked here: the loss's own keys (:func:`_check_loss`), framework/loss pairs and K against the
+    batch (:func:`_check_framework`), the schedule and the data loader (:func:`_check_schedule_and_data`).
+
+    Framework/loss pairs that are rejected, and why:
+
+    - ``framework.name`` moco/simo/nnclr with ``loss.name=align_uniform``: alignment + uniformity scores whole
+      embeddings (Wang & Isola), not the anchor/positive/negative similarities these frameworks build, so it
+      has no ``from_similarities`` form; it runs with simclr only.
+    - ``loss.num_negatives`` (EqCo's per-anchor sampling of in-batch negatives) with moco: there K *is* the
+      queue (``framework.queue_size``); with simo: SiMo samples its keys itself (``framework.num_negatives``),
+      and sampling twice would make K ambiguous.
+    - ``framework.num_negatives`` with anything but simo (it is SiMo's K).
+    - ``loss.alpha`` with any loss but eqco. Scaling the negatives' sum by α/K matters only while the positive
+      is in the denominator: in DCL/DCLW it adds the constant log(α/K) to the loss and changes no gradient
+      (and InfoNCE would silently ignore it), so a study that sets α on another loss is a mistake.
+
+    Every other pair is meaningful: InfoNCE, DCL, DCLW, DCLW-exp and EqCo all take ``PairSimilarities``.
+    EqCo's α only changes gradients because the positive stays in the denominator (its margin τ·log(α/K)
+    rescales the negatives against the positive, EqCo Eq. 12-13); EqCo is InfoNCE-form, so it keeps that
+    property under every framework, with K = :attr:`Derived.num_negatives` of that framework.
+    """
+    _check_fields(cfg)
+    _check_loss(cfg)
+    _check_framework(cfg)
+    _check_schedule_and_data(cfg)
+
+
+def _check_fields(cfg: Config) -> None:
+    """Every field against the choices and :class:`Range` in its metadata; floats must be finite."""
+    for key, (_, f) in field_specs().items():
+        value = value_at(cfg, key)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+        if value is None or isinstance(value, (bool, str)):
+            continue
+        bounds: Range = f.metadata.get("range") or Range()  # every numeric field declares one (tested)
+        problem = bounds.problem(value)
+        if problem is not None:
+            why = f" ({bounds.why})" if bounds.why else ""
+            raise ConfigError(f"{key} must be {problem}{why}, got {value}")
+
+
+def _check_loss(cfg: Config) -> None:
+    """Keys that belong to one loss (EqCo's K sub-sampling and α) set with another."""
+    if cfg.loss.num_negatives and cfg.loss.name != "eqco":
+        raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
+    if cfg.loss.alpha is not None and cfg.loss.name != "eqco":
+        raise ConfigError(
+            f"loss.alpha is EqCo's and has no effect with loss.name={cfg.loss.name}: scaling the negatives by "
+            "alpha/K only changes gradients while the positive is in the denominator; use loss.name=eqco"
+        )
+
+
+def _check_schedule_and_data(cfg: Config) -> None:
+    """The warm-up inside the schedule, and a loader that can read the dataset's format."""
+    if cfg.optim.warmup_epochs > cfg.optim.epochs:
+        raise ConfigError(
+            f"optim.warmup_epochs={cfg.optim.warmup_epochs} exceeds optim.epochs={cfg.optim.epochs}"
+        )
+    if cfg.data.loader == "stream" and cfg.data.dataset == "stl10":
+        raise ConfigError("data.loader=stream reads ImageFolder layouts; STL-10 comes in torchvision's binary "
+                          "format, which data.loader=memory decodes")
+
+
+def _check_framework(cfg: Config) -> None:
+    """Framework/loss pairs and K against the batch (see :func:`validate`)."""
+    fc, lc, big_n = cfg.framework, cfg.loss, cfg.optim.batch_size
+    if fc.name != "simclr" and lc.name == "align_uniform":
+        raise ConfigError(
+            f"loss.name=align_uniform cannot be used with framework.name={fc.name}: it scores whole embeddings, "
+            "not the anchor/positive/negative similarities the framework builds; use framework.name=simclr"
+        )
+    if fc.num_negatives and fc.name != "simo":
+        raise ConfigError(
+            f"framework.num_negatives (SiMo's K keys per query) is only defined for framework.name=simo, "
+            f"not {fc.name}"
+        )
+    if lc.num_negatives and fc.name == "moco":
+        raise ConfigError(
+            "loss.num_negatives (EqCo's in-batch K sampling) does not apply to framework.name=moco: "
+            "its K is the queue, set framework.queue_size"
+        )
+    if lc.num_negatives and fc.name == "simo":
+        raise ConfigError(
+            "loss.num_negatives does not apply to framework.name=simo: SiMo samples its K keys per query, "
+            "set framework.num_negatives"
+        )
+    if fc.name == "simo" and fc.num_negatives > big_n - 1:
+        raise ConfigError(
+            f"framework.num_negatives={fc.num_negatives} exceeds the N-1={big_n - 1} other images' keys "
+            "a batch of optim.batch_size offers"
+        )
+    if fc.name == "nnclr" and lc.num_negatives > big_n - 1:
+        raise ConfigError(
+            f"loss.num_negatives={lc.num_negatives} exceeds the N-1={big_n - 1} negatives nnclr forms "
+            "from a batch of optim.batch_size"
+        )
+    if fc.name == "simclr" and lc.num_negatives > 2 * big_n - 2:
+        raise ConfigError(
+            f"loss.num_negatives={lc.num_negatives} exceeds the 2N-2={2 * big_n - 2} "
+            "negatives a batch of optim.batch_size offers"
+        )
+
+
+def check_device(device: str) -> None:
+    """ConfigError (one line, before any compute) if ``device=cuda`` is asked for on a machine without CUDA."""
+    if device == "cuda":
+        import torch  # only here: this module stays torch-free so configs are checked before torch loads
+
+        if not torch.cuda.is_available():
+            raise ConfigError("device=cuda but this machine has no usable CUDA device; use device=auto or cpu")
+
+
