@@ -162,7 +162,7 @@ def toy_answer(rows: list[dict], ks: tuple[int, ...]) -> tuple[str, dict[str, fl
     """What the toy study prints, writes to ``table.txt`` and logs on its summary run: (the table beside EqCo
     Table 5 with the verdict last, the summary metrics, the verdict tags). A pure function of the rows, so
     ``python -m dcl_core.study.answer`` recomputes it from ``mi_toy.parquet``."""
-    from dcl_core.study.answer import verdict_metrics, verdict_tags
+    from dcl_core.study.answer_output import verdict_metrics, verdict_tags
 
     found = toy_verdict(rows)
     mi = max(r["true_mi"] for r in rows)

@@ -18,7 +18,8 @@ One job a module:
 - :mod:`~dcl_core.study.cost` / :mod:`~dcl_core.study.dry_run`: ``--dry-run``, a study's trials and estimated time;
 - :mod:`~dcl_core.study.presets`: a study script's typed presets;
 - :mod:`~dcl_core.study.answer` / :mod:`~dcl_core.study.stats`: a study's answer and the intervals behind its
-  verdicts; :mod:`~dcl_core.study.paper`: the papers' numbers as data, cited;
+  verdicts, :mod:`~dcl_core.study.answer_output` the answer as text, metrics and tags;
+  :mod:`~dcl_core.study.paper`: the papers' numbers as data, cited;
   :mod:`~dcl_core.study.calibration`: those intervals checked on simulated studies with a known truth;
   :mod:`~dcl_core.study.reanalysis`: answers recomputed from stored rows (``python -m dcl_core.study.answer``).
 

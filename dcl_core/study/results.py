@@ -13,7 +13,7 @@ from typing import Any
 
 from dcl_core import metrics as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
-from dcl_core.study import answer, report
+from dcl_core.study import answer, answer_output, report
 from dcl_core.study.columns import (
     ALPHA_USED,
     BEST_KNN_TOP1,
@@ -139,13 +139,13 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     if spec.search:
         table += "\n\n" + format_best(rows, spec.search)
         files += write_search_plots(rows, spec.search, out_dir)
-    answer_text = answer.format_answer(found)
+    answer_text = answer_output.format_answer(found)
     table += "\n\n" + answer_text
     atomic_write_text(out_dir / "table.txt", table + "\n")
     rob = report.robustness(shown, x, series=SERIES)
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
-        metric_name(k): v for k, v in answer.answer_metrics(found).items()}
-    tracker.log_summary(metrics, files, tags=answer.answer_tags(found))
+        metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
+    tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found))
     runs_url = redact_uri(tracker.runs_url())  # the view's query carries no credentials (and "Key" would be masked)
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
                         verdicts=[v.line() for v in found.verdicts], runs_url=runs_url,

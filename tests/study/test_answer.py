@@ -7,15 +7,8 @@ import statistics
 
 import pytest
 
-from dcl_core.study.answer import (
-    Question,
-    answer_metrics,
-    answer_tags,
-    build_answer,
-    format_answer,
-    gap_points,
-    regime_line,
-)
+from dcl_core.study.answer import Question, build_answer, gap_points, regime_line
+from dcl_core.study.answer_output import answer_metrics, answer_tags, format_answer
 from dcl_core.study.paper import paper_claim
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
