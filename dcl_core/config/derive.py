@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dcl_core.config.schema import Config, ConfigError
+from dcl_core.config.schema import Config, ConfigError, value_at
+from dcl_core.frameworks.negatives import NEGATIVES
 
 
 @dataclass(frozen=True)
@@ -21,13 +22,10 @@ class Derived:
 def derive(cfg: Config, world_size: int = 1) -> Derived:
     """Compute derived values; ``world_size`` is the number of DDP ranks sharing the global batch.
 
-    K, the number of negatives per anchor (the K of EqCo's margin τ·log(α/K); α = None means α = K), with N the
-    batch the negatives come from (global with ``loss.gather_distributed``, else per rank):
-
-    - simclr: ``loss.num_negatives`` or all 2N−2 other views;
-    - moco: ``framework.queue_size`` (every query is scored against the whole queue);
-    - simo: ``framework.num_negatives`` or all N−1 other images' keys;
-    - nnclr: ``loss.num_negatives`` or all N−1 other images (NNCLR contrasts against the other view only).
+    K, the number of negatives per anchor (the K of EqCo's margin τ·log(α/K); α = None means α = K), is what
+    each framework declares (:mod:`dcl_core.frameworks.negatives`): the value of its K key, or every negative
+    it offers for N images, N being the batch the negatives come from (global with ``loss.gather_distributed``,
+    else per rank).
     """
     if cfg.optim.batch_size % world_size:
         raise ConfigError(
@@ -35,17 +33,9 @@ def derive(cfg: Config, world_size: int = 1) -> Derived:
         )
     big_n = cfg.optim.batch_size if cfg.loss.gather_distributed else cfg.optim.batch_size // world_size
     name = cfg.framework.name
-    if name == "moco":
-        k, available = cfg.framework.queue_size, cfg.framework.queue_size
-    elif name == "simo":
-        available = big_n - 1
-        k = cfg.framework.num_negatives or available
-    elif name == "nnclr":
-        available = big_n - 1
-        k = cfg.loss.num_negatives or available
-    else:
-        available = 2 * big_n - 2
-        k = cfg.loss.num_negatives or available
+    negatives = NEGATIVES[name]  # the framework's own declaration: what it offers, which key sets K
+    available = negatives.offered(big_n, cfg.framework.queue_size)
+    k = value_at(cfg, negatives.k_key) or available
     if available < 1 or k > available:
         raise ConfigError(
             f"{name} with a per-rank batch of {cfg.optim.batch_size // world_size} (gather_distributed="

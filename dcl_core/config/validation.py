@@ -4,6 +4,7 @@ and the data loader; and the device."""
 from __future__ import annotations
 
 from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
+from dcl_core.frameworks.negatives import NEGATIVES
 
 
 def validate(cfg: Config) -> None:
@@ -83,35 +84,19 @@ def _check_framework(cfg: Config) -> None:
             f"loss.name=align_uniform cannot be used with framework.name={fc.name}: it scores whole embeddings, "
             "not the anchor/positive/negative similarities the framework builds; use framework.name=simclr"
         )
-    if fc.num_negatives and fc.name != "simo":
+    negatives = NEGATIVES[fc.name]  # the framework's own declaration: which key sets K, what it offers
+    for key in ("loss.num_negatives", "framework.num_negatives"):
+        if value_at(cfg, key) and key != negatives.k_key:
+            users = ", ".join(name for name, n in NEGATIVES.items() if n.k_key == key)
+            raise ConfigError(
+                f"{key} does not apply to framework.name={fc.name}: its K is {negatives.what}, set "
+                f"{negatives.k_key} ({key} sets K for {users})"
+            )
+    k, offered = value_at(cfg, negatives.k_key), negatives.offered(big_n, fc.queue_size)
+    if k > offered:
         raise ConfigError(
-            f"framework.num_negatives (SiMo's K keys per query) is only defined for framework.name=simo, "
-            f"not {fc.name}"
-        )
-    if lc.num_negatives and fc.name == "moco":
-        raise ConfigError(
-            "loss.num_negatives (EqCo's in-batch K sampling) does not apply to framework.name=moco: "
-            "its K is the queue, set framework.queue_size"
-        )
-    if lc.num_negatives and fc.name == "simo":
-        raise ConfigError(
-            "loss.num_negatives does not apply to framework.name=simo: SiMo samples its K keys per query, "
-            "set framework.num_negatives"
-        )
-    if fc.name == "simo" and fc.num_negatives > big_n - 1:
-        raise ConfigError(
-            f"framework.num_negatives={fc.num_negatives} exceeds the N-1={big_n - 1} other images' keys "
-            "a batch of optim.batch_size offers"
-        )
-    if fc.name == "nnclr" and lc.num_negatives > big_n - 1:
-        raise ConfigError(
-            f"loss.num_negatives={lc.num_negatives} exceeds the N-1={big_n - 1} negatives nnclr forms "
-            "from a batch of optim.batch_size"
-        )
-    if fc.name == "simclr" and lc.num_negatives > 2 * big_n - 2:
-        raise ConfigError(
-            f"loss.num_negatives={lc.num_negatives} exceeds the 2N-2={2 * big_n - 2} "
-            "negatives a batch of optim.batch_size offers"
+            f"{negatives.k_key}={k} exceeds the {negatives.formula}={offered} negatives ({negatives.what}) "
+            f"{fc.name} forms from a batch of optim.batch_size"
         )
 
 
