@@ -102,7 +102,7 @@ SEED_SPREAD = 1.5  # … for a best kNN within this many points of the full sear
 SAMPLE_EVERY = 0.5  # seconds between /proc/stat samples
 STUDY_TIMEOUT = 1800  # seconds: a study that takes longer is stuck
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-# The study's MLflow runs (dcl_core/study/tracking/tracker.py): a trial's child run carries its Tune id, the parent run
+# The study's MLflow runs (dcl_core/study/tracking/runs.py): a trial's child run carries its Tune id, the parent run
 # (the summary) this tag; every epoch's result logs time/epoch_seconds (always finite, unlike the loss).
 TRIAL_TAG, SUMMARY_TAG, LOGGED_EVERY_EPOCH = "trial_id", "dcl.summary", M.EPOCH_SECONDS
 

@@ -4,8 +4,10 @@ both only (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``Mlfl
 - :mod:`.reporting`: the trainer's epoch callbacks reporting to Ray Tune / Ray Train, checkpoints Ray hands back,
   a trial's final report, where a trial's files go.
 - :mod:`.preflight`: a tracking URI checked in seconds, before Ray starts.
-- :mod:`.tracker`: :class:`StudyTracker`, the study's MLflow experiment (a parent run, a nested child run per
-  trial, the summary on the parent); MLflow being down never stops a study.
+- :mod:`.runs`: the study's runs in MLflow (its experiment, the parent run, a nested child run per trial, found
+  again by their tags) and one tracking operation applied to MLflow.
+- :mod:`.tracker`: :class:`StudyTracker`, the study's tracking operations, applied now or journaled: MLflow
+  being down never stops a study.
 - :mod:`.journal`: what MLflow did not take, on disk (``summary/<study>/pending_mlflow.jsonl``), replayed later
   (:meth:`StudyTracker.sync`, ``python -m dcl_core.study.sync``); only lines a tracker can have written.
 - :mod:`.transport`: short timeouts, credentials out of the URI, transient vs refused failures.
@@ -26,7 +28,8 @@ from dcl_core.study.tracking.reporting import (
     restore_latest_checkpoint,
     trial_context,
 )
-from dcl_core.study.tracking.tracker import SUMMARY_TAG, TRIAL_TAG, StudyTracker, git_commit, metric_name
+from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG
+from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
 
 __all__ = [
     "FILES_DIR",

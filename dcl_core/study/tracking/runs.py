@@ -1,0 +1,215 @@
+"""A study's runs in MLflow, through one ``MlflowClient``: its experiment (found by name, else created with its
+kind, description and saved view), the parent run and each trial's child run (found again by their tags, so a
+resumed study never duplicates them), and one tracking operation applied to MLflow (live or replayed from the
+journal alike). What to do when MLflow is down is :class:`~dcl_core.study.tracking.tracker.StudyTracker`'s."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from dcl_core.study.tracking import transport
+from dcl_core.study.tracking.journal import LOCAL_ID
+
+log = logging.getLogger(__name__)
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: custom_model_development or genai_development
+SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
+TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
+_BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
+_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
+
+
+class StudyRuns:
+    """The MLflow side of a study's tracker: ``client``, the experiment's id, the runs this study made (``_mine``),
+    placeholder ids made real (``_ids``), and :meth:`_apply` of one operation record. Subclassed by
+    :class:`~dcl_core.study.tracking.tracker.StudyTracker`, which holds the state these methods read."""
+
+    tracking_uri: str
+    experiment: str
+    description: str
+    experiment_tags: dict[str, str]
+    artifact_root: Path | None
+    experiment_id: str | None
+    parent_run_id: str | None
+    _client: MlflowClient | None
+    _ids: dict[str, str]
+    _mine: set[str]
+    _env_added: list[str]
+    http_timeout: int
+
+    @property
+    def client(self) -> MlflowClient:
+        if self._client is None:
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        return self._client
+
+
+    def delete_runs(self, before_ms: int | None = None) -> int:
+        """Soft-delete every run of the experiment (started before ``before_ms``: ``--overwrite``, the new
+        trials replace the old ones); returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run``
+        brings one back."""
+        runs = self.client.search_runs([self._experiment()], max_results=50_000)
+        runs = [r for r in runs if before_ms is None or (r.info.start_time or 0) < before_ms]
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
+        if runs:
+            log.info("--overwrite: deleted %d earlier MLflow runs of %s", len(runs), self.experiment)
+        return len(runs)
+
+    def _apply(self, rec: dict[str, Any]) -> str | None:
+        """One journal record against MLflow (live or replayed alike)."""
+        op = rec["op"]
+        if op == "open":
+            return self._apply_open(rec)
+        if op == "trial_run":
+            return self._apply_trial_run(rec)
+        run = self._real(rec["run"])
+        if run.startswith(LOCAL_ID):
+            raise transport.UnreplayableError(f"its run ({run}) was never created")
+        self._check_mine(run)
+        c = self.client
+        if op == "metrics":
+            items = [Metric(k, v, ts, step) for k, v, ts, step in rec["metrics"]]
+            for i in range(0, len(items), _METRICS_PER_BATCH):
+                c.log_batch(run, metrics=items[i : i + _METRICS_PER_BATCH])
+        elif op == "params":
+            existing = c.get_run(run).data.params
+            self._log_params(run, {k: v for k, v in rec["params"].items() if k not in existing})
+        elif op == "tag":
+            c.set_tag(run, rec["key"], rec["value"])
+        elif op == "dict":
+            c.log_dict(run, rec["data"], rec["path"])
+        elif op == "artifact":
+            path = Path(rec["path"])
+            if not path.exists():
+                raise transport.UnreplayableError(f"{path} no longer exists")
+            with transport.upload_timeout(path, self.http_timeout, self._env_added):
+                if path.is_dir():
+                    c.log_artifacts(run, str(path), rec.get("artifact_path"))
+                else:
+                    c.log_artifact(run, str(path), rec.get("artifact_path"))
+        elif op == "end":
+            c.set_terminated(run, status=rec["status"], end_time=rec.get("time"))
+        else:
+            raise transport.UnreplayableError(f"unknown operation {op!r}")
+        return None
+
+    def _check_mine(self, run: str) -> None:
+        """An operation may touch only runs of this study's experiment (a replayed line names any run id)."""
+        if run in self._mine:
+            return
+        if self.client.get_run(run).info.experiment_id != self._experiment():
+            raise transport.UnreplayableError(f"run {run} is not in experiment {self.experiment}")
+        self._mine.add(run)
+
+    def _apply_open(self, rec: dict[str, Any]) -> str:
+        exp = self._experiment()
+        if rec.get("overwrite"):  # only runs older than the study's start: a replay keeps what it made
+            self.delete_runs(before_ms=rec["time"])
+        found = self._search(f"tags.`{SUMMARY_TAG}` = 'true'")
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec.get("experiment"),
+                                            tags=rec["tags"]).info.run_id
+        self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
+        if self.parent_run_id in (None, rec["id"]):
+            self.parent_run_id = run_id
+        return run_id
+
+    def _apply_trial_run(self, rec: dict[str, Any]) -> str:
+        exp = self._experiment()
+        found = self._search(f"tags.{TRIAL_TAG} = '{rec['trial_id']}'")
+        params = rec["params"]
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            params = {k: v for k, v in params.items() if k not in found[0].data.params}
+        else:
+            tags = dict(rec["tags"])
+            if tags.get(MLFLOW_PARENT_RUN_ID):
+                parent = self._real(tags[MLFLOW_PARENT_RUN_ID])
+                if not parent.startswith(LOCAL_ID):
+                    self._check_mine(parent)
+                tags[MLFLOW_PARENT_RUN_ID] = "" if parent.startswith(LOCAL_ID) else parent
+            run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec["name"], tags=tags).info.run_id
+        self._ids[rec["id"]] = run_id
+        self._mine.add(run_id)
+        try:
+            self._log_params(run_id, params)
+        except MlflowException as exc:  # a refused param must not lose the run (its metrics, its status)
+            if not transport.is_refused(exc):
+                raise
+            self._dropped({"op": "params", "run": run_id}, exc)
+        return run_id
+
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), _BATCH):
+            self.client.log_batch(run_id, params=items[i : i + _BATCH])
+
+    def _experiment(self) -> str:
+        """The experiment's id: found by name, else created (local stores get an absolute artifact folder)."""
+        if self.experiment_id is None:
+            exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is not None:
+                self.experiment_id = exp.experiment_id
+                tags = dict(self.experiment_tags)  # this run's saved view replaces the last run's
+                if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version: MLflow would guess its kind
+                    tags |= self._experiment_tags()
+                for key, value in tags.items():
+                    self.client.set_experiment_tag(exp.experiment_id, key, value)
+            else:
+                location = None
+                if self.artifact_root is not None and not self.tracking_uri.startswith(
+                        ("http://", "https://", "databricks")):
+                    location = (self.artifact_root / self.experiment).resolve().as_uri()
+                self.experiment_id = self.client.create_experiment(self.experiment, artifact_location=location,
+                                                                   tags=self._experiment_tags())
+        return self.experiment_id
+
+    def _experiment_tags(self) -> dict[str, str]:
+        """A model-training experiment described by the study's question, with the caller's tags (the study's
+        saved view, :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose an experiment's page by its kind
+        tag and guessed GenAI without it; 3.17's follows a per-browser mode instead (README: browse the runs)."""
+        tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self.experiment_tags}
+        if self.description:
+            tags["mlflow.note.content"] = self.description
+        return tags
+
+    def runs_url(self, ui: str = "http://127.0.0.1:5000") -> str:
+        """The MLflow UI's runs view of this study's experiment (``ui``: where ``mlflow ui`` serves a local
+        store; a tracking server's own address otherwise)."""
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ui
+        # workflowType: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview.
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs?workflowType=machine_learning"
+
+    def _search(self, filter_string: str) -> list[Any]:
+        return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)
+
+    def _real(self, run_id: str) -> str:
+        """The MLflow id of a run (a placeholder is looked up, also in what other trackers replayed)."""
+        if not run_id.startswith(LOCAL_ID):
+            return run_id
+        if run_id not in self._ids:
+            self._ids.update(self._known_ids())
+        return self._ids.get(run_id, run_id)
+
+    def _known_ids(self) -> dict[str, str]:
+        """Placeholder run id -> MLflow run id, as recorded where runs made offline are replayed (none here)."""
+        return {}
+
+    def _dropped(self, rec: dict[str, Any], exc: BaseException) -> None:
+        """An operation MLflow refused for good (here: a trial run's params); the tracker counts and warns."""
+        log.warning("MLflow refused an operation (%s on run %s): %s; it is dropped", rec["op"], rec.get("run"),
+                    transport.reason(exc))
