@@ -49,9 +49,9 @@ from dcl_core.config import Config, apply_overrides, derive, preset
 from dcl_core.models import last_block_convs
 from dcl_core.training import train
 from dcl_core.training.builders import InMemoryData, build_data, build_loss, build_model, build_optimizer
+from dcl_core.training.epoch import EpochStats, grad_norm
 from dcl_core.training.evaluation import evaluate_knn
 from dcl_core.training.schedule import cosine_lr
-from dcl_core.training.trainer import EpochStats, grad_norm
 
 try:
     from benchmarks.common import Row, markdown_table, median_time

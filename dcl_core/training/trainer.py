@@ -15,8 +15,6 @@ import contextlib
 import json
 import logging
 import math
-import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,13 +40,19 @@ from dcl_core.training.builders import (
     build_optimizer,
 )
 from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from dcl_core.training.epoch import EpochStats, StepProgress, grad_norm
 from dcl_core.training.evaluation import evaluate_knn, linear_eval
+from dcl_core.training.runtime import (
+    Runtime,
+    broadcast_from_rank0,
+    free_cpu_threads,
+    setup_runtime,
+)
 from dcl_core.training.schedule import cosine_lr
 
 log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
-Q_HIST_BINS = 40  # bins of the per-epoch NPC multiplier histogram over [0, 1] (DCL Fig. 1)
 # Where a run writes and how many threads it uses may change between the interrupted and the resumed process
 # (Ray gives a restored trial a new directory); everything else must match the checkpoint.
 RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
@@ -106,52 +110,6 @@ class TrainResult:
     output_dir: Path | None = None
 
 
-@dataclass
-class Runtime:
-    rank: int
-    world_size: int
-    device: torch.device
-    owns_process_group: bool
-
-
-def _setup_runtime(cfg: Config) -> Runtime:
-    """Join (or start, under torchrun) the process group and pick the device."""
-    owns = False
-    if not (dist.is_available() and dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        use_cuda = cfg.device != "cpu" and torch.cuda.is_available()
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-        owns = True
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda requested but CUDA is not available")
-    if cfg.device in ("auto", "cuda") and torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    return Runtime(rank, world, device, owns)
-
-
-def _average(values: dict[str, float], runtime: Runtime) -> dict[str, float]:
-    """Mean of each metric over ranks (identical on every rank afterwards)."""
-    if runtime.world_size == 1 or not values:
-        return values
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=runtime.device)
-    dist.all_reduce(t)
-    return dict(zip(keys, (t / runtime.world_size).tolist(), strict=True))
-
-
-def _broadcast(values: dict[str, float], keys: Sequence[str], runtime: Runtime) -> dict[str, float]:
-    """Rank 0's values of ``keys`` on every rank."""
-    if runtime.world_size == 1 or not keys:
-        return values
-    t = torch.tensor([values.get(k, float("nan")) for k in keys], dtype=torch.float64, device=runtime.device)
-    dist.broadcast(t, src=0)
-    return dict(zip(keys, t.tolist(), strict=True))
-
-
 def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
@@ -197,7 +155,7 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
             (before any training).
         CheckpointError: if ``resume`` finds a file that is not a readable checkpoint (before any training).
     """
-    runtime = _setup_runtime(cfg)
+    runtime = setup_runtime(cfg)
     try:
         return _train(cfg, runtime, callbacks, resume, progress)
     finally:
@@ -269,44 +227,6 @@ class Run:
     def backbone(self) -> nn.Module:
         """The encoder without its projection head (what kNN and the linear probe evaluate)."""
         return _unwrap(self.model).backbone
-
-
-def free_cpu_threads(processes: int = 1, cpus: int | None = None, busy: float | None = None) -> int:
-    """Intra-op threads for each of ``processes`` on this machine: the CPUs not busy right now (measured over a
-    fraction of a second, :func:`busy_cpus`), shared out, at least 1. Threads beyond the free CPUs cost far more
-    than they bring: on a busy 2-core machine 2 threads trained a ResNet-18 ×0.25 at 27 images/s where 1 thread
-    gave 178 (README, Performance)."""
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if busy is None:
-        busy = busy_cpus()
-    threads = max(1, math.floor((cpus - busy + 0.5) / max(1, processes)))
-    log.info("torch threads: %d (%d CPUs, %.1f busy, %d process(es); --threads to choose)", threads, cpus, busy,
-             processes)
-    return threads
-
-
-def busy_cpus(window: float = 0.5) -> float:
-    """How many CPUs other work keeps busy now: /proc/stat's non-idle share over ``window`` seconds times the CPU
-    count (the 1-minute load average lags: it still counts a job that ended a minute ago). Falls back to the load
-    average where /proc/stat is missing."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-        return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)  # idle + iowait, total
-
-    try:
-        idle0, total0 = sample()
-        time.sleep(window)
-        idle1, total1 = sample()
-    except (OSError, ValueError, IndexError):
-        try:
-            return os.getloadavg()[0]
-        except OSError:
-            return 0.0
-    total = max(total1 - total0, 1)
-    return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / total)
 
 
 def _build_run(cfg: Config, runtime: Runtime) -> Run:
@@ -400,103 +320,6 @@ def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
     return state["epoch"], history
 
 
-# ------------------------------------------------------------------------------------------------------------
-# One epoch
-
-
-@dataclass
-class EpochStats:
-    """This rank's running sums over one epoch's steps, and the epoch's metrics from them."""
-
-    device: torch.device
-    steps: int = 0
-    images: int = 0
-    lr: float = math.nan  # the learning rate of the last step
-    sums: dict[str, torch.Tensor] = field(default_factory=dict)  # loss and diagnostics, float32 ()
-    grad_sum: torch.Tensor = field(init=False)  # float64 (): sum of the probe's gradient norms
-    grad_sq: torch.Tensor = field(init=False)  # float64 (): sum of their squares
-    q_hist: torch.Tensor = field(init=False)  # float64 (Q_HIST_BINS,): anchors per bin of q_B over [0, 1]
-    started: float = field(init=False)  # time.perf_counter() when the epoch's steps began
-    seconds: float = 0.0  # duration of the epoch's steps
-
-    def __post_init__(self) -> None:
-        self.grad_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.grad_sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.q_hist = torch.zeros(Q_HIST_BINS, dtype=torch.float64, device=self.device)
-        self.started = time.perf_counter()
-
-    def add_gradients(self, grad_norm: torch.Tensor, npc: torch.Tensor | None) -> None:
-        """The step's probe gradient norm (float64 ()) and NPC multipliers q_B (A,), if the loss has them."""
-        self.grad_sum += grad_norm
-        self.grad_sq += grad_norm**2
-        if npc is not None:
-            self.q_hist += torch.histc(npc.float(), bins=Q_HIST_BINS, min=0.0, max=1.0).double()
-
-    def add_losses(self, values: dict[str, torch.Tensor], images: int, lr: float) -> None:
-        """The step's loss and diagnostics (detached ()), its batch size and learning rate."""
-        for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value.float()
-        self.steps += 1
-        self.images += images
-        self.lr = lr
-
-    def metrics(self, runtime: Runtime) -> dict[str, float]:
-        """``train/*``: step means and gradient-norm statistics averaged over ranks, images/s over all ranks,
-        the q_B histogram over every rank's anchors (fractions; absent without q_B) and the last lr."""
-        metrics = {M.train_metric(k): float(v) / self.steps for k, v in self.sums.items()}
-        metrics[M.IMAGES_PER_S] = self.images / self.seconds
-        grad_mean = float(self.grad_sum) / self.steps
-        grad_std = math.sqrt(max(float(self.grad_sq) / self.steps - grad_mean**2, 0.0))
-        metrics |= {M.GRAD_NORM_MEAN: grad_mean, M.GRAD_NORM_STD: grad_std,
-                    M.GRAD_NORM_CV: grad_std / grad_mean if grad_mean > 0 else math.nan}
-        metrics = _average(metrics, runtime)
-        metrics[M.IMAGES_PER_S] *= runtime.world_size
-        if runtime.world_size > 1:
-            dist.all_reduce(self.q_hist)  # counts over every rank's anchors
-        if self.q_hist.sum() > 0:  # fraction of anchors per bin of q_B over [0, 1]
-            metrics[M.Q_HIST] = (self.q_hist / self.q_hist.sum()).tolist()  # type: ignore[assignment]
-        metrics[M.LR] = self.lr
-        return metrics
-
-
-class StepProgress:
-    """Progress within an epoch: a tqdm bar (steps, images/s, ETA) on a terminal, else a log line at each quarter
-    of the epoch; nothing when disabled (Ray trials report per epoch)."""
-
-    def __init__(self, epoch: int, epochs: int, steps: int, enabled: bool) -> None:
-        self.epoch, self.epochs, self.steps, self.enabled = epoch, epochs, steps, enabled
-        self.bar: Any = None
-        self.done = 0
-        self.images = 0
-        self.started = time.perf_counter()
-
-    def __enter__(self) -> StepProgress:
-        if self.enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=self.steps, desc=f"epoch {self.epoch}/{self.epochs}", unit="step", leave=False,
-                            dynamic_ncols=True)
-        return self
-
-    def step(self, images: int) -> None:
-        if not self.enabled:
-            return
-        self.done += 1
-        self.images += images
-        rate = self.images / max(time.perf_counter() - self.started, 1e-9)
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(f"{rate:.0f} img/s", refresh=False)
-        elif self.done in {math.ceil(self.steps * q / 4) for q in (1, 2, 3)}:
-            eta = (self.steps - self.done) * (time.perf_counter() - self.started) / self.done
-            log.info("epoch %d/%d: step %d/%d, %.0f img/s, %.0f s left in the epoch", self.epoch, self.epochs,
-                     self.done, self.steps, rate, eta)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None) -> EpochStats:
     """One pass over this rank's shard of the epoch's permutation, one optimizer step per batch."""
     cfg, device = run.cfg, run.runtime.device
@@ -549,11 +372,6 @@ def _stop_if_not_finite(loss: torch.Tensor, run: Run, epoch: int, step: int, lr:
         )
 
 
-def grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """L2 norm of the gradients of ``params`` taken together, float64 ()."""
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).double()
-
-
 # ------------------------------------------------------------------------------------------------------------
 # After an epoch, and after training
 
@@ -573,7 +391,7 @@ def _knn_metrics(run: Run) -> dict[str, float]:
             device=run.runtime.device,
         )
         knn[M.KNN_SECONDS] = time.perf_counter() - t0
-    return _broadcast(knn, [M.KNN_TOP1, M.KNN_SECONDS], run.runtime)
+    return broadcast_from_rank0(knn, [M.KNN_TOP1, M.KNN_SECONDS], run.runtime)
 
 
 def _save(run: Run, epoch: int, history: list[dict[str, float]]) -> None:
@@ -637,4 +455,4 @@ def _linear_metrics(run: Run) -> dict[str, float]:
             batch_size=ev.batch_size,
             device=run.runtime.device,
         )
-    return _broadcast(result, [M.LINEAR_TOP1, M.LINEAR_TRAIN_TOP1], run.runtime)
+    return broadcast_from_rank0(result, [M.LINEAR_TOP1, M.LINEAR_TRAIN_TOP1], run.runtime)
