@@ -134,11 +134,9 @@ def linear_probe(
 ) -> dict[str, float]:
     """Train a linear classifier on frozen features and report train and test top-1 accuracy.
 
-    The defaults are the DCL paper's protocol (appendix A.4, OpenSelfSup): SGD with momentum 0.9, weight
-    decay 0, base lr 30, batch 256, 100 epochs, lr multiplied by 0.1 at epochs 60 and 80
-    (``torch.optim.lr_scheduler.MultiStepLR`` stepped once per epoch). The result is deterministic given
-    ``seed``: the classifier is initialised (weights N(0, 0.01^2), zero bias) and the training set shuffled
-    each epoch with a private ``torch.Generator``; the global RNG is not touched.
+    The defaults are the paper's protocol (module docstring; ``MultiStepLR`` stepped once per epoch). The result
+    is deterministic given ``seed``: the classifier's init (N(0, 0.01²), zero bias) and each epoch's shuffle use a
+    private ``torch.Generator``; the global RNG is not touched.
 
     Args:
         train_features: Training features ``(N, F)`` (e.g. from :func:`~dcl_core.eval.extract_features`).
@@ -166,17 +164,8 @@ def linear_probe(
     Raises:
         ValueError: For inconsistent shapes or out-of-range hyper-parameters.
     """
-    _validate(
-        train_features,
-        train_labels,
-        test_features,
-        test_labels,
-        num_classes,
-        epochs,
-        lr,
-        batch_size,
-        batch_norm,
-    )
+    _validate(train_features, train_labels, test_features, test_labels, num_classes, epochs, lr, batch_size,
+              batch_norm)
     device = train_features.device if device is None else torch.device(device)
     x_train = train_features.to(device=device, dtype=torch.float32)  # (N, F)
     y_train = train_labels.to(device=device, dtype=torch.long)  # (N,)
