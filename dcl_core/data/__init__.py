@@ -24,17 +24,16 @@ from dcl_core.data.datasets import (
     DATA_ROOT_ENV,
     DATASETS,
     EMBEDDED_CIFAR10,
-    DataError,
     ImageTensors,
-    UnreadableImageError,
     check_dataset,
-    check_fits_in_memory,
     class_balanced_subset,
     load_dataset,
     pretraining_images,
     resolve_data_root,
     split_location,
 )
+from dcl_core.data.decode import check_fits_in_memory
+from dcl_core.data.errors import DataError, UnreadableImageError
 
 __all__ = [
     "CIFAR_MEAN",

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
-from torchvision.datasets.folder import IMG_EXTENSIONS, default_loader, find_classes, make_dataset
-from torchvision.io import ImageReadMode
-from torchvision.transforms.v2 import functional as TF
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from dcl_core.config import DATASET_NAMES, InputError
+from dcl_core.config import DATASET_NAMES
+from dcl_core.data.decode import DECODE_CHUNK, check_fits_in_memory, decode_files, resize_center_crop
+from dcl_core.data.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -65,35 +64,6 @@ _PRETTY_NAMES = {
 _TV_BASE_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python", "stl10": "stl10_binary"}
 _EXPECTED_CLASSES = {"cifar10": 10, "cifar100": 100, "stl10": 10}
 _STL10_CLASSES = ("airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck")
-_LARGE_TENSOR_BYTES = 8 * 1024**3
-_DECODE_CHUNK = 1024
-_JPEG_MAGIC = b"\xff\xd8\xff"
-
-
-class DataError(InputError):
-    """A dataset could not be found, read or subset.
-
-    The message is always a single line: it is shown to the user as ``error: <msg>``.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
-
-
-class UnreadableImageError(DataError):
-    """An image file that cannot be read or decoded; the message names the file.
-
-    Raised in a DataLoader worker (``data.loader=stream``), it reaches the main process re-created by torch from
-    the worker's formatted traceback (``"Caught UnreadableImageError in DataLoader worker process 0. Original
-    Traceback ...: <message>"``); the constructor keeps only the original message, the traceback's last line.
-    """
-
-    def __init__(self, message: str) -> None:
-        message = str(message)
-        if "Original Traceback" in message:
-            last = message.strip().splitlines()[-1]  # "dcl_core.data.datasets.UnreadableImageError: <message>"
-            message = last.partition(": ")[2] or last
-        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -240,133 +210,6 @@ def class_balanced_subset(labels: torch.Tensor, per_class: int, seed: int) -> to
     return torch.sort(torch.cat(chosen)).values  # (num_classes * per_class,)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Decoding helpers
-# ----------------------------------------------------------------------------------------------------
-
-
-def _resize_center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
-    """Resizes the shorter side of ``(..., C, H, W)`` uint8 images to ``size`` and center-crops."""
-    height, width = image.shape[-2:]
-    if min(height, width) != size:
-        image = TF.resize(image, [size], antialias=True)
-    if image.shape[-2] != size or image.shape[-1] != size:
-        image = TF.center_crop(image, [size, size])
-    return image
-
-
-def _decode_one(data: torch.Tensor, path: str) -> torch.Tensor:
-    """Decodes one encoded image to uint8 RGB ``(3, H, W)``; falls back to PIL for exotic formats."""
-    try:
-        return torchvision.io.decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except RuntimeError:
-        try:
-            return TF.pil_to_tensor(default_loader(path))
-        except Exception as exc:
-            raise UnreadableImageError(f"cannot decode image {path}: {exc}") from exc
-
-
-def _read_one(path: str) -> torch.Tensor:
-    """The bytes of one image file as a uint8 tensor; UnreadableImageError naming the file if it is empty or
-    cannot be read."""
-    try:
-        data = torchvision.io.read_file(path)
-    except RuntimeError as exc:  # "read_file, <source>.cpp:83, <reason>"
-        raise UnreadableImageError(f"cannot read image {path}: {str(exc).split(', ')[-1]}") from exc
-    if data.numel() == 0:  # torchvision refuses an empty file (above) in some versions
-        raise UnreadableImageError(f"cannot read image {path}: the file is empty")
-    return data
-
-
-def _decode_files(paths: Sequence[str], image_size: int | None, pretty: str) -> torch.Tensor:
-    """Decodes image files into one contiguous uint8 tensor of shape ``(N, 3, S, S)``.
-
-    JPEGs are decoded in chunks with torchvision's batched ``decode_jpeg``; other formats one by one
-    with ``decode_image``. A thread pool was measured to bring no speed-up here (decoding small JPEGs
-    is dominated by Python-side overhead that holds the GIL), so decoding is single-threaded.
-
-    Args:
-        paths: Image files.
-        image_size: Output size (shorter side resized, then center crop); ``None`` keeps the native
-            size, which must then be identical for all files.
-        pretty: Dataset name for messages.
-
-    Returns:
-        ``uint8`` tensor ``(N, 3, H, W)``.
-    """
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        # torchvision >= 0.29 deprecates torchvision.io decoding in favor of TorchCodec and warns per call.
-        warnings.filterwarnings("ignore", ".*image decoding and encoding", category=DeprecationWarning)
-        out = _decode_all(paths, image_size, pretty)
-    logger.info("decoded %d %s images in %.2f s", len(paths), pretty, time.perf_counter() - start)
-    return out
-
-
-def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> torch.Tensor:
-    """The decoding loop of :func:`_decode_files`."""
-    out: torch.Tensor | None = None
-    for begin in range(0, len(paths), _DECODE_CHUNK):
-        chunk = paths[begin : begin + _DECODE_CHUNK]
-        encoded = [_read_one(p) for p in chunk]
-        decoded: list[torch.Tensor | None] = [None] * len(chunk)
-        jpeg_pos = [k for k, data in enumerate(encoded) if bytes(data[:3].tolist()) == _JPEG_MAGIC]
-        if jpeg_pos:
-            try:
-                batch = torchvision.io.decode_jpeg(
-                    [encoded[k] for k in jpeg_pos], mode=ImageReadMode.RGB, apply_exif_orientation=True
-                )
-                for k, img in zip(jpeg_pos, batch, strict=True):
-                    decoded[k] = img
-            except RuntimeError:
-                logger.debug("batched JPEG decode failed; decoding one by one to find the bad file")
-        for k, img in enumerate(decoded):
-            if img is None:
-                decoded[k] = _decode_one(encoded[k], chunk[k])
-        for k, img in enumerate(decoded):
-            assert img is not None
-            if image_size is not None:
-                img = _resize_center_crop(img, image_size)
-            if out is None:
-                out_bytes = len(paths) * img.numel()
-                check_fits_in_memory(out_bytes, pretty)
-                out = torch.empty((len(paths), *img.shape), dtype=torch.uint8)  # (N, 3, H, W)
-            if img.shape != out.shape[1:]:
-                raise DataError(
-                    f"{pretty} images differ in size ({chunk[k]} is {tuple(img.shape[1:])}, expected "
-                    f"{tuple(out.shape[2:])}); pass an image size to resize them"
-                )
-            out[begin + k] = img
-    if out is None:
-        out = torch.empty((0, 3, image_size or 0, image_size or 0), dtype=torch.uint8)
-    return out
-
-
-def physical_memory() -> int | None:
-    """This machine's memory in bytes (``None`` where the OS does not say)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
-def check_fits_in_memory(num_bytes: int, pretty: str) -> None:
-    """Refuse a decoded set larger than the machine (before the tensor exists); warn about a large one."""
-    total = physical_memory()
-    if total is not None and num_bytes > total:
-        raise DataError(
-            f"{pretty} would take {num_bytes / 1024**3:.1f} GB as decoded images, more than this machine's memory "
-            f"({total / 1024**3:.1f} GB); use a smaller data.image_size, a subset (data.train_per_class, "
-            "data.test_per_class) or data.loader=stream"
-        )
-    if num_bytes > _LARGE_TENSOR_BYTES:
-        logger.warning(
-            "%s will take %.1f GB of memory as a uint8 tensor; consider a smaller image size or subset",
-            pretty,
-            num_bytes / 1024**3,
-        )
-
-
 def _subset(
     images: torch.Tensor, labels: torch.Tensor, per_class: int | None, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,9 +231,9 @@ def _finish(
         start = time.perf_counter()
         check_fits_in_memory(images.shape[0] * 3 * image_size * image_size, pretty)
         resized = torch.empty((images.shape[0], 3, image_size, image_size), dtype=torch.uint8)
-        for begin in range(0, images.shape[0], _DECODE_CHUNK):
-            resized[begin : begin + _DECODE_CHUNK] = _resize_center_crop(
-                images[begin : begin + _DECODE_CHUNK], image_size
+        for begin in range(0, images.shape[0], DECODE_CHUNK):
+            resized[begin : begin + DECODE_CHUNK] = resize_center_crop(
+                images[begin : begin + DECODE_CHUNK], image_size
             )
         elapsed = time.perf_counter() - start
         logger.info("resized %d %s images to %d px in %.2f s", len(images), pretty, image_size, elapsed)
@@ -454,7 +297,7 @@ def _load_image_folder(
         index = class_balanced_subset(labels, per_class, seed)
         paths = [paths[i] for i in index.tolist()]
         labels = labels[index]
-    images = _decode_files(paths, image_size, pretty)
+    images = decode_files(paths, image_size, pretty)
     return _finish(images, labels, classes, None, pretty)
 
 

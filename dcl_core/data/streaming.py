@@ -34,7 +34,8 @@ from torchvision.datasets.folder import default_loader
 from torchvision.transforms import v2
 
 from dcl_core.data.augment import ViewAugmentation, ViewPolicy
-from dcl_core.data.datasets import DataError, UnreadableImageError, class_balanced_subset
+from dcl_core.data.datasets import class_balanced_subset
+from dcl_core.data.errors import DataError, UnreadableImageError
 
 log = logging.getLogger(__name__)
 

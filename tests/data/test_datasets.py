@@ -30,6 +30,7 @@ from dcl_core.data import (
     resolve_data_root,
 )
 from dcl_core.data import datasets as datasets_module
+from dcl_core.data import decode as decode_module
 from dcl_core.training.builders import build_data
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -394,8 +395,8 @@ def test_large_tensor_warning(
     root = tmp_path / "c"
     _write_png_folder(root / "train", ["a"], 2, (8, 8), seed=0)
     (root / "test").mkdir()
-    monkeypatch.setattr(datasets_module, "_LARGE_TENSOR_BYTES", 100)
-    with caplog.at_level(logging.INFO, logger="dcl_core.data.datasets"):
+    monkeypatch.setattr(decode_module, "_LARGE_TENSOR_BYTES", 100)
+    with caplog.at_level(logging.INFO, logger="dcl_core.data"):
         load_dataset("cifar10", "train", root=str(root))
     assert any(r.levelno == logging.WARNING and "GB" in r.getMessage() for r in caplog.records)
     assert any("decoded 2" in r.getMessage() for r in caplog.records)
@@ -408,12 +409,12 @@ def test_images_that_cannot_fit_in_memory_are_refused_before_the_tensor_is_made(
     root = tmp_path / "c"
     _write_png_folder(root / "train", ["a"], 2, (8, 8), seed=0)
     (root / "test").mkdir()
-    monkeypatch.setattr(datasets_module, "physical_memory", lambda: 1000)  # a machine with 1000 bytes
+    monkeypatch.setattr(decode_module, "physical_memory", lambda: 1000)  # a machine with 1000 bytes
     load_dataset("cifar10", "train", root=str(root))  # 2 x 3 x 8 x 8 = 384 bytes fit
     with pytest.raises(DataError, match=r"would take .* more than this machine's memory") as info:
         load_dataset("cifar10", "train", root=str(root), image_size=16)  # 2 x 3 x 16 x 16 = 1536 do not
     assert "data.image_size" in str(info.value) and "\n" not in str(info.value)
-    assert datasets_module.physical_memory is not None
+    assert decode_module.physical_memory is not None
 
 
 # ----------------------------------------------------------------------------------------------------
