@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 from mlflow.tracking import MlflowClient
 
@@ -43,17 +44,34 @@ def test_a_line_cut_short_by_a_crash_loses_only_itself(tmp_path, caplog):
 def _append_many(folder: str, writer: int, n: int) -> None:
     journal = Journal(Path(folder), EXP)
     for i in range(n):
-        journal.append(tag(f"r{writer}", f"k{i}", "x" * 5000))  # lines longer than a pipe buffer
+        journal.append(tag(f"r{writer}", f"k{i}", "x" * 5000))
 
 
-def test_writers_in_several_processes_never_interleave_lines(tmp_path):
+def _replay_until_stopped(folder: str, stop: Any) -> None:
+    """What a tracker's replay does to the journal while others append: read it and write back what is left
+    (here: everything), under the journal's lock."""
+    journal = Journal(Path(folder), EXP)
+    while not stop.is_set():
+        with journal.lock():
+            journal.rewrite(journal.read(), {}, lambda run: run)
+
+
+def test_appends_from_several_processes_survive_a_concurrent_replay(tmp_path):
+    """A study's trials journal while ``python -m dcl_core.study.sync`` (or the study itself) replays: a line
+    appended between the replay's read and its rewrite would be lost unless both hold the journal's lock."""
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 50)) for w in range(4)]
-    for p in procs:
+    stop = ctx.Event()
+    replayer = ctx.Process(target=_replay_until_stopped, args=(str(tmp_path), stop))
+    replayer.start()
+    writers = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 50)) for w in range(4)]
+    for p in writers:
         p.start()
-    for p in procs:
+    for p in writers:
         p.join(120)
         assert p.exitcode == 0
+    stop.set()
+    replayer.join(120)
+    assert replayer.exitcode == 0
     records = Journal(tmp_path, EXP).read()
     assert len(records) == 200
     for w in range(4):  # every writer's lines, whole and in its own order
