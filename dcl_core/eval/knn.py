@@ -10,9 +10,13 @@ temperatures.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; only type checkers read it here
+    from typing_extensions import Unpack
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ def knn_predict(
     bank: torch.Tensor,
     bank_labels: torch.Tensor,
     num_classes: int,
+    *,  # the vote's settings by name only: a training τ can never slip in positionally
     k: int = 200,
     temperature: float = 0.1,
     chunk_size: int = 1024,
@@ -126,6 +131,15 @@ def _top_k(q: torch.Tensor, bank: torch.Tensor, k: int, bank_chunk_size: int) ->
     return best_sims, best_idx
 
 
+class KnnVote(TypedDict, total=False):
+    """The vote's settings :func:`knn_top1` passes on to :func:`knn_predict` (which holds their defaults)."""
+
+    k: int
+    temperature: float
+    chunk_size: int
+    bank_chunk_size: int
+
+
 @torch.no_grad()
 def knn_top1(
     query: torch.Tensor,
@@ -133,10 +147,7 @@ def knn_top1(
     bank: torch.Tensor,
     bank_labels: torch.Tensor,
     num_classes: int,
-    k: int = 200,
-    temperature: float = 0.1,
-    chunk_size: int = 1024,
-    bank_chunk_size: int = 65536,
+    **vote: Unpack[KnnVote],
 ) -> float:
     """Top-1 accuracy (percent, 0-100) of the weighted kNN classifier :func:`knn_predict`.
 
@@ -146,10 +157,8 @@ def knn_top1(
         bank: Bank features ``(N, F)``.
         bank_labels: Bank labels ``(N,)``.
         num_classes: Number of classes.
-        k: Number of neighbours (clamped to ``N``).
-        temperature: The kNN monitor's own vote temperature (not the training temperature).
-        chunk_size: Number of queries per chunk.
-        bank_chunk_size: Number of bank rows compared at once.
+        **vote: ``k``, ``temperature`` (the kNN monitor's own, never the training τ), ``chunk_size``,
+            ``bank_chunk_size``, by name, as :func:`knn_predict` takes them.
 
     Returns:
         Percentage of queries whose predicted label equals ``query_labels``.
@@ -161,7 +170,7 @@ def knn_top1(
         raise ValueError(
             f"query_labels must have shape ({query.shape[0]},) with M > 0, got {tuple(query_labels.shape)}"
         )
-    preds = knn_predict(query, bank, bank_labels, num_classes, k, temperature, chunk_size, bank_chunk_size)  # (M,)
+    preds = knn_predict(query, bank, bank_labels, num_classes, **vote)  # (M,)
     top1 = (preds == query_labels.to(preds.device)).float().mean().item() * 100.0
-    logger.debug("kNN top-1 %.2f%% (k=%d, t=%g, M=%d, N=%d)", top1, k, temperature, len(preds), len(bank))
+    logger.debug("kNN top-1 %.2f%% (%s, M=%d, N=%d)", top1, vote or "default vote", len(preds), len(bank))
     return top1

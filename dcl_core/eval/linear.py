@@ -17,7 +17,9 @@ test-time transform, not on randomly cropped and flipped images each epoch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import torch.nn.functional as F
@@ -25,14 +27,36 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-#: Linear-probe hyper-parameter presets; use as ``linear_probe(..., **LINEAR_PRESETS["cpu"])``.
-#: ``"paper"`` is the DCL appendix A.4 protocol; ``"cpu"`` and ``"smoke"`` shorten it and place the lr
-#: decays at the same relative positions (60% and 80% of training).
-LINEAR_PRESETS: dict[str, dict[str, int | float | bool | tuple[int, ...]]] = {
-    "paper": {"epochs": 100, "lr": 30.0, "batch_size": 256, "milestones": (60, 80), "batch_norm": False},
-    "cpu": {"epochs": 30, "lr": 30.0, "batch_size": 256, "milestones": (18, 24), "batch_norm": True},
-    "smoke": {"epochs": 2, "lr": 30.0, "batch_size": 256, "milestones": (1,), "batch_norm": True},
-}
+@dataclass(frozen=True)
+class LinearProtocol:
+    """How the probe trains: SGD with momentum, the lr divided by 10 at each of ``milestones`` (epochs).
+
+    The defaults are A.4's numbers with the ``BatchNorm1d`` front (see the module docstring); the named
+    protocols are :data:`LINEAR_PRESETS`.
+    """
+
+    epochs: int = 100
+    lr: float = 30.0
+    batch_size: int = 256  # the last, smaller batch of an epoch is kept
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    milestones: tuple[int, ...] = (60, 80)
+    batch_norm: bool = True  # standardise features with BatchNorm1d(affine=False) before the Linear layer
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1, got {self.epochs} and {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+#: The named probe protocols. ``"paper"`` is the DCL appendix A.4 protocol; ``"cpu"`` and ``"smoke"`` shorten
+#: it and place the lr decays at the same relative positions (60% and 80% of training).
+LINEAR_PRESETS: Mapping[str, LinearProtocol] = MappingProxyType({
+    "paper": LinearProtocol(epochs=100, milestones=(60, 80), batch_norm=False),
+    "cpu": LinearProtocol(epochs=30, milestones=(18, 24)),
+    "smoke": LinearProtocol(epochs=2, milestones=(1,)),
+})
 
 _EVAL_BATCH_SIZE = 4096
 
@@ -43,8 +67,6 @@ def _validate(
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
     num_classes: int,
-    epochs: int,
-    lr: float,
     batch_size: int,
     batch_norm: bool,
 ) -> None:
@@ -58,10 +80,6 @@ def _validate(
         raise ValueError("labels must have shape (N,) matching their features")
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    if epochs < 1 or batch_size < 1:
-        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
     if batch_norm and (train_features.shape[0] < 2 or batch_size < 2):
         raise ValueError("batch_norm=True needs at least 2 training samples per batch")
     for name, labels in (("train_labels", train_labels), ("test_labels", test_labels)):
@@ -121,20 +139,15 @@ def linear_probe(
     test_features: torch.Tensor,
     test_labels: torch.Tensor,
     num_classes: int,
-    epochs: int = 100,
-    lr: float = 30.0,
-    batch_size: int = 256,
-    momentum: float = 0.9,
-    weight_decay: float = 0.0,
-    milestones: tuple[int, ...] = (60, 80),
+    protocol: LinearProtocol = LinearProtocol(),  # frozen: one shared default is safe
+    *,
     seed: int = 0,
     device: torch.device | str | None = None,
-    batch_norm: bool = True,
     epoch_callback: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, float]:
     """Train a linear classifier on frozen features and report train and test top-1 accuracy.
 
-    The defaults are the paper's protocol (module docstring; ``MultiStepLR`` stepped once per epoch). The result
+    ``MultiStepLR`` is stepped once per epoch. The result
     is deterministic given ``seed``: the classifier's init (N(0, 0.01²), zero bias) and each epoch's shuffle use a
     private ``torch.Generator``; the global RNG is not touched.
 
@@ -144,16 +157,10 @@ def linear_probe(
         test_features: Test features ``(M, F)``.
         test_labels: Test labels ``(M,)``.
         num_classes: Number of classes (explicit; never inferred from the labels).
-        epochs: Number of training epochs.
-        lr: Base learning rate.
-        batch_size: Mini-batch size (the last, smaller batch of an epoch is kept).
-        momentum: SGD momentum.
-        weight_decay: SGD weight decay.
-        milestones: Epochs at which the lr is multiplied by 0.1.
+        protocol: Epochs, lr, batch size, SGD settings, lr milestones and the BatchNorm front
+            (:class:`LinearProtocol`; the named ones are :data:`LINEAR_PRESETS`).
         seed: Seed for the initialisation and the shuffling.
         device: Device to train on; defaults to the device of ``train_features``.
-        batch_norm: Standardise the features with ``BatchNorm1d(affine=False)`` before the ``Linear`` layer
-            (see the module docstring for why this is the default).
         epoch_callback: Called after every epoch as ``epoch_callback(epoch, {"lr": ..., "loss": ...})``
             with the 0-based epoch, the lr used during that epoch and the mean training loss.
 
@@ -164,8 +171,8 @@ def linear_probe(
     Raises:
         ValueError: For inconsistent shapes or out-of-range hyper-parameters.
     """
-    _validate(train_features, train_labels, test_features, test_labels, num_classes, epochs, lr, batch_size,
-              batch_norm)
+    p = protocol
+    _validate(train_features, train_labels, test_features, test_labels, num_classes, p.batch_size, p.batch_norm)
     device = train_features.device if device is None else torch.device(device)
     x_train = train_features.to(device=device, dtype=torch.float32)  # (N, F)
     y_train = train_labels.to(device=device, dtype=torch.long)  # (N,)
@@ -174,16 +181,16 @@ def linear_probe(
     num_train, feature_dim = x_train.shape
 
     generator = torch.Generator().manual_seed(seed)  # CPU generator: same stream on every device
-    model = _classifier(feature_dim, num_classes, batch_norm, generator).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(milestones), gamma=0.1)
-    bounds = _batch_bounds(num_train, batch_size)
-    for epoch in range(epochs):
+    model = _classifier(feature_dim, num_classes, p.batch_norm, generator).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(p.milestones), gamma=0.1)
+    bounds = _batch_bounds(num_train, p.batch_size)
+    for epoch in range(p.epochs):
         epoch_lr = optimizer.param_groups[0]["lr"]
         loss = _train_epoch(model, optimizer, x_train, y_train, bounds, generator)
         scheduler.step()
         stats = {"lr": epoch_lr, "loss": loss}
-        logger.debug("linear probe epoch %d/%d: lr=%g loss=%.4f", epoch + 1, epochs, epoch_lr, stats["loss"])
+        logger.debug("linear probe epoch %d/%d: lr=%g loss=%.4f", epoch + 1, p.epochs, epoch_lr, stats["loss"])
         if epoch_callback is not None:
             epoch_callback(epoch, stats)
 
@@ -194,8 +201,8 @@ def linear_probe(
     }
     logger.info(
         "linear probe (%d epochs, lr=%g): test top-1 %.2f%%, train top-1 %.2f%%",
-        epochs,
-        lr,
+        p.epochs,
+        p.lr,
         result["linear_top1"],
         result["linear_train_top1"],
     )

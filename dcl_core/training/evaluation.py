@@ -63,9 +63,9 @@ def linear_eval(
         test_f,
         data.labels("test"),
         data.num_classes,
+        LINEAR_PRESETS[preset],
         seed=seed,
         device=device,
-        **LINEAR_PRESETS[preset],
     )
     log.info("linear probe (%s): top-1 %.2f%%", preset, res["linear_top1"])
     return {f"eval/{k}": v for k, v in res.items()}

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dcl_core.eval import LINEAR_PRESETS, extract_features, linear_probe
+from dcl_core.eval import LINEAR_PRESETS, LinearProtocol, extract_features, linear_probe
 from dcl_core.models import build_backbone
 
 
@@ -38,10 +38,7 @@ def test_separable_data_is_learned(batch_norm: bool, scale: float) -> None:
         x_test,
         y_test,
         4,
-        epochs=10,
-        batch_size=64,
-        milestones=(6, 8),
-        batch_norm=batch_norm,
+        LinearProtocol(epochs=10, batch_size=64, milestones=(6, 8), batch_norm=batch_norm),
     )
     assert set(result) == {"linear_top1", "linear_train_top1"}
     assert result["linear_top1"] >= 99.0
@@ -53,7 +50,7 @@ def test_random_labels_give_chance_on_test() -> None:
     num_classes = 4
     x_train, y_train = torch.randn(128, 64, generator=g), torch.randint(0, num_classes, (128,), generator=g)
     x_test, y_test = torch.randn(800, 64, generator=g), torch.randint(0, num_classes, (800,), generator=g)
-    result = linear_probe(x_train, y_train, x_test, y_test, num_classes, epochs=20, milestones=(12, 16))
+    result = linear_probe(x_train, y_train, x_test, y_test, num_classes, LinearProtocol(epochs=20, milestones=(12, 16)))
     assert 15.0 <= result["linear_top1"] <= 35.0  # chance is 25%, std ~1.5%
     # 128 points in 64 dimensions: the probe fits the noise of the training set far above chance.
     assert result["linear_train_top1"] >= 75.0
@@ -74,9 +71,7 @@ def test_deterministic_given_seed() -> None:
                 x_test,
                 y_test,
                 5,
-                epochs=4,
-                milestones=(2,),
-                batch_size=32,
+                LinearProtocol(epochs=4, milestones=(2,), batch_size=32),
                 seed=seed,
                 epoch_callback=lambda _e, stats, run=run: losses[run].append(stats["loss"]),
             )
@@ -90,9 +85,7 @@ def test_deterministic_given_seed() -> None:
         x_test,
         y_test,
         5,
-        epochs=4,
-        milestones=(2,),
-        batch_size=32,
+        LinearProtocol(epochs=4, milestones=(2,), batch_size=32),
         seed=8,
         epoch_callback=lambda _e, stats: other.append(stats["loss"]),
     )
@@ -108,9 +101,7 @@ def test_multistep_milestones_applied() -> None:
         x,
         y,
         3,
-        epochs=6,
-        lr=2.0,
-        milestones=(2, 4),
+        LinearProtocol(epochs=6, lr=2.0, milestones=(2, 4)),
         epoch_callback=lambda epoch, stats: history.append((epoch, stats["lr"])),
     )
     assert [epoch for epoch, _ in history] == list(range(6))
@@ -119,19 +110,19 @@ def test_multistep_milestones_applied() -> None:
 
 def test_batch_of_one_is_folded_for_batchnorm() -> None:
     x, y = _clusters(11, 3, 8, seed=0)  # 33 samples, batch_size 16 -> trailing batch of 1
-    result = linear_probe(x, y, x, y, 3, epochs=2, batch_size=16, milestones=())
+    result = linear_probe(x, y, x, y, 3, LinearProtocol(epochs=2, batch_size=16, milestones=()))
     assert result["linear_train_top1"] > 90.0
 
 
 def test_presets() -> None:
     # DCL A.4 (OpenSelfSup): a bare linear layer, SGD lr 30, batch 256, 100 epochs, /10 at 60 and 80.
-    assert LINEAR_PRESETS["paper"] == {
-        "epochs": 100, "lr": 30.0, "batch_size": 256, "milestones": (60, 80), "batch_norm": False
-    }
+    assert LINEAR_PRESETS["paper"] == LinearProtocol(
+        epochs=100, lr=30.0, batch_size=256, momentum=0.9, weight_decay=0.0, milestones=(60, 80), batch_norm=False
+    )
     for name, preset in LINEAR_PRESETS.items():
-        assert all(0 < m < preset["epochs"] for m in preset["milestones"]), name
+        assert all(0 < m < preset.epochs for m in preset.milestones), name
     x, y = _clusters(10, 2, 4, seed=0)
-    result = linear_probe(x, y, x, y, 2, **LINEAR_PRESETS["smoke"])
+    result = linear_probe(x, y, x, y, 2, LINEAR_PRESETS["smoke"])
     assert 0.0 <= result["linear_top1"] <= 100.0
 
 
@@ -141,8 +132,10 @@ def test_linear_probe_invalid_arguments() -> None:
         linear_probe(x, y, x[:, :3], y, 2)
     with pytest.raises(ValueError):
         linear_probe(x, y[:-1], x, y, 2)
-    with pytest.raises(ValueError):
-        linear_probe(x, y, x, y, 2, epochs=0)
+    with pytest.raises(ValueError, match="epochs and batch_size"):
+        LinearProtocol(epochs=0)
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        LinearProtocol(lr=0.0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -218,10 +211,11 @@ def test_extract_features_invalid_input(small_backbone: nn.Module) -> None:
 def test_batch_norm_needs_two_samples_per_batch_and_labels_must_be_in_range() -> None:
     x, y = _clusters(5, 2, 4, seed=0)
     with pytest.raises(ValueError, match="2 training samples per batch"):
-        linear_probe(x, y, x, y, 2, epochs=1, batch_size=1)
-    linear_probe(x, y, x, y, 2, epochs=1, batch_size=1, batch_norm=False)  # a bare layer trains on single samples
+        linear_probe(x, y, x, y, 2, LinearProtocol(epochs=1, batch_size=1))
+    # a bare layer trains on single samples
+    linear_probe(x, y, x, y, 2, LinearProtocol(epochs=1, batch_size=1, batch_norm=False))
     for bad in (y - 1, y + 1):  # -1 (unlabeled) or == num_classes
         with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
-            linear_probe(x, bad, x, y, 2, epochs=1)
+            linear_probe(x, bad, x, y, 2, LinearProtocol(epochs=1))
         with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
-            linear_probe(x, y, x, bad, 2, epochs=1)
+            linear_probe(x, y, x, bad, 2, LinearProtocol(epochs=1))

@@ -40,7 +40,7 @@ def test_evaluate_knn_is_knn_top1_on_normalized_bank_and_test_features():
 def test_linear_eval_is_the_preset_probe_on_raw_features():
     data, backbone = TwoClusters(), nn.Identity()
     res = linear_eval(backbone, data, preset="smoke", seed=3, batch_size=16, device=torch.device("cpu"))
-    ref = linear_probe(data.x["bank"], data.y["bank"], data.x["test"], data.y["test"], 2, seed=3,
-                       device=torch.device("cpu"), **LINEAR_PRESETS["smoke"])
+    ref = linear_probe(data.x["bank"], data.y["bank"], data.x["test"], data.y["test"], 2,
+                       LINEAR_PRESETS["smoke"], seed=3, device=torch.device("cpu"))
     assert res == {"eval/linear_top1": ref["linear_top1"], "eval/linear_train_top1": ref["linear_train_top1"]}
     assert res["eval/linear_top1"] == 100.0
