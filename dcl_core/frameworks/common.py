@@ -94,9 +94,15 @@ def split_positive(sim: Tensor, pos_col: Tensor) -> tuple[Tensor, Tensor]:
     return pos, neg
 
 
-def random_unit_rows(rows: int, dim: int, device: torch.device) -> Tensor:
-    """(rows, dim) random unit vectors: MoCo's initial queue (drawn on the CPU RNG, so device-independent)."""
-    return F.normalize(torch.randn(rows, dim), dim=1).to(device)  # (rows, dim)
+def register_queue(module: nn.Module, name: str, rows: int, dim: int, model: nn.Module) -> None:
+    """Give ``module`` a ring-buffer queue for :func:`enqueue`: buffer ``name``, ``(rows, dim)`` random unit vectors
+    (MoCo's initial queue, drawn on the CPU RNG so it is device-independent), and ``{name}_ptr``, the index of its
+    oldest row, both on ``model``'s device."""
+    if rows < 1:
+        raise ValueError(f"queue_size must be >= 1, got {rows}")
+    device = model_device(model)
+    module.register_buffer(name, F.normalize(torch.randn(rows, dim), dim=1).to(device))  # (rows, dim)
+    module.register_buffer(f"{name}_ptr", torch.zeros((), dtype=torch.long, device=device))
 
 
 def model_device(model: nn.Module) -> torch.device:

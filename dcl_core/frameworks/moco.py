@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import gather_no_grad
-from dcl_core.frameworks.common import enqueue, make_key_encoder, model_device, momentum_update, random_unit_rows
+from dcl_core.frameworks.common import enqueue, make_key_encoder, momentum_update, register_queue
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -71,8 +71,6 @@ class MoCo(nn.Module):
         symmetric: bool = True,
     ) -> None:
         super().__init__()
-        if queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.model = model
@@ -80,9 +78,7 @@ class MoCo(nn.Module):
         self.key_encoder = make_key_encoder(model)
         self.momentum = float(momentum)
         self.symmetric = symmetric
-        device = model_device(model)
-        self.register_buffer("queue", random_unit_rows(queue_size, dim, device))  # (K, D)
-        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long, device=device))  # index of oldest
+        register_queue(self, "queue", queue_size, dim, model)  # queue (K, D), queue_ptr: index of the oldest row
         self._pending_keys: Tensor | None = None  # keys of the last training forward, enqueued by after_step
 
     @property

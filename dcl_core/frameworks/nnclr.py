@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import distributed_world, gather_no_grad, gather_with_grad
-from dcl_core.frameworks.common import enqueue, model_device, random_unit_rows, split_positive
+from dcl_core.frameworks.common import enqueue, register_queue, split_positive
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -81,15 +81,11 @@ class NNCLR(nn.Module):
         gather_distributed: bool = False,
     ) -> None:
         super().__init__()
-        if queue_size < 1:
-            raise ValueError(f"queue_size must be >= 1, got {queue_size}")
         self.model = model
         self.loss = loss
         self.symmetric = symmetric
         self.gather_distributed = gather_distributed
-        device = model_device(model)
-        self.register_buffer("support", random_unit_rows(queue_size, dim, device))  # (Q, D)
-        self.register_buffer("support_ptr", torch.zeros((), dtype=torch.long, device=device))  # oldest row
+        register_queue(self, "support", queue_size, dim, model)  # support (Q, D), support_ptr: its oldest row
         self._pending: Tensor | None = None  # view-1 projections of the last training forward
 
     @property
