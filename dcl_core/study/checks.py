@@ -40,7 +40,7 @@ def check_trials_fit(spec: StudySpec, workers: int) -> None:
     from dcl_core.config import apply_overrides, check_device
     from dcl_core.data import check_fits_in_memory, pretraining_images
     from dcl_core.study.spec import grid_points
-    from dcl_core.training.trainer import steps_per_epoch
+    from dcl_core.training.run import steps_per_epoch
 
     seen = set()
     for grid in spec.grids:

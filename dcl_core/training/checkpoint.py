@@ -4,6 +4,9 @@ read back as data only.
 A checkpoint holds tensors and plain values (dicts, lists, numbers, strings), so it is loaded with
 ``torch.load(weights_only=True)``: a ``.pt`` file from elsewhere cannot run code when ``python -m dcl_core.eval``
 or ``--resume`` reads it. Anything that is not a checkpoint this module wrote raises :class:`CheckpointError`.
+
+What a run keeps in one is also decided here: the framework's own state (:func:`framework_state`: momentum
+encoder, queues) and which config keys a resume may change (:func:`check_resumable`).
 """
 
 from __future__ import annotations
@@ -18,13 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from dcl_core.config import InputError
+from dcl_core.config import Config, ConfigError, InputError, to_flat_dict
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 # What every checkpoint holds (the trainer's ``_save``), with the type each entry must have.
 REQUIRED = {"epoch": int, "model": dict, "optimizer": dict, "scaler": dict, "config": dict, "history": list}
+# Where a run writes and how many threads it uses may change between the interrupted and the resumed process
+# (Ray gives a restored trial a new directory); everything else must match the checkpoint.
+RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
 _REFUSED_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 
 
@@ -135,3 +142,34 @@ def _check_contents(path: Path, state: Any) -> None:
     for key, kind in REQUIRED.items():
         if not isinstance(state.get(key), kind):
             raise CheckpointError(path, f"{key!r} is missing or not a {kind.__name__}")
+
+
+def check_resumable(cfg: Config, state: dict[str, Any], path: Path) -> None:
+    """ConfigError unless the checkpoint ``state`` (read from ``path``) was written by a run of ``cfg``:
+    every key but :data:`RESUME_FREE_KEYS` must match."""
+    # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
+    saved = to_flat_dict(Config()) | state["config"]
+    now = to_flat_dict(cfg)
+    changed = [k for k in sorted(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now[k]]
+    if changed:
+        diffs = ", ".join(f"{k} (checkpoint {saved.get(k)!r}, now {now[k]!r})" for k in changed)
+        raise ConfigError(f"cannot resume {path}: config differs in {diffs}")
+
+
+def framework_state(framework: nn.Module) -> dict[str, torch.Tensor]:
+    """The framework's own state: its ``state_dict()`` minus the trained model (momentum encoder, queues).
+
+    Frameworks hold the trained encoder as ``framework.model`` (saved separately as the checkpoint's
+    ``model``); SimCLR has no other state, so this is empty for it.
+    """
+    return {k: v for k, v in framework.state_dict().items() if not k.startswith("model.")}
+
+
+def load_framework_state(framework: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Restore :func:`framework_state`; every non-model entry must be present and known (exact resume)."""
+    result = framework.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if not k.startswith("model.")]
+    if missing or result.unexpected_keys:
+        raise ValueError(
+            f"checkpoint framework state does not match: missing {missing}, unexpected {result.unexpected_keys}"
+        )

@@ -4,9 +4,10 @@ Device-agnostic: CPU here, CUDA (AMP, NCCL, SyncBN) on a GPU machine, DDP when l
 a Ray Train worker (the process group then already exists). Reporting goes through :class:`EpochCallback`s so
 this module never imports Ray or MLflow.
 
-Read top to bottom: :func:`train` joins the process group; :func:`_train` builds the run (:func:`_build_run`),
-restores it (:func:`_restore`) and loops over epochs: :func:`_train_one_epoch` fills an :class:`EpochStats`,
-which gives the epoch's metrics; then the kNN monitor when due, the checkpoint, the log line and the callbacks.
+Read top to bottom: :func:`train` joins the process group; :func:`_train` builds the run
+(:func:`~dcl_core.training.run.build_run`), restores it (:func:`_restore`) and loops over epochs:
+:func:`_train_one_epoch` fills an :class:`EpochStats`, which gives the epoch's metrics; then the kNN monitor when
+due, the checkpoint, the log line and the callbacks.
 """
 
 from __future__ import annotations
@@ -19,43 +20,30 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
 
 from dcl_core import files
 from dcl_core import metrics as M
-from dcl_core.config import Config, ConfigError, Derived, RunFailedError, derive, to_flat_dict
-from dcl_core.models import last_block_convs
-from dcl_core.training.builders import (
-    TrainingData,
-    build_data,
-    build_framework,
-    build_loss,
-    build_model,
-    build_optimizer,
+from dcl_core.config import Config, RunFailedError, to_flat_dict
+from dcl_core.training.checkpoint import (
+    check_resumable,
+    framework_state,
+    load_checkpoint,
+    load_framework_state,
+    save_checkpoint,
 )
-from dcl_core.training.checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from dcl_core.training.epoch import EpochStats, StepProgress, grad_norm
 from dcl_core.training.evaluation import evaluate_knn, linear_eval
-from dcl_core.training.runtime import (
-    Runtime,
-    broadcast_from_rank0,
-    free_cpu_threads,
-    setup_runtime,
-)
+from dcl_core.training.run import Run, build_run, unwrap
+from dcl_core.training.runtime import Runtime, broadcast_from_rank0, setup_runtime
 from dcl_core.training.schedule import cosine_lr
 
 log = logging.getLogger(__name__)
 
 METRICS_NAME = "metrics.jsonl"
-# Where a run writes and how many threads it uses may change between the interrupted and the resumed process
-# (Ray gives a restored trial a new directory); everything else must match the checkpoint.
-RESUME_FREE_KEYS = frozenset({"output_dir", "threads"})
 
 
 class NonFiniteLossError(RunFailedError):
@@ -65,34 +53,6 @@ class NonFiniteLossError(RunFailedError):
 class RunOutputError(RunFailedError):
     """The run's output folder could not be written (disk full, quota, permissions); the run stops as failed.
     ``str(err)`` is one line naming the file."""
-
-
-def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
-    """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
-
-    Raises:
-        ConfigError: if there is none (a batch larger than the pretraining set).
-    """
-    # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
-    steps = (n_images // world_size) // (batch_size // world_size)
-    if steps == 0:
-        raise ConfigError(
-            f"{n_images} pretraining images give no full batch of {batch_size}; "
-            "lower optim.batch_size or raise data.train_per_class"
-        )
-    return steps
-
-
-def check_resumable(cfg: Config, state: dict[str, Any], path: Path) -> None:
-    """ConfigError unless the checkpoint ``state`` (read from ``path``) was written by a run of ``cfg``:
-    every key but :data:`RESUME_FREE_KEYS` must match."""
-    # A key the checkpoint predates (e.g. framework.queue_size) had its default value then.
-    saved = to_flat_dict(Config()) | state["config"]
-    now = to_flat_dict(cfg)
-    changed = [k for k in sorted(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now[k]]
-    if changed:
-        diffs = ", ".join(f"{k} (checkpoint {saved.get(k)!r}, now {now[k]!r})" for k in changed)
-        raise ConfigError(f"cannot resume {path}: config differs in {diffs}")
 
 
 class EpochCallback(Protocol):
@@ -108,29 +68,6 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
     final: dict[str, float] = field(default_factory=dict)
     output_dir: Path | None = None
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-def framework_state(framework: nn.Module) -> dict[str, torch.Tensor]:
-    """The framework's own state: its ``state_dict()`` minus the trained model (momentum encoder, queues).
-
-    Frameworks hold the trained encoder as ``framework.model`` (saved separately as the checkpoint's
-    ``model``); SimCLR has no other state, so this is empty for it.
-    """
-    return {k: v for k, v in framework.state_dict().items() if not k.startswith("model.")}
-
-
-def load_framework_state(framework: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Restore :func:`framework_state`; every non-model entry must be present and known (exact resume)."""
-    result = framework.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if not k.startswith("model.")]
-    if missing or result.unexpected_keys:
-        raise ValueError(
-            f"checkpoint framework state does not match: missing {missing}, unexpected {result.unexpected_keys}"
-        )
 
 
 def _epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -166,7 +103,7 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
 def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], resume: bool,
            progress: bool = False) -> TrainResult:
     """Build the run, restore it, train the remaining epochs, then the linear probe if configured."""
-    run = _build_run(cfg, runtime)
+    run = build_run(cfg, runtime)
     start_epoch, history = _restore(run, resume)
     log.info(
         "training %s/%s on %s x%d: %d epochs x %d steps, batch %d, peak lr %.4g, K=%d",
@@ -196,95 +133,7 @@ def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], re
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Building and restoring a run
-
-
-@dataclass
-class Run:
-    """Everything one run builds from its config before the first epoch."""
-
-    cfg: Config
-    derived: Derived
-    runtime: Runtime
-    out_dir: Path  # absolute: checkpoint.pt, config.json, metrics.jsonl
-    data: TrainingData
-    model: nn.Module  # the SSLModel, DDP-wrapped on several ranks
-    framework: nn.Module  # model + loss (+ momentum encoder, queues)
-    probes: list[torch.Tensor]  # weights whose gradient norm is recorded every step (DCL Fig. 5)
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    sampler: DistributedSampler  # this rank's shard of each epoch's permutation
-    steps_per_epoch: int
-    total_steps: int
-    warmup_steps: int
-    use_amp: bool
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.out_dir / CHECKPOINT_NAME
-
-    @property
-    def backbone(self) -> nn.Module:
-        """The encoder without its projection head (what kNN and the linear probe evaluate)."""
-        return _unwrap(self.model).backbone
-
-
-def _build_run(cfg: Config, runtime: Runtime) -> Run:
-    """Output folder, data, model (seeded: the same initial weights on every rank), framework, optimizer.
-
-    Raises:
-        ConfigError: if the pretraining set gives no full batch.
-    """
-    rank, world, device = runtime.rank, runtime.world_size, runtime.device
-    derived = derive(cfg, world)
-    if device.type == "cpu" or cfg.threads > 0:
-        torch.set_num_threads(cfg.threads or free_cpu_threads(world))
-    out_dir = Path(cfg.output_dir).expanduser().resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-
-    # A download happens once: rank 0 fetches, the other ranks read what it wrote.
-    fetch_first = cfg.data.download and world > 1
-    if fetch_first and rank != 0:
-        dist.barrier()
-    data = build_data(cfg)
-    if fetch_first and rank == 0:
-        dist.barrier()
-    n_images = len(data)
-    steps = steps_per_epoch(n_images, cfg.optim.batch_size, world)  # before building anything else
-    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
-    model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)
-    if world > 1:
-        if device.type == "cuda" and cfg.model.sync_bn:
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    framework = build_framework(cfg, model, build_loss(cfg, derived))
-    # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
-    probes = [conv.weight for conv in last_block_convs(_unwrap(model).backbone)]
-    optimizer = build_optimizer(cfg, derived, model)
-    use_amp = cfg.amp and device.type == "cuda"
-    scaler = torch.amp.GradScaler(device.type, enabled=use_amp)
-
-    sampler = DistributedSampler(
-        range(n_images), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
-    )
-    return Run(
-        cfg=cfg,
-        derived=derived,
-        runtime=runtime,
-        out_dir=out_dir,
-        data=data,
-        model=model,
-        framework=framework,
-        probes=probes,
-        optimizer=optimizer,
-        scaler=scaler,
-        sampler=sampler,
-        steps_per_epoch=steps,
-        total_steps=steps * cfg.optim.epochs,
-        warmup_steps=round(cfg.optim.warmup_epochs * steps),
-        use_amp=use_amp,
-    )
+# Restoring a run
 
 
 def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
@@ -308,7 +157,7 @@ def _restore(run: Run, resume: bool) -> tuple[int, list[dict[str, float]]]:
         return 0, []
     state = load_checkpoint(path, map_location=run.runtime.device)
     check_resumable(cfg, state, path)
-    _unwrap(run.model).load_state_dict(state["model"])
+    unwrap(run.model).load_state_dict(state["model"])
     load_framework_state(run.framework, state.get("framework", {}))  # momentum encoder, queues (none: SimCLR)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scaler.load_state_dict(state["scaler"])
@@ -404,7 +253,7 @@ def _save(run: Run, epoch: int, history: list[dict[str, float]]) -> None:
     if run.runtime.rank == 0:
         state = {
             "epoch": epoch,
-            "model": _unwrap(run.model).state_dict(),
+            "model": unwrap(run.model).state_dict(),
             "framework": framework_state(run.framework),
             "optimizer": run.optimizer.state_dict(),
             "scaler": run.scaler.state_dict(),

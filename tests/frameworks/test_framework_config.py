@@ -12,7 +12,7 @@ from dcl_core.config import FRAMEWORK_NAMES, Config, ConfigError, apply_override
 from dcl_core.frameworks import FRAMEWORKS, NNCLR, MoCo, SimCLR, SiMo
 from dcl_core.losses import EqCoLoss
 from dcl_core.training.builders import build_framework, build_loss
-from dcl_core.training.trainer import framework_state, load_framework_state
+from dcl_core.training.checkpoint import framework_state, load_framework_state
 
 
 def cfg(**overrides) -> Config:

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from framework_helpers import TinyEncoder, make_loss, make_views
 
 from dcl_core.frameworks import NNCLR, MoCo, SiMo
-from dcl_core.training.trainer import framework_state
+from dcl_core.training.checkpoint import framework_state
 
 WORLD = 2
 N = 8  # full batch; each rank holds 4 images

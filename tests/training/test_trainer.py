@@ -19,9 +19,9 @@ from dcl_core.training import NonFiniteLossError, epoch, train, trainer
 from dcl_core.training import runtime as runtime_module
 from dcl_core.training.checkpoint import load_checkpoint
 from dcl_core.training.epoch import EpochStats
+from dcl_core.training.run import build_run, steps_per_epoch
 from dcl_core.training.runtime import Runtime
 from dcl_core.training.schedule import cosine_lr
-from dcl_core.training.trainer import steps_per_epoch
 
 
 def _embedded_available() -> bool:
@@ -193,7 +193,7 @@ def test_same_seed_gives_every_loss_the_same_init_and_data_order(tmp_path):
     runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"), owns_process_group=False)
 
     def start(loss, seed):
-        run = trainer._build_run(smoke(tmp_path / f"{loss}{seed}", **{"loss.name": loss, "seed": seed}), runtime)
+        run = build_run(smoke(tmp_path / f"{loss}{seed}", **{"loss.name": loss, "seed": seed}), runtime)
         run.sampler.set_epoch(0)
         order = list(run.sampler)
         gen = torch.Generator().manual_seed(trainer._epoch_seed(seed, 0, 0))

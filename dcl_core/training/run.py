@@ -1,0 +1,130 @@
+"""What one run builds from its config before the first epoch (:class:`Run`, :func:`build_run`): the output
+folder, the data, the model (the same initial weights on every rank), the framework and its loss, the optimizer,
+the AMP scaler and this rank's sampler, and the step counts the lr schedule follows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+from dcl_core.config import Config, ConfigError, Derived, derive
+from dcl_core.models import last_block_convs
+from dcl_core.training.builders import (
+    TrainingData,
+    build_data,
+    build_framework,
+    build_loss,
+    build_model,
+    build_optimizer,
+)
+from dcl_core.training.checkpoint import CHECKPOINT_NAME
+from dcl_core.training.runtime import Runtime, free_cpu_threads
+
+
+def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
+
+    Raises:
+        ConfigError: if there is none (a batch larger than the pretraining set).
+    """
+    # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
+    steps = (n_images // world_size) // (batch_size // world_size)
+    if steps == 0:
+        raise ConfigError(
+            f"{n_images} pretraining images give no full batch of {batch_size}; "
+            "lower optim.batch_size or raise data.train_per_class"
+        )
+    return steps
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (itself when not wrapped)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@dataclass
+class Run:
+    """Everything one run builds from its config before the first epoch."""
+
+    cfg: Config
+    derived: Derived
+    runtime: Runtime
+    out_dir: Path  # absolute: checkpoint.pt, config.json, metrics.jsonl
+    data: TrainingData
+    model: nn.Module  # the SSLModel, DDP-wrapped on several ranks
+    framework: nn.Module  # model + loss (+ momentum encoder, queues)
+    probes: list[torch.Tensor]  # weights whose gradient norm is recorded every step (DCL Fig. 5)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: DistributedSampler  # this rank's shard of each epoch's permutation
+    steps_per_epoch: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.cfg.optim.epochs
+
+    @property
+    def warmup_steps(self) -> int:
+        return round(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
+
+    @property
+    def use_amp(self) -> bool:
+        """Autocast runs exactly when the scaler is on (``amp`` on a CUDA device)."""
+        return self.scaler.is_enabled()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.out_dir / CHECKPOINT_NAME
+
+    @property
+    def backbone(self) -> nn.Module:
+        """The encoder without its projection head (what kNN and the linear probe evaluate)."""
+        return unwrap(self.model).backbone
+
+
+def build_run(cfg: Config, runtime: Runtime) -> Run:
+    """Output folder, data, model (seeded: the same initial weights on every rank), framework, optimizer.
+
+    Raises:
+        ConfigError: if the pretraining set gives no full batch.
+    """
+    rank, world, device = runtime.rank, runtime.world_size, runtime.device
+    derived = derive(cfg, world)
+    if device.type == "cpu" or cfg.threads > 0:
+        torch.set_num_threads(cfg.threads or free_cpu_threads(world))
+    out_dir = Path(cfg.output_dir).expanduser().resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    # A download happens once: rank 0 fetches, the other ranks read what it wrote.
+    fetch_first = cfg.data.download and world > 1
+    if fetch_first and rank != 0:
+        dist.barrier()
+    data = build_data(cfg)
+    if fetch_first and rank == 0:
+        dist.barrier()
+    n_images = len(data)
+    steps = steps_per_epoch(n_images, cfg.optim.batch_size, world)  # before building anything else
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
+    model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)
+    if world > 1:
+        if device.type == "cuda" and cfg.model.sync_bn:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    framework = build_framework(cfg, model, build_loss(cfg, derived))
+    # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
+    probes = [conv.weight for conv in last_block_convs(unwrap(model).backbone)]
+    optimizer = build_optimizer(cfg, derived, model)
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and device.type == "cuda")  # AMP: CUDA only
+
+    sampler = DistributedSampler(
+        range(n_images), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    )
+    return Run(cfg, derived, runtime, out_dir, data, model, framework, probes, optimizer, scaler, sampler, steps)
