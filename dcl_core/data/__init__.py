@@ -1,10 +1,12 @@
 """Where the images come from and how the two views are made.
 
+- :mod:`~dcl_core.data.locate`: where a dataset's root and splits are, and :func:`check_dataset`, the pre-flight
+  check the CLIs run before any compute.
 - :mod:`~dcl_core.data.datasets` (``data.loader=memory``): a split of CIFAR-10/100, STL-10 or a small ImageFolder
-  decoded once into an in-memory ``uint8`` tensor, and :func:`check_dataset`, the pre-flight check the CLIs run
-  before any compute.
+  decoded once into an in-memory ``uint8`` tensor (:mod:`~dcl_core.data.decode` decodes image files).
 - :mod:`~dcl_core.data.augment`: the seeded, batched, on-device SimCLR / BYOL views of such a tensor
-  (:class:`ViewAugmentation`) and the evaluation transform (:class:`EvalTransform`).
+  (:class:`ViewAugmentation`, built from the kernels of :mod:`~dcl_core.data.image_ops`) and the evaluation
+  transform (:class:`EvalTransform`).
 - :mod:`~dcl_core.data.streaming` (``data.loader=stream``): an ImageFolder too large for memory (ImageNet) read by
   DataLoader workers, with per-sample torchvision views of the same policies; import it from there.
 
@@ -20,20 +22,18 @@ from dcl_core.data.augment import (
     ViewAugmentation,
     normalization_for,
 )
-from dcl_core.data.datasets import (
+from dcl_core.data.datasets import ImageTensors, class_balanced_subset, load_dataset
+from dcl_core.data.decode import check_fits_in_memory
+from dcl_core.data.errors import DataError, UnreadableImageError
+from dcl_core.data.locate import (
     DATA_ROOT_ENV,
     DATASETS,
     EMBEDDED_CIFAR10,
-    ImageTensors,
     check_dataset,
-    class_balanced_subset,
-    load_dataset,
     pretraining_images,
     resolve_data_root,
     split_location,
 )
-from dcl_core.data.decode import check_fits_in_memory
-from dcl_core.data.errors import DataError, UnreadableImageError
 
 __all__ = [
     "CIFAR_MEAN",

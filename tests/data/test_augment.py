@@ -21,8 +21,8 @@ from dcl_core.data import (
     normalization_for,
 )
 from dcl_core.data import augment as augment_module
-from dcl_core.data.augment import (
-    ViewPolicy,
+from dcl_core.data.augment import ViewPolicy
+from dcl_core.data.image_ops import (
     adjust_hue,
     crop_flip_resize,
     gaussian_blur,

@@ -29,8 +29,8 @@ from dcl_core.data import (
     load_dataset,
     resolve_data_root,
 )
-from dcl_core.data import datasets as datasets_module
 from dcl_core.data import decode as decode_module
+from dcl_core.data import locate as locate_module
 from dcl_core.training.builders import build_data
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -472,7 +472,7 @@ def test_resolve_data_root_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def test_cifar10_default_root_without_embedded_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(datasets_module, "EMBEDDED_CIFAR10", tmp_path / "nowhere")
+    monkeypatch.setattr(locate_module, "EMBEDDED_CIFAR10", tmp_path / "nowhere")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cache = tmp_path / "cache" / "dcl_core" / "cifar10"
@@ -566,7 +566,7 @@ def test_download_skips_the_embedded_jpeg_copy(tmp_path: Path, monkeypatch: pyte
     embedded = tmp_path / "embedded"
     for split in ("train", "test"):
         (embedded / split / "airplane").mkdir(parents=True)
-    monkeypatch.setattr(datasets_module, "EMBEDDED_CIFAR10", embedded)
+    monkeypatch.setattr(locate_module, "EMBEDDED_CIFAR10", embedded)
     monkeypatch.delenv("DCL_DATA_ROOT", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert resolve_data_root("cifar10", None) == embedded
