@@ -15,7 +15,8 @@ One job a module:
   :mod:`~dcl_core.study.mlflow_view`: the study's saved comparison view in MLflow's UI;
 - :mod:`~dcl_core.study.console`: the one-line progress of a study on the console;
 - :mod:`~dcl_core.study.checks`: what a study checks before Ray starts;
-- :mod:`~dcl_core.study.cost` / :mod:`~dcl_core.study.dry_run`: ``--dry-run``, a study's trials and estimated time;
+- :mod:`~dcl_core.study.cost` / :mod:`~dcl_core.study.dry_run`: ``--dry-run``, a study's trials and estimated time
+  (:mod:`~dcl_core.study.flops`: a model's FLOPs and this machine's measured rate);
 - :mod:`~dcl_core.study.presets`: a study script's typed presets;
 - :mod:`~dcl_core.study.answer` / :mod:`~dcl_core.study.stats`: a study's answer and the intervals behind its
   verdicts, :mod:`~dcl_core.study.answer_output` the answer as text, metrics and tags;

@@ -22,19 +22,19 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, args: argparse.Namespa
     """What ``--dry-run`` prints: the trials (grouped by seed), their resources, totals, and the estimated cost
     with its assumptions (:mod:`dcl_core.study.cost`). Times a few training steps; starts nothing."""
     # The models, the trainer and FlopCounterMode: only a dry run needs them, a real run loads them in its trials.
-    from dcl_core.study import cost
+    from dcl_core.study import cost, flops
 
     res = options.resources
     plans = cost.plan_study(
         spec, res.num_workers,
         sizes_of=lambda c: cost.data_sizes(c.data.dataset, c.data.root, c.data.train_per_class,
                                            c.data.test_per_class),
-        flops_of=cost.default_flops_of)
-    rates: dict[tuple[Any, ...], cost.Rate] = {}
+        flops_of=flops.default_flops_of)
+    rates: dict[tuple[Any, ...], flops.Rate] = {}
     for group in (g for plan in plans for g in plan.groups):
         if cost.model_key(group.cfg) not in rates:
-            rates[cost.model_key(group.cfg)] = cost.default_rate_of(group.cfg, group.flops, res.num_workers,
-                                                                    res.threads)
+            rates[cost.model_key(group.cfg)] = flops.default_rate_of(group.cfg, group.flops, res.num_workers,
+                                                                     res.threads)
     cpus = options.num_cpus or os.cpu_count() or 1
     slots = cost.trial_slots(res, cpus, options.max_concurrent)
     est = cost.estimate(plans, {k: r.flops_per_second for k, r in rates.items()}, res.num_workers, slots)

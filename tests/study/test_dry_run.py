@@ -16,6 +16,7 @@ from torch import nn
 
 from dcl_core.config import apply_overrides, preset
 from dcl_core.study import cost
+from dcl_core.study import flops as flop_count
 from dcl_core.study.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
 from dcl_core.study_cli import build_parser, main
 from dcl_core.training.builders import build_model
@@ -146,25 +147,25 @@ def test_bad_input_still_exits_2_in_one_line_before_the_dry_run(tmp_path, capsys
 def test_flop_count_of_a_linear_layer_and_its_backward():
     layer = nn.Linear(10, 20, bias=False, device="meta")
     x = torch.empty(3, 10, device="meta", requires_grad=True)
-    assert cost.count_flops(lambda: layer(x)) == 2 * 3 * 10 * 20
+    assert flop_count.count_flops(lambda: layer(x)) == 2 * 3 * 10 * 20
     # backward: the input's and the weight's gradients, each as costly as the forward
-    assert cost.count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 3 * 10 * 20
+    assert flop_count.count_flops(lambda: layer(x).sum().backward()) == 3 * 2 * 3 * 10 * 20
 
 
 def test_flops_scale_linearly_with_the_batch():
     cfg = preset("smoke")
-    small = cost.model_flops(lambda: build_model(cfg), 32, batch=2)
-    large = cost.model_flops(lambda: build_model(cfg), 32, batch=6)
+    small = flop_count.model_flops(lambda: build_model(cfg), 32, batch=2)
+    large = flop_count.model_flops(lambda: build_model(cfg), 32, batch=6)
     assert small == large  # per image: the count is exactly linear in the batch
     assert small.train_view > small.forward_view > small.backbone_forward > 0
     assert small.feature_dim == 512 // 8  # resnet18 at width 0.125
 
 
 def test_training_flops_per_image_count_both_views_and_key_encoders():
-    flops = cost.ModelFlops(train_view=10.0, forward_view=4.0, backbone_forward=3.0, feature_dim=8)
-    assert cost.train_flops_per_image("simclr", flops) == 20.0
-    assert cost.train_flops_per_image("nnclr", flops) == 20.0
-    assert cost.train_flops_per_image("moco", flops) == cost.train_flops_per_image("simo", flops) == 28.0
+    flops = flop_count.ModelFlops(train_view=10.0, forward_view=4.0, backbone_forward=3.0, feature_dim=8)
+    assert flop_count.train_flops_per_image("simclr", flops) == 20.0
+    assert flop_count.train_flops_per_image("nnclr", flops) == 20.0
+    assert flop_count.train_flops_per_image("moco", flops) == flop_count.train_flops_per_image("simo", flops) == 28.0
 
 
 def test_knn_evaluations_every_n_epochs_and_after_the_last():
@@ -175,7 +176,7 @@ def test_knn_evaluations_every_n_epochs_and_after_the_last():
 
 
 def test_trial_work_arithmetic():
-    flops = cost.ModelFlops(train_view=10.0, forward_view=4.0, backbone_forward=3.0, feature_dim=8)
+    flops = flop_count.ModelFlops(train_view=10.0, forward_view=4.0, backbone_forward=3.0, feature_dim=8)
     sizes = cost.DataSizes(pretrain=100, bank=100, test=50, source="hand-made")
     work = cost.trial_work(epochs=5, batch_size=32, workers=1, sizes=sizes, knn_every=2, image_flops=20.0,
                            flops=flops)
@@ -189,7 +190,7 @@ def test_trial_work_arithmetic():
 
 def test_total_epochs_of_a_grid_and_a_search():
     def fake_flops(cfg):
-        return cost.ModelFlops(1.0, 1.0, 1.0, 1)
+        return flop_count.ModelFlops(1.0, 1.0, 1.0, 1)
 
     def fake_sizes(cfg):
         return cost.DataSizes(64, 64, 10, "hand-made")
@@ -240,8 +241,8 @@ def test_data_sizes_from_subsets_full_splits_and_folders(tmp_path):
 def test_measured_rate_is_positive_and_restores_threads():
     threads = torch.get_num_threads()
     cfg = preset("smoke")
-    flops = cost.model_flops(lambda: build_model(cfg), 32)
-    rate = cost.measure_flop_rate(lambda: build_model(cfg), 32, views=4, flops_per_view=flops.train_view, threads=1,
-                                  min_seconds=0.0, max_steps=1)
+    flops = flop_count.model_flops(lambda: build_model(cfg), 32)
+    rate = flop_count.measure_flop_rate(lambda: build_model(cfg), 32, views=4, flops_per_view=flops.train_view,
+                                        threads=1, min_seconds=0.0, max_steps=1)
     assert rate.flops_per_second > 0 and rate.steps == 1 and rate.views == 4
     assert torch.get_num_threads() == threads
