@@ -31,7 +31,7 @@ from dcl_core.study.spec import (
     with_asha,
     with_base,
 )
-from dcl_core.study.storage import check_output_dir, redact_args
+from dcl_core.study.storage import check_output_dir, recorded_seeds, redact_args
 
 MAX_SEEDS = 1000
 SpecBuilder = Callable[[argparse.Namespace], "object"]
@@ -157,6 +157,8 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
         if args.reanalyze and (args.resume or args.overwrite or args.dry_run):
             raise ConfigError("--reanalyze trains nothing and writes only the answer: drop --resume, --overwrite "
                               "and --dry-run")
+        if (args.resume or args.reanalyze) and args.seeds is None:  # continue with every seed the study has
+            args.seeds = recorded_seeds(Path(args.output_dir).expanduser().resolve(), args.name)
         options = dataclasses.replace(
             StudyOptions.from_namespace(args),
             command={"script": default_name, **{k: getattr(args, k) for k in SPEC_ARGS}})

@@ -23,9 +23,8 @@ from typing import Any
 from dcl_core.config import ConfigError
 from dcl_core.study.columns import COLUMNS
 from dcl_core.study.spec import StudyOptions, StudySpec
-from dcl_core.study.storage import check_no_links, study_entries, summary_dir
+from dcl_core.study.storage import OPTIONS_FILE, check_no_links, study_entries, summary_dir
 
-OPTIONS_FILE = "study_options.json"
 RESULTS_FILE = "results.parquet"
 TOY = "eqco_mi_toy"
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"

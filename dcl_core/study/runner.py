@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,14 +40,18 @@ from dcl_core.study.spec import (
     StudySpec,
     TuneExperiment,
     grid_points,
+    grid_seeds,
     num_grid_points,
+    round_experiments,
     trial_tags,
     tune_experiments,
+    unseeded,
     validate_spec,
     varied_keys,
     with_asha,
 )
 from dcl_core.study.storage import (
+    OPTIONS_FILE,
     OPTUNA_DB,
     atomic_write_text,
     check_no_links,
@@ -65,7 +69,6 @@ from search_spaces import keys_of, to_optuna, to_tune
 
 log = logging.getLogger(__name__)
 
-OPTIONS_FILE = "study_options.json"
 
 
 
@@ -139,9 +142,11 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
     with study_lock(options.output_dir, spec.name):
         existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
-        _prepare_output(spec, options, exps, existing)
+        rounds = _prepare_output(spec, options, exps, existing)
+        exps = round_experiments(exps, rounds)
+        check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
         if options.resume:
-            _check_restorable(existing)
+            _check_restorable([u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)])
 
         init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if options.verbosity < console.VERBOSE:
@@ -219,35 +224,55 @@ def _warn_if_cluster_too_small(resources: Resources, cluster: dict[str, float]) 
 
 
 def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
-    """What a resumed study must still run: the base config, the grids and the search space."""
+    """What a resumed study must still run: the base config, the grids and the search space (and, for a grid
+    study, its seeds and the grids without them, so that a resume may add seeds and change nothing else)."""
+    seeds = grid_seeds(spec)
     return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
-            "num_samples": spec.num_samples}
+            "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec)}
 
 
-def _check_same_study(spec: StudySpec, before: dict[str, Any]) -> None:
+def _check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
     """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
-    silently ignored, so it is refused."""
+    silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
+    (``()`` when there are none to add)."""
     now = spec_fingerprint(spec)
     for key, value in now["base"].items():
         old = before.get("base", {}).get(key, value)
         if old != value:
             raise ConfigError(f"--resume must run the study it continues: {key} was {old!r}, now {value!r} "
                               "(a changed --set, --preset or --data-root)")
-    for part in ("grids", "search", "num_samples"):
+    added: tuple[int, ...] = ()
+    old_seeds, new_seeds = before.get("seeds"), now["seeds"]
+    if "grids" in before and before["grids"] != now["grids"] and old_seeds and new_seeds \
+            and before.get("unseeded") == now["unseeded"]:
+        if new_seeds[:len(old_seeds)] != old_seeds or len(new_seeds) < len(old_seeds):
+            raise ConfigError(f"--resume can add seeds, not drop them: the study has {len(old_seeds)} seeds per "
+                              f"cell, --seeds {len(new_seeds)} would leave some out")
+        added = tuple(new_seeds[len(old_seeds):])
+    elif "grids" in before and before["grids"] != now["grids"]:
+        raise ConfigError("--resume must run the study it continues: its grids changed (a changed --losses, "
+                          "--search or --preset; more --seeds is the one change a resume takes)")
+    for part in ("search", "num_samples"):
         if part in before and before[part] != now[part]:
-            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed --losses, "
-                              "--seeds, --search, --num-samples or --preset)")
+            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed "
+                              "--search, --num-samples or --preset)")
+    return added
 
 
-def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExperiment], existing: list[str]) -> None:
+def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExperiment],
+                    existing: list[str]) -> list[list[int]] | None:
     """Refuse to mix a new study into an old one's results; check a resume's options; clear for --overwrite;
-    record the options."""
+    record the options. Returns the study's seed rounds (:func:`~dcl_core.study.spec.round_experiments`): the
+    recorded ones, plus a round of the seeds a ``--seeds N --resume`` adds; None for a study without a seed grid."""
     if existing and not (options.resume or options.overwrite):
         raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
     if options.resume and not existing:
         raise ConfigError(f"nothing to resume at {storage_join(str(options.storage), exps[0].name)}")
+    seeds = grid_seeds(spec)
+    rounds = [list(seeds)] if seeds else None
     options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
-    if options.resume and (options_file.exists() or options_file.is_symlink()):
+    recorded = options_file.exists() or options_file.is_symlink()
+    if options.resume and recorded:
         before = _read_options(options_file)
         ran = (before.get("command") or {}).get("script") if isinstance(before.get("command"), dict) else None
         now = (options.command or {}).get("script")
@@ -255,15 +280,40 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
             raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by studies/{ran}.py, not "
                               f"studies/{now}.py; resume it with that script, or give this one another --name")
         options.check_resume(before)
-        _check_same_study(spec, before.get("spec", {}))
+        added = _check_same_study(spec, before.get("spec", {}))
+        if seeds:
+            old = before.get("spec", {}).get("seeds") or list(seeds)
+            rounds = _recorded_rounds(before, old) + ([list(added)] if added else [])
+            if added:
+                log.info("adding seeds %s to every cell (%d finished seeds kept)", _span(added), len(old))
     options.output_dir.mkdir(parents=True, exist_ok=True)
     if options.overwrite:
-        for uri in existing:
-            storage_delete(uri, root=str(options.storage))
+        earlier: list[list[int]] = []
+        with contextlib.suppress(ConfigError):  # a damaged record: --overwrite clears what it can name
+            earlier = _recorded_rounds(_read_options(options_file), []) if recorded else []
+        for uri in dict.fromkeys([*existing, *(storage_join(str(options.storage), e.name)
+                                               for e in round_experiments(exps, earlier))]):
+            if storage_exists(uri):
+                storage_delete(uri, root=str(options.storage))
     if spec.search is not None and not options.resume:  # a new search, not one continued from an old Optuna study
         _delete_optuna_studies(options.output_dir, [e.name for e in exps])
     options_file.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec)}, indent=1))
+    atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec),
+                                                "seed_rounds": rounds}, indent=1))
+    return rounds
+
+
+def _recorded_rounds(before: dict[str, Any], seeds: list[int]) -> list[list[int]]:
+    """The seed rounds a study recorded (one round of ``seeds`` for a study recorded before rounds existed)."""
+    rounds = before.get("seed_rounds")
+    if isinstance(rounds, list) and all(isinstance(r, list) and r and all(isinstance(s, int) for s in r)
+                                        for r in rounds):
+        return [list(r) for r in rounds]
+    return [list(seeds)] if seeds else []
+
+
+def _span(seeds: Sequence[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
 
 
 def _read_options(path: Path) -> dict[str, Any]:

@@ -307,3 +307,40 @@ def tune_experiments(spec: StudySpec) -> list[TuneExperiment]:
     if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
         raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")
     return out
+
+
+# ------------------------------------------------------------------------------------------------ seed rounds
+# A grid study's seeds may be run in rounds: the seeds it started with, then the seeds `--seeds N --resume` (or
+# `--until-resolved`) adds. A round is its own Tune experiment per sub-grid (a finished Tuner cannot grow its
+# grid): the first keeps the sub-grid's name, a later one adds "+s<first>-<last>" (EXPERIMENT_SEP: no study name
+# can end so). Rows of every round make one table, so the answer counts every seed.
+SEED = "seed"
+
+
+def grid_seeds(spec: StudySpec) -> tuple[int, ...] | None:
+    """The seeds every sub-grid of a grid study runs (its ``seed`` grid), or None: a search, or a study whose
+    sub-grids do not all sweep the same seeds, cannot be extended by seed."""
+    if spec.search is not None:
+        return None
+    found = {g[SEED].values if isinstance(g.get(SEED), Grid) else None for g in spec.grids}
+    seeds = found.pop() if len(found) == 1 else None
+    return tuple(seeds) if seeds else None
+
+
+def round_experiments(experiments: Sequence[TuneExperiment],
+                      rounds: Sequence[Sequence[int]] | None) -> list[TuneExperiment]:
+    """The Tune experiments of a grid study run in seed ``rounds`` (None or one round: ``experiments`` as they
+    are): every sub-grid once per round, its seed grid that round's seeds, round by round."""
+    if not rounds or len(rounds) == 1:
+        return list(experiments)
+    out = []
+    for i, seeds in enumerate(rounds):
+        for e in experiments:
+            name = e.name if i == 0 else f"{e.name}{EXPERIMENT_SEP}s{seeds[0]}-{seeds[-1]}"
+            out.append(TuneExperiment({**e.grid, SEED: Grid(tuple(seeds))}, e.point, name))
+    return out
+
+
+def unseeded(spec: StudySpec) -> str:
+    """The grids without their seeds: what an extension by seeds must leave unchanged."""
+    return repr([{k: v for k, v in g.items() if k != SEED} for g in spec.grids])

@@ -20,9 +20,7 @@ from dcl_core import cli
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.study.spec import check_name
-from dcl_core.study.storage import check_no_links, default_tracking_uri, study_entries, summary_dir
-
-OPTIONS_FILE = "study_options.json"  # written by the runner into the study's summary folder
+from dcl_core.study.storage import OPTIONS_FILE, check_no_links, default_tracking_uri, study_entries, summary_dir
 
 
 def recorded_tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:

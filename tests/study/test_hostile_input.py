@@ -127,10 +127,16 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
     resume = replace(options, resume=True)
     _prepare_output(spec, resume, tune_experiments(spec), existing)  # the same study: fine
     for changed, needle in ((with_base(spec, {"optim.epochs": 3}), "optim.epochs was 2, now 3"),
-                            (_smoke_spec(seeds=(0, 1)), "its grids changed"),
-                            (_smoke_spec(losses=("dcl", "infonce")), "its grids changed")):
+                            (_smoke_spec(seeds=(1,)), "can add seeds, not drop them"),
+                            (_smoke_spec(losses=("dcl", "infonce")), "its grids changed"),
+                            (_smoke_spec(seeds=(0, 1), losses=("dcl", "infonce")), "its grids changed")):
         with pytest.raises(ConfigError, match=needle):
             _prepare_output(changed, resume, tune_experiments(changed), existing)
+    more = _smoke_spec(seeds=(0, 1, 2))  # more seeds is the one change a resume takes: a new round of them
+    assert _prepare_output(more, resume, tune_experiments(more), existing) == [[0], [1, 2]]
+    assert _prepare_output(more, resume, tune_experiments(more), existing) == [[0], [1, 2]]  # recorded
+    with pytest.raises(ConfigError, match="can add seeds, not drop them"):
+        _prepare_output(spec, resume, tune_experiments(spec), existing)
 
 
 def test_the_browse_hint_fits_the_store_and_hides_credentials():

@@ -376,3 +376,41 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     assert again["simclr"] == ids["simclr"] and again["simo"] != ids["simo"]  # kept, and started afresh
     _, _, summary = runs_of(out, "two_part")
     assert len(summary) == 1  # the resumed study's summary replaced the first one
+
+
+def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path):
+    """``--seeds 3 --resume`` on a finished 2-seed study: the 2 finished seeds' trials stay as they are (no rerun,
+    one MLflow run each), only seed 2's run, in their own Tune experiment, and the answer counts all 3 seeds."""
+    out = tmp_path / "t"
+    run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "-q"))
+    first = out / "ray_results" / "temperature_sweep"
+    before = {p: p.read_bytes() for p in first.glob("*/result.json")}
+    assert len(before) == 8  # 2 losses x 2 τ x 2 seeds
+    _, trials, _ = runs_of(out, "temperature_sweep")
+    first_runs = {r.info.run_id for r in trials}
+
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "3", "--resume"))
+    assert "adding seeds 2 to every cell (2 finished seeds kept)" in proc.stdout + proc.stderr
+    assert {p: p.read_bytes() for p in first.glob("*/result.json")} == before  # nothing of the first 8 reran
+    added = [json.loads(p.read_text().splitlines()[-1])["config"]["seed"]
+             for p in (out / "ray_results" / "temperature_sweep+s2-2").glob("*/result.json")]
+    assert sorted(added) == [2, 2, 2, 2]
+    _, trials, summary = runs_of(out, "temperature_sweep")
+    assert len(trials) == 12 and first_runs < {r.info.run_id for r in trials} and len(summary) == 1
+    assert sorted((r.data.params["loss.name"], r.data.params["loss.temperature"], r.data.params["seed"])
+                  for r in trials) == sorted({(r.data.params["loss.name"], r.data.params["loss.temperature"],
+                                               r.data.params["seed"]) for r in trials})  # one run per trial
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 12 and {r["seed"] for r in rows} == {0, 1, 2} and all(r["status"] == "ok" for r in rows)
+    assert "3 seed(s) per cell" in (summary_dir(out, "temperature_sweep") / "table.txt").read_text()
+
+    # A plain --resume (no --seeds) continues with the 3 seeds it has; fewer seeds are refused in one line.
+    again = run(study_cmd("temperature_sweep.py", out, "--smoke", "--resume", "-q"))
+    assert "adding seeds" not in again.stdout + again.stderr
+    assert len(runs_of(out, "temperature_sweep")[1]) == 12
+    fewer = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume"),
+                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert fewer.returncode == 2 and "can add seeds, not drop them" in fewer.stderr, fewer.stderr[-2000:]
+    other = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
+                                     "--losses", "dcl"), capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert other.returncode == 2 and "its grids changed" in other.stderr, other.stderr[-2000:]
