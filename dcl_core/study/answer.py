@@ -95,11 +95,13 @@ class Question:
             f = partial(stats.best_gap, better=self.better, base=self.base)
         return lambda means: f(self._restrict(means))
 
-    def estimate(self, data: stats.Data) -> stats.Estimate:
+    def estimate(self, data: stats.Data, design: stats.Sequential | None = None) -> stats.Estimate:
         """The statistic on the study's cells with its 95% interval (:data:`SMOOTH`: t over seeds of each seed's
-        own statistic; :data:`BEST`: paired t bounds corrected for the selection)."""
+        own statistic; :data:`BEST`: paired t bounds corrected for the selection). With a sequential ``design``
+        the interval is that design's at this look (:class:`~dcl_core.study.stats.Sequential`)."""
         if self.statistic in SMOOTH:
-            return stats.seed_interval(data, self.function())
+            level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
+            return stats.seed_interval(data, self.function(), level)
         cells = {s: {x: v for x, v in by_x.items() if self.in_range(x) and v} for s, by_x in data.items()}
         if self.statistic == "best_margin":
             xs = [x for x in cells.get(self.better, {}) if x != self.baseline_x]
@@ -110,7 +112,7 @@ class Question:
             groups = [[((self.better, a), (self.base, b)) for b in cells.get(self.base, {})]
                       for a in cells.get(self.better, {})]
             groups = [g for g in groups if g]
-        return stats.max_min_interval(cells, groups)
+        return stats.max_min_interval(cells, groups, adjust=design.tail if design is not None else None)
 
     def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
         """The paper's value of this statistic, like for like: computed from its table over the x values both

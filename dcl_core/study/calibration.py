@@ -223,6 +223,45 @@ def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: 
 
 
 @dataclass
+class SequentialCell:
+    """Results of simulated studies run through a sequential design (:class:`~dcl_core.study.stats.Sequential`)."""
+
+    studies: int = 0
+    resolved: int = 0  # at some look
+    right: int = 0  # resolved in the planted effect's direction
+    seeds: int = 0  # seeds per cell spent, summed over studies (a study stops at its first resolving look)
+
+    @property
+    def mean_seeds(self) -> float:
+        return self.seeds / self.studies if self.studies else float("nan")
+
+
+def run_sequential(kind: Kind, setting: Setting, design: stats.Sequential, effect: float, studies: int,
+                   rng: np.random.Generator) -> SequentialCell:
+    """``studies`` simulated studies, each looked at with ``design.looks`` seeds per cell (the first seeds of one
+    simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``stats.verdict``,
+    stopping at the first look that resolves, as ``--until-resolved`` does."""
+    q = kind.question(setting)
+    out = SequentialCell()
+    for _ in range(studies):
+        data = simulate(kind, setting, design.max_seeds, effect, rng)
+        words, used = "not resolved", design.max_seeds
+        for n in design.looks:
+            seen = {s: {x: {k: v for k, v in cell.items() if k < n} for x, cell in by_x.items()}
+                    for s, by_x in data.items()}
+            words = stats.verdict(q.estimate(seen, design), q.paper_sign)
+            if words != "not resolved":
+                used = n
+                break
+        out.studies += 1
+        out.seeds += used
+        if words != "not resolved":
+            out.resolved += 1
+            out.right += words == "supports the paper"
+    return out
+
+
+@dataclass
 class Report:
     """Pooled over the settings: ``null[kind][seeds]`` (null studies: false resolutions, coverage of 0),
     ``planted[kind][seeds]`` (coverage of the planted truth, every setting) and ``power[kind][seeds]`` (found,

@@ -20,6 +20,7 @@ from dcl_core.study.calibration import (
     calibrate,
     exact_power,
     format_report,
+    run_sequential,
     simulate,
     true_value,
 )
@@ -134,3 +135,48 @@ def test_format_report_lists_every_kind(report):
     text = format_report(report)
     assert all(kind in text for kind in SMOOTH + BEST)
     assert "null, 2 seeds" in text and "found at 2.5 SD, 5 seeds" in text
+
+
+# ------------------------------------------------------------------------------------ sequential (--until-resolved)
+SEQUENTIAL = stats.Sequential(first=3, max_seeds=18)  # a look after every seed, 3 to 18 seeds per cell
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_a_sequential_study_resolves_a_null_at_most_5_percent_of_the_time_over_all_its_looks(kind):
+    """16 looks at the data (3, 4, …, 18 seeds), stopping at the first that resolves: over all of them a null
+    study is resolved no more often than one look at the fixed design's 5%, in the plain and the hardest setting."""
+    rng = np.random.default_rng(7)
+    for setting in (SETTINGS[0], SETTINGS[-1]):
+        cell = run_sequential(kind, setting, SEQUENTIAL, 0.0, 300, rng)
+        assert binomial_upper(cell.resolved, cell.studies), (setting.name, cell.resolved, cell.studies)
+
+
+def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
+    """The reason for the design: the fixed 95% interval looked at after every seed resolves a null study far
+    more often than 5% (the same simulation with p* = 0.025 at every look)."""
+    naive = stats.Sequential(first=3, max_seeds=18)
+    object.__setattr__(naive, "tail", lambda tail: tail)  # every look at the fixed design's level
+    cell = run_sequential(KINDS[1], SETTINGS[0], naive, 0.0, 300, np.random.default_rng(8))
+    assert cell.resolved / cell.studies > 0.10
+
+
+def test_a_sequential_study_needs_fewer_seeds_than_the_fixed_design_with_80_percent_power():
+    """A gap planted so that the fixed design needs 12 seeds per cell for 80% power (the exact t-test power: a
+    seed's gap has SD √2 cell-noise SDs): looking after every seed from 3 up to 18, the sequential design finds it
+    at least as often, with fewer seeds per cell on average."""
+    effect = 1.26  # cell-noise SDs
+    n80 = next(n for n in range(2, 100) if exact_power(effect / math.sqrt(2), n) >= 0.8)
+    assert n80 == 12
+    cell = run_sequential(KINDS[1], SETTINGS[0], SEQUENTIAL, effect, 400, np.random.default_rng(9))
+    assert cell.right / cell.studies >= 0.8
+    assert cell.mean_seeds < n80, cell.mean_seeds
+
+
+def test_the_sequential_boundary_is_stricter_than_one_look_and_the_same_everywhere():
+    design = stats.Sequential(first=3, max_seeds=18)
+    assert design.looks == tuple(range(3, 19))
+    assert 0.001 < design.tail(0.025) < 0.025 / 4  # stricter than one look, far looser than Bonferroni's 0.025/16
+    assert design.tail(0.025) == stats.Sequential(first=3, max_seeds=18).tail(0.025)  # seeded: reproducible
+    assert stats.Sequential(first=5, max_seeds=5).tail(0.025) == 0.025  # one look is the fixed design
+    with pytest.raises(ValueError):
+        stats.Sequential(first=1, max_seeds=5)
