@@ -8,8 +8,11 @@ SGD step included, as the trainer runs it; see ``benchmarks/levers.py``). The ma
 
 Presets: ResNet-18 ×0.125 batch 32 (CPU study) and ×0.25 batch 128 (single CPU run), CIFAR stem, 32×32.
 
-Reading a row: ``ours`` is the step's achieved GFLOP/s, ``baseline`` the GEMM rate, ``ratio`` the fraction of it
-(0.5 = 50%). Goal: ≥ 50% of the bf16 GEMM rate. The step runs in fp32, so it is compared to both rates.
+Reading a row: ``ours`` is the step's achieved GFLOP/s, ``baseline`` the machine's best measured GEMM rate (fp32 or
+bf16, whichever ran faster: a machine without native bf16 runs it far below fp32, and a roofline below the step's
+own rate is no roofline), ``ratio`` the fraction of it (0.5 = 50%). Goal: ≥ 50% of that rate. A ratio above 1
+is a measurement error (the reference ran slow, e.g. under load, or the step's FLOPs are over-counted): the row
+says so and does not count as met (:func:`judge`).
 """
 
 from __future__ import annotations
@@ -44,8 +47,16 @@ def step_flops(step: TrainStep) -> int:
     return counter.get_total_flops()
 
 
+def judge(ratio: float) -> tuple[bool, str]:
+    """Whether a step's fraction of the best GEMM rate meets the goal, and a note: above 1 it cannot be true."""
+    if ratio > 1:
+        return False, f"; ratio {ratio:.2f} > 1 is a measurement error, not a result: rerun on an idle machine"
+    return ratio >= 0.5, ""
+
+
 def run(quick: bool) -> list[Row]:
-    """Per preset: achieved GFLOP/s vs the bf16 GEMM rate (goal ≥ 50%) and vs the fp32 GEMM rate (informs)."""
+    """Per preset: achieved GFLOP/s vs the best GEMM rate measured (goal ≥ 50%, never above 100%) and vs the
+    other one (informs)."""
     threads = torch.get_num_threads()
     gemm_reps = 3 if quick else 7
     rows: list[Row] = []
@@ -61,12 +72,15 @@ def run(quick: bool) -> list[Row]:
         seconds = median_time(step, reps=reps)
         achieved = flops / seconds
         where = f"{flops / 1e9:.3g} GFLOP/step, {seconds * 1e3:.3g} ms/step, fp32 channels_last, {threads} threads"
-        ratio = achieved / rates["bf16"]
-        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs bf16 GEMM", achieved / 1e9,
-                        rates["bf16"] / 1e9, ratio, ">= 50% of bf16 GEMM rate (ratio >= 0.5)", ratio >= 0.5,
-                        "GFLOP/s", where))
-        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs fp32 GEMM", achieved / 1e9,
-                        rates["fp32"] / 1e9, achieved / rates["fp32"], "", None, "GFLOP/s", where))
+        best = max(rates, key=rates.__getitem__)
+        ratio = achieved / rates[best]
+        met, note = judge(ratio)
+        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs best GEMM ({best})", achieved / 1e9,
+                        rates[best] / 1e9, ratio, ">= 50% of the best GEMM rate (0.5 <= ratio <= 1)", met,
+                        "GFLOP/s", where + note))
+        other = "bf16" if best == "fp32" else "fp32"
+        rows.append(Row(SECTION, f"{preset_name(width, batch)} step vs {other} GEMM", achieved / 1e9,
+                        rates[other] / 1e9, achieved / rates[other], "", None, "GFLOP/s", where))
     if rates["bf16"] < rates["fp32"]:
         rows[1].note += "; slower than fp32 GEMM on this machine"
     return rows
