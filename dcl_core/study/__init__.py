@@ -6,6 +6,7 @@ One job a module:
   validated before Ray starts;
 - :mod:`~dcl_core.study.trainable`: one trial, in-process or as a DDP ``TorchTrainer``;
 - :mod:`~dcl_core.study.runner`: Ray, the Tuners, resume/overwrite, concurrency (:func:`run_study`);
+- :mod:`~dcl_core.study.record`: what a study records to be resumed, and what a resume may change;
 - :mod:`~dcl_core.study.storage`: storage URIs and the summary folder;
 - :mod:`~dcl_core.study.columns`: the results table's columns, declared once;
 - :mod:`~dcl_core.study.results`: rows of finished trials and the study summary;

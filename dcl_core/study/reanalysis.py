@@ -60,7 +60,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def _check_same_study(spec: StudySpec, recorded: dict[str, Any], path: Path) -> None:
     """The rebuilt spec must be the one that ran (its base config but the data folder, its grids and search)."""
-    from dcl_core.study.runner import spec_fingerprint
+    from dcl_core.study.record import spec_fingerprint
 
     before, now = recorded.get("spec"), spec_fingerprint(spec)
     if not isinstance(before, dict):

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study import console, mlflow_view, tracking
 from dcl_core.study.columns import short_name
+from dcl_core.study.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.spec import (
@@ -45,7 +46,6 @@ from dcl_core.study.spec import (
     round_experiments,
     trial_tags,
     tune_experiments,
-    unseeded,
     validate_spec,
     varied_keys,
     with_asha,
@@ -223,42 +223,6 @@ def _warn_if_cluster_too_small(resources: Resources, cluster: dict[str, float]) 
                     "autoscaler adds nodes", cluster, need, resources.num_workers * resources.gpus_per_worker)
 
 
-def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
-    """What a resumed study must still run: the base config, the grids and the search space (and, for a grid
-    study, its seeds and the grids without them, so that a resume may add seeds and change nothing else)."""
-    seeds = grid_seeds(spec)
-    return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
-            "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec)}
-
-
-def _check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
-    """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
-    silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
-    (``()`` when there are none to add)."""
-    now = spec_fingerprint(spec)
-    for key, value in now["base"].items():
-        old = before.get("base", {}).get(key, value)
-        if old != value:
-            raise ConfigError(f"--resume must run the study it continues: {key} was {old!r}, now {value!r} "
-                              "(a changed --set, --preset or --data-root)")
-    added: tuple[int, ...] = ()
-    old_seeds, new_seeds = before.get("seeds"), now["seeds"]
-    if "grids" in before and before["grids"] != now["grids"] and old_seeds and new_seeds \
-            and before.get("unseeded") == now["unseeded"]:
-        if new_seeds[:len(old_seeds)] != old_seeds or len(new_seeds) < len(old_seeds):
-            raise ConfigError(f"--resume can add seeds, not drop them: the study has {len(old_seeds)} seeds per "
-                              f"cell, --seeds {len(new_seeds)} would leave some out")
-        added = tuple(new_seeds[len(old_seeds):])
-    elif "grids" in before and before["grids"] != now["grids"]:
-        raise ConfigError("--resume must run the study it continues: its grids changed (a changed --losses, "
-                          "--search or --preset; more --seeds is the one change a resume takes)")
-    for part in ("search", "num_samples"):
-        if part in before and before[part] != now[part]:
-            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed "
-                              "--search, --num-samples or --preset)")
-    return added
-
-
 def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExperiment],
                     existing: list[str]) -> list[list[int]] | None:
     """Refuse to mix a new study into an old one's results; check a resume's options; clear for --overwrite;
@@ -273,24 +237,24 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
     options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
     recorded = options_file.exists() or options_file.is_symlink()
     if options.resume and recorded:
-        before = _read_options(options_file)
+        before = read_options(options_file)
         ran = (before.get("command") or {}).get("script") if isinstance(before.get("command"), dict) else None
         now = (options.command or {}).get("script")
         if ran and now and ran != now:
             raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by studies/{ran}.py, not "
                               f"studies/{now}.py; resume it with that script, or give this one another --name")
         options.check_resume(before)
-        added = _check_same_study(spec, before.get("spec", {}))
+        added = check_same_study(spec, before.get("spec", {}))
         if seeds:
             old = before.get("spec", {}).get("seeds") or list(seeds)
-            rounds = _recorded_rounds(before, old) + ([list(added)] if added else [])
+            rounds = recorded_rounds(before, old) + ([list(added)] if added else [])
             if added:
-                log.info("adding seeds %s to every cell (%d finished seeds kept)", _span(added), len(old))
+                log.info("adding seeds %s to every cell (%d finished seeds kept)", span(added), len(old))
     options.output_dir.mkdir(parents=True, exist_ok=True)
     if options.overwrite:
         earlier: list[list[int]] = []
         with contextlib.suppress(ConfigError):  # a damaged record: --overwrite clears what it can name
-            earlier = _recorded_rounds(_read_options(options_file), []) if recorded else []
+            earlier = recorded_rounds(read_options(options_file), []) if recorded else []
         for uri in dict.fromkeys([*existing, *(storage_join(str(options.storage), e.name)
                                                for e in round_experiments(exps, earlier))]):
             if storage_exists(uri):
@@ -301,35 +265,6 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
     atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec),
                                                 "seed_rounds": rounds}, indent=1))
     return rounds
-
-
-def _recorded_rounds(before: dict[str, Any], seeds: list[int]) -> list[list[int]]:
-    """The seed rounds a study recorded (one round of ``seeds`` for a study recorded before rounds existed)."""
-    rounds = before.get("seed_rounds")
-    if isinstance(rounds, list) and all(isinstance(r, list) and r and all(isinstance(s, int) for s in r)
-                                        for r in rounds):
-        return [list(r) for r in rounds]
-    return [list(seeds)] if seeds else []
-
-
-def _span(seeds: Sequence[int]) -> str:
-    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
-
-
-def _read_options(path: Path) -> dict[str, Any]:
-    """A study's recorded options, or ConfigError (one line) when the file is not what the study wrote."""
-    damaged = (f"cannot resume: {path} is damaged ({{}}); --overwrite starts the study afresh, or restore the "
-               "file")
-    if path.is_symlink() or not path.is_file():
-        raise ConfigError(damaged.format("not a regular file"))
-    try:
-        before = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(damaged.format(f"not JSON: {str(err).splitlines()[0][:80]}")) from None
-    spec = before.get("spec", {}) if isinstance(before, dict) else None
-    if not isinstance(spec, dict) or not isinstance(spec.get("base", {}), dict):
-        raise ConfigError(damaged.format("not the options of a study"))
-    return before
 
 
 def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:
