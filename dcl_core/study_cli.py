@@ -24,6 +24,7 @@ from dcl_core.config import ConfigError, InputError, apply_overrides, parse_over
 from dcl_core.study.checks import check_set_not_swept, where_it_runs
 from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.dry_run import dry_run_lines
+from dcl_core.study.record import recorded_seeds
 from dcl_core.study.spec import (
     StudyInterruptedError,
     StudyOptions,
@@ -31,7 +32,7 @@ from dcl_core.study.spec import (
     with_asha,
     with_base,
 )
-from dcl_core.study.storage import check_output_dir, recorded_seeds, redact_args
+from dcl_core.study.storage import check_output_dir, redact_args
 
 MAX_SEEDS = 1000
 SpecBuilder = Callable[[argparse.Namespace], "object"]

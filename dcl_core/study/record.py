@@ -12,6 +12,7 @@ from typing import Any
 
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study.spec import StudySpec, grid_seeds, unseeded
+from dcl_core.study.storage import OPTIONS_FILE, summary_dir
 
 
 def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
@@ -77,3 +78,18 @@ def read_options(path: Path) -> dict[str, Any]:
     if not isinstance(spec, dict) or not isinstance(spec.get("base", {}), dict):
         raise ConfigError(damaged.format("not the options of a study"))
     return before
+
+
+def recorded_seeds(output_dir: Path, study: str) -> int | None:
+    """The ``--seeds`` a study in ``output_dir`` last ran with (its recorded command), so that a ``--resume`` or
+    ``--reanalyze`` without ``--seeds`` continues with every seed it has. None when nothing readable is recorded
+    (the resume itself then says what is wrong)."""
+    path = summary_dir(output_dir, study) / OPTIONS_FILE
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        command = read_options(path).get("command")
+    except ConfigError:
+        return None
+    seeds = command.get("seeds") if isinstance(command, dict) else None
+    return seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0 else None

@@ -220,21 +220,6 @@ def atomic_write_text(path: Path, text: str) -> Path:
 OPTIONS_FILE = "study_options.json"  # a study's options and spec, written by the runner into its summary folder
 
 
-def recorded_seeds(output_dir: Path, study: str) -> int | None:
-    """The ``--seeds`` a study in ``output_dir`` last ran with (its recorded command), so that a ``--resume`` or
-    ``--reanalyze`` without ``--seeds`` continues with every seed it has. None when nothing readable is recorded
-    (the resume itself then says what is wrong)."""
-    path = summary_dir(output_dir, study) / OPTIONS_FILE
-    try:
-        if path.is_symlink() or not path.is_file():
-            return None
-        command = json.loads(path.read_text()).get("command")
-    except (OSError, ValueError, AttributeError):
-        return None
-    seeds = command.get("seeds") if isinstance(command, dict) else None
-    return seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0 else None
-
-
 def summary_dir(output_dir: Path, study: str) -> Path:
     """Where a study's table, plots and Parquet go: one folder per study, so studies sharing an output
     directory (and its MLflow store) never overwrite each other's summaries."""

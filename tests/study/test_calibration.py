@@ -154,8 +154,11 @@ def test_a_sequential_study_resolves_a_null_at_most_5_percent_of_the_time_over_a
 def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
     """The reason for the design: the fixed 95% interval looked at after every seed resolves a null study far
     more often than 5% (the same simulation with p* = 0.025 at every look)."""
-    naive = stats.Sequential(first=3, max_seeds=18)
-    object.__setattr__(naive, "tail", lambda tail: tail)  # every look at the fixed design's level
+    class EveryLookAtTheFixedLevel(stats.Sequential):
+        def tail(self, tail: float) -> float:
+            return tail
+
+    naive = EveryLookAtTheFixedLevel(first=3, max_seeds=18)
     cell = run_sequential(KINDS[1], SETTINGS[0], naive, 0.0, 300, np.random.default_rng(8))
     assert cell.resolved / cell.studies > 0.10
 
@@ -176,7 +179,6 @@ def test_the_sequential_boundary_is_stricter_than_one_look_and_the_same_everywhe
     design = stats.Sequential(first=3, max_seeds=18)
     assert design.looks == tuple(range(3, 19))
     assert 0.001 < design.tail(0.025) < 0.025 / 4  # stricter than one look, far looser than Bonferroni's 0.025/16
-    assert design.tail(0.025) == stats.Sequential(first=3, max_seeds=18).tail(0.025)  # seeded: reproducible
     assert stats.Sequential(first=5, max_seeds=5).tail(0.025) == 0.025  # one look is the fixed design
     with pytest.raises(ValueError):
         stats.Sequential(first=1, max_seeds=5)

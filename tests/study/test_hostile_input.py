@@ -137,6 +137,13 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
     assert _prepare_output(more, resume, tune_experiments(more), existing) == [[0], [1, 2]]  # recorded
     with pytest.raises(ConfigError, match="can add seeds, not drop them"):
         _prepare_output(spec, resume, tune_experiments(spec), existing)
+    # --overwrite clears every round the study recorded, not only the first, and starts from one round again.
+    rounds = [tmp_path / "ray_results" / "s", tmp_path / "ray_results" / "s+s1-2"]
+    for d in rounds:
+        d.mkdir(parents=True, exist_ok=True)
+    overwrite = replace(options, overwrite=True)
+    assert _prepare_output(more, overwrite, tune_experiments(more), [str(rounds[0])]) == [[0, 1, 2]]
+    assert not any(d.exists() for d in rounds)
 
 
 def test_the_browse_hint_fits_the_store_and_hides_credentials():
