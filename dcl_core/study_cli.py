@@ -14,6 +14,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,16 @@ from typing import Any
 from dcl_core import cli
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, InputError, apply_overrides, parse_overrides, preset
+from dcl_core.study import rounds
 from dcl_core.study.checks import check_set_not_swept, where_it_runs
 from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.dry_run import dry_run_lines
-from dcl_core.study.record import recorded_seeds
+from dcl_core.study.record import recorded_command, recorded_seeds
 from dcl_core.study.spec import (
     StudyInterruptedError,
     StudyOptions,
+    StudySpec,
+    grid_seeds,
     validate_spec,
     with_asha,
     with_base,
@@ -68,6 +72,7 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
                         "stored results (the same options it ran with), rewrite its summary files and its MLflow "
                         "summary run (python -m dcl_core.study.answer OUTPUT_DIR does it for every study there)")
     cli.add_set_option(g, "override a base config key for every trial, e.g. --set optim.epochs=50")
+    rounds.add_options(p)
     o = p.add_argument_group("where results go")
     o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
     cli.add_store_options(o, "study folder: Ray results, MLflow store, summary")
@@ -110,7 +115,7 @@ def losses_arg(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str,
 
 # The options that decide what a study runs and asks (recorded with its outputs, so that ``python -m
 # dcl_core.study.answer`` can rebuild its spec and re-analyse it without its command line).
-SPEC_ARGS = ("preset", "search", "num_samples", "asha", "losses", "seeds", "data_root", "set", "name")
+SPEC_ARGS = ("preset", "search", "num_samples", "asha", "losses", "seeds", "data_root", "set", "name", "design")
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
@@ -158,16 +163,12 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
         if args.reanalyze and (args.resume or args.overwrite or args.dry_run):
             raise ConfigError("--reanalyze trains nothing and writes only the answer: drop --resume, --overwrite "
                               "and --dry-run")
-        if (args.resume or args.reanalyze) and args.seeds is None:  # continue with every seed the study has
-            args.seeds = recorded_seeds(Path(args.output_dir).expanduser().resolve(), args.name)
-        options = dataclasses.replace(
-            StudyOptions.from_namespace(args),
-            command={"script": default_name, **{k: getattr(args, k) for k in SPEC_ARGS}})
-        spec = build_spec(args)
-        if not spec.description:  # the docstring's first paragraph: the question and the paper's table
-            spec = dataclasses.replace(spec, description=" ".join(doc.strip().split("\n\n")[0].split()))
-        validate_spec(spec)
-        check_set_not_swept(spec, parse_overrides(args.set))
+        rounds.check_args(args)
+        if args.resume or args.reanalyze:  # continue with every seed the study has, under its recorded design
+            recorded = recorded_command(Path(args.output_dir).expanduser().resolve(), args.name)
+            args.seeds = recorded_seeds(recorded) if args.seeds is None else args.seeds
+            args.design = recorded.get("design")
+        spec, options = _study(args, doc, default_name, build_spec)
         if args.reanalyze:  # no data, no GPU, no Ray: the stored results only
             from dcl_core.study.reanalysis import reanalyze
             from dcl_core.study.results import summary_lines
@@ -176,12 +177,34 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             print(outcome.answer if args.quiet else "\n".join(summary_lines(outcome)))
             return 0
         root, local_problems = where_it_runs(args, spec)
-        if root is not None:
-            spec = with_base(spec, {"data.root": str(Path(root).expanduser().resolve())})
+        data_root = str(Path(root).expanduser().resolve()) if root is not None else None
+
+        def study() -> tuple[StudySpec, StudyOptions]:  # the spec and options ``args`` now describe
+            return _study(args, doc, default_name, build_spec, data_root)
+
+        spec, options = study()
+        if args.until_resolved:
+            from dcl_core.study.dry_run import estimate_study
+
+            seeds = args.seeds
+
+            def wall_seconds_at(n: int) -> float | None:
+                args.seeds = n
+                try:
+                    return estimate_study(*study())[2].wall_seconds
+                finally:
+                    args.seeds = seeds
+
+            first = len(grid_seeds(spec) or ())
+            design = rounds.plan(args, spec, options, lambda: (w / first if (w := wall_seconds_at(first)) else None))
+            args.design = rounds.to_record(design)
+            spec, options = study()
         if args.dry_run:
             spec = with_asha(spec, options.asha)
             check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
             lines = dry_run_lines(spec, options, args, local_problems)
+            if spec.design is not None and args.until_resolved:
+                lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
             print("\n".join(lines))
             return 0
         # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
@@ -192,7 +215,18 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
         if options.tracking_uri:  # a bad or unreachable MLflow store: one line now, not minutes after Ray starts
             preflight(options.tracking_uri)
 
+        begun = time.monotonic()
         outcome = run_study(spec, options)
+        if args.until_resolved and spec.design is not None:
+            def next_round(n: int) -> Any:
+                args.seeds, args.resume, args.overwrite = n, True, False
+                return run_study(*study())
+
+            outcome, why = rounds.run(outcome, spec.design, args.seeds or len(grid_seeds(spec) or ()),
+                                      time.monotonic() - begun, args.max_minutes, next_round,
+                                      say=(lambda line: None) if args.quiet else print)
+            if not args.quiet:
+                print(why, end="\n\n")
     except InputError as err:  # ConfigError, DataError
         return cli.error(err, cli.EXIT_BAD_INPUT)
     except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
@@ -202,6 +236,25 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
     if outcome.rows and len(failed) == len(outcome.rows):
         return cli.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}", cli.EXIT_FAILED)
     return 0
+
+
+def _study(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
+           data_root: str | None = None) -> tuple[StudySpec, StudyOptions]:
+    """The spec and options ``args`` describe, validated: the script's spec with its question as description,
+    the recorded or planned sequential design, the data root the trials read, and the options that record what
+    built it."""
+    options = dataclasses.replace(
+        StudyOptions.from_namespace(args),
+        command={"script": default_name, **{k: getattr(args, k) for k in SPEC_ARGS}})
+    spec = build_spec(args)
+    if not spec.description:  # the docstring's first paragraph: the question and the paper's table
+        spec = dataclasses.replace(spec, description=" ".join(doc.strip().split("\n\n")[0].split()))
+    design = rounds.from_record(args.design)
+    rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
+    spec = dataclasses.replace(spec, design=design)
+    validate_spec(spec)
+    check_set_not_swept(spec, parse_overrides(args.set))
+    return (spec if data_root is None else with_base(spec, {"data.root": data_root})), options
 
 
 def _interrupted(args: argparse.Namespace, argv: list[str] | None, err: BaseException, terminated: bool) -> int:

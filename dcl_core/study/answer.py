@@ -220,6 +220,12 @@ class Answer:
     verdicts: list[Verdict] = field(default_factory=list)
     claim: PaperClaim | None = None
     questions: list[Question] = field(default_factory=list)
+    design: stats.Sequential | None = None  # the verdicts' sequential design (--until-resolved), None: one look
+
+    @property
+    def resolved(self) -> bool:
+        """Every question has a verdict other than "not resolved" (False for a study that asks none)."""
+        return bool(self.verdicts) and all(v.words != "not resolved" for v in self.verdicts)
 
     def outside(self) -> list[str]:
         """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per
@@ -286,11 +292,13 @@ def _paired(data: stats.Data, better: str, base: str, base_x: Any = None) -> dic
 
 
 def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, questions: Sequence[Question],
-                 pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None) -> Answer:
+                 pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None,
+                 design: stats.Sequential | None = None) -> Answer:
     """The answer from results rows (``series``, ``x_key``, ``seed``, ``knn_top1``, ``q_mean``, ``status``).
 
     ``pairs``: ``(better, base)`` series compared at each x, or ``(better, base, base_x)`` compared with
-    ``base`` at one x; ``None`` = every DCL/InfoNCE pair of series."""
+    ``base`` at one x; ``None`` = every DCL/InfoNCE pair of series. ``design``: the verdicts are looks of this
+    sequential design (their intervals at its nominal level); ``None``: one look at 95%."""
     rows = _one_per_seed(rows, x_key)
     data = stats.collect(rows, x_key)
     cells = {s: {x: stats.t_interval(list(by_seed.values())) for x, by_seed in sorted(by_x.items())}
@@ -309,11 +317,11 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
     verdicts = []
     xs = sorted({x for by_x in data.values() for x in by_x})
     for q in questions:
-        est = q.estimate(data)
+        est = q.estimate(data, design)
         words = stats.verdict(est, q.paper_sign)
         verdicts.append(Verdict(q, est, words, q.paper(claim, xs, x_label), stats.seeds_needed(est, est.n)))
     bases = [pair[1] for pair in pairs if pair[1] in q_b] or list(q_b)
-    return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions))
+    return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions), design)
 
 
 def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:

@@ -103,9 +103,22 @@ def format_answer(answer: Answer) -> str:
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
                 "by the interval alone; calibrated by simulated studies, README \"Calibration\")")
-        parts.append("\n".join([head, *(["Power:", *power] if power else []),
-                                *(v.line() for v in answer.verdicts)]))
+        parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
+                                *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
+
+
+def design_line(answer: Answer) -> str:
+    """``Sequential (--until-resolved): looks at 5, 6, …, 40 seeds per cell, each at a nominal two-sided 0.83%
+    so that all looks together resolve ≤ 5% of null studies; this is a look at 7``."""
+    d = answer.design
+    assert d is not None
+    looks = d.looks
+    shown = ", ".join(map(str, looks)) if len(looks) <= 5 else f"{looks[0]}, {looks[1]}, …, {looks[-1]}"
+    n = max((v.estimate.n for v in answer.verdicts), default=0)
+    return (f"Sequential design (--until-resolved): looks at {shown} seeds per cell, each interval at a nominal "
+            f"two-sided {200 * d.tail(0.025):.2g}% so that all {len(looks)} looks together resolve ≤ 5% of null "
+            f"studies (Pocock; README \"Seeds until resolved\"); this answer: {n} seeds per cell")
 
 
 def answer_metrics(answer: Answer) -> dict[str, float]:

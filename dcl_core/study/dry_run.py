@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from dcl_core.study.spec import DDP_TRIAL_CPU, StudyOptions, StudySpec
 
 if TYPE_CHECKING:
-    from dcl_core.study.cost import ExperimentPlan, TrialWork
+    from dcl_core.study.cost import Estimate, ExperimentPlan, TrialWork
+    from dcl_core.study.flops import Rate
 
 MAX_TRIAL_LINES = 16  # a dry run lists an experiment's cells one per line up to this many, else summarizes them
 
@@ -21,23 +22,10 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, args: argparse.Namespa
                   local_problems: list[str]) -> list[str]:
     """What ``--dry-run`` prints: the trials (grouped by seed), their resources, totals, and the estimated cost
     with its assumptions (:mod:`dcl_core.study.cost`). Times a few training steps; starts nothing."""
-    # The models, the trainer and FlopCounterMode: only a dry run needs them, a real run loads them in its trials.
-    from dcl_core.study import cost, flops
+    from dcl_core.study import cost
 
-    res = options.resources
-    plans = cost.plan_study(
-        spec, res.num_workers,
-        sizes_of=lambda c: cost.data_sizes(c.data.dataset, c.data.root, c.data.train_per_class,
-                                           c.data.test_per_class),
-        flops_of=flops.default_flops_of)
-    rates: dict[tuple[Any, ...], flops.Rate] = {}
-    for group in (g for plan in plans for g in plan.groups):
-        if cost.model_key(group.cfg) not in rates:
-            rates[cost.model_key(group.cfg)] = flops.default_rate_of(group.cfg, group.flops, res.num_workers,
-                                                                     res.threads)
-    cpus = options.num_cpus or os.cpu_count() or 1
-    slots = cost.trial_slots(res, cpus, options.max_concurrent)
-    est = cost.estimate(plans, {k: r.flops_per_second for k, r in rates.items()}, res.num_workers, slots)
+    plans, rates, est, slots = estimate_study(spec, options)
+    res, cpus = options.resources, options.num_cpus or os.cpu_count() or 1
     upto = "at most " if options.asha else ""
 
     mode = "Optuna search" if spec.search is not None else "grid"
@@ -88,6 +76,29 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, args: argparse.Namespa
     notes.append("not checked by a dry run: the MLflow store (--tracking-uri), --storage, what --resume continues")
     out += ["notes:", *(f"  - {n}" for n in notes)]
     return out
+
+
+def estimate_study(spec: StudySpec, options: StudyOptions
+                   ) -> tuple[list[ExperimentPlan], dict[tuple[Any, ...], Rate], Estimate, int]:
+    """(the plans, each model's CPU rate measured now, the cost estimate, trials at a time) of ``spec`` run with
+    ``options`` on this machine (:mod:`dcl_core.study.cost`). Times a few training steps; starts nothing."""
+    # The models, the trainer and FlopCounterMode: only an estimate needs them, a real run loads them in its trials.
+    from dcl_core.study import cost, flops
+
+    res = options.resources
+    plans = cost.plan_study(
+        spec, res.num_workers,
+        sizes_of=lambda c: cost.data_sizes(c.data.dataset, c.data.root, c.data.train_per_class,
+                                           c.data.test_per_class),
+        flops_of=flops.default_flops_of)
+    rates: dict[tuple[Any, ...], flops.Rate] = {}
+    for group in (g for plan in plans for g in plan.groups):
+        if cost.model_key(group.cfg) not in rates:
+            rates[cost.model_key(group.cfg)] = flops.default_rate_of(group.cfg, group.flops, res.num_workers,
+                                                                     res.threads)
+    slots = cost.trial_slots(res, options.num_cpus or os.cpu_count() or 1, options.max_concurrent)
+    est = cost.estimate(plans, {k: r.flops_per_second for k, r in rates.items()}, res.num_workers, slots)
+    return plans, rates, est, slots
 
 
 def _experiment_lines(plan: ExperimentPlan, upto: str, format_space: Callable[[Any], str]) -> list[str]:

@@ -80,16 +80,21 @@ def read_options(path: Path) -> dict[str, Any]:
     return before
 
 
-def recorded_seeds(output_dir: Path, study: str) -> int | None:
-    """The ``--seeds`` a study in ``output_dir`` last ran with (its recorded command), so that a ``--resume`` or
-    ``--reanalyze`` without ``--seeds`` continues with every seed it has. None when nothing readable is recorded
-    (the resume itself then says what is wrong)."""
+def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
+    """The options a study in ``output_dir`` last ran with (its recorded command: ``--seeds``, the sequential
+    ``design``, …), so that a ``--resume`` or ``--reanalyze`` continues it. Empty when nothing readable is
+    recorded (the resume itself then says what is wrong)."""
     path = summary_dir(output_dir, study) / OPTIONS_FILE
     if not path.exists() and not path.is_symlink():
-        return None
+        return {}
     try:
         command = read_options(path).get("command")
     except ConfigError:
-        return None
-    seeds = command.get("seeds") if isinstance(command, dict) else None
+        return {}
+    return command if isinstance(command, dict) else {}
+
+
+def recorded_seeds(command: dict[str, Any]) -> int | None:
+    """The ``--seeds`` of a recorded command (:func:`recorded_command`), None when it holds none."""
+    seeds = command.get("seeds")
     return seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0 else None

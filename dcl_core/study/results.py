@@ -53,6 +53,8 @@ class StudyOutcome:
     runs_url: str = ""
     compare_url: str = ""  # the runs page in the study's saved view (cells grouped, kNN and q_B charts)
     answer: str = ""  # the per-cell CIs, the paper, the regime and the verdicts (what -q prints)
+    resolved: bool = False  # every question has a verdict other than "not resolved"
+    power: list[str] = field(default_factory=list)  # the unresolved questions' projected seeds
 
 
 def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -121,7 +123,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     out_dir = summary_dir(output_dir, spec.name)
     parquet, csv = report.write_table(rows, out_dir)
     table, shown = _table(spec, rows, x)
-    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper)
+    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
     claim = found.claim
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
     png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
@@ -149,7 +151,8 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     runs_url = redact_uri(tracker.runs_url())  # the view's query carries no credentials (and "Key" would be masked)
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
                         verdicts=[v.line() for v in found.verdicts], runs_url=runs_url,
-                        compare_url=f"{runs_url}&{view_query()}", answer=answer_text)
+                        compare_url=f"{runs_url}&{view_query()}", answer=answer_text, resolved=found.resolved,
+                        power=[p.strip() for v in found.verdicts if (p := v.power_line())])
 
 
 def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
 from dcl_core.study.columns import x_column
+from dcl_core.study.stats import Sequential
 from dcl_core.study.storage import absolute_storage, default_tracking_uri, redact_uri
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
@@ -162,6 +163,8 @@ class StudySpec:
         pairs: ``(better, base)`` series compared cell by cell, paired by seed (``None``: every DCL/InfoNCE pair).
         paper: the key of the paper's numbers in :mod:`dcl_core.study.paper` (a study's name can be changed
             with ``--name``; its paper cannot).
+        design: the sequential design its seeds are added under (``--until-resolved``), which widens every
+            verdict's interval so that looking after each round keeps the null rate at 5%; ``None``: one look.
     """
 
     name: str
@@ -179,6 +182,7 @@ class StudySpec:
     pairs: tuple[tuple[str, str], ...] | None = None
     paper: str | None = None
     description: str = ""  # the MLflow experiment's description (the study's question and paper table)
+    design: Sequential | None = None
 
     @property
     def grids(self) -> list[Space]:
