@@ -283,6 +283,14 @@ PAPER: Mapping[str, PaperClaim] = MappingProxyType({
              "the τ = 0.1 runs is not stated; tuned DCL used lr 0.07. Table 3's '+ asymmetric augmentation' "
              "row (68.2) is not a (τ, lr) result and is not encoded",
     ),
+    "lr_in_regime": PaperClaim(
+        source="DCL Eq. 4 and Sec. 4 (no table at batch 16, τ 0.07)",
+        series={},
+        headline=None,
+        headline_source="No number: the paper runs neither loss at batch 16 and τ 0.07, nor tunes SimCLR's lr; "
+                        "its claim read here is the sign (DCL ahead where q_B ≪ 1, Eq. 4, Fig. 1)",
+        comparable=False,
+    ),
     "eqco_mi_toy": PaperClaim(
         source="EqCo Table 5",
         series=_MI_TOY,

@@ -155,16 +155,17 @@ def _looks(looks: tuple[int, ...]) -> str:
 
 
 def run(outcome: StudyOutcome, design: Sequential, seeds: int, first_seconds: float, max_minutes: float | None,
-        next_round: Callable[[int], StudyOutcome], say: Callable[[str], None]) -> tuple[StudyOutcome, str]:
+        next_round: Callable[[int], StudyOutcome], say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic) -> tuple[StudyOutcome, str]:
     """Run rounds after the first look (``outcome``, at ``seeds`` per cell, which took ``first_seconds``) until
     resolved or capped; returns the last outcome and why it stopped. ``next_round(n)`` runs the study with ``n``
     seeds per cell (a resume that adds the new seeds); ``say`` prints a look's lines. The time cap counts from
     the first round's start: a round is not started when, at the last round's pace per seed, it would end later."""
-    started = time.monotonic() - first_seconds
+    started = clock() - first_seconds
     round_seconds, round_seeds = first_seconds, seeds
     looks = design.looks
     while True:
-        spent = (time.monotonic() - started) / 60
+        spent = (clock() - started) / 60
         look = sum(n <= seeds for n in looks)
         say("")
         say(f"look {look} of {len(looks)}: {seeds} seeds per cell, {spent:.1f} min"
@@ -180,7 +181,7 @@ def run(outcome: StudyOutcome, design: Sequential, seeds: int, first_seconds: fl
         if max_minutes is not None and spent * 60 + pace > max_minutes * 60:
             return outcome, (f"stopped: not resolved at {seeds} seeds per cell; the next round (~{pace / 60:.1f} min) "
                              f"would end after --max-minutes {max_minutes:g} ({spent:.1f} min spent)")
-        begun = time.monotonic()
+        begun = clock()
         outcome = next_round(seeds + add)
-        round_seconds, round_seeds, seeds = time.monotonic() - begun, add, seeds + add
+        round_seconds, round_seeds, seeds = clock() - begun, add, seeds + add
 

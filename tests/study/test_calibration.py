@@ -16,6 +16,7 @@ from dcl_core.study.calibration import (
     KINDS,
     SEEDS,
     SETTINGS,
+    Setting,
     binomial_upper,
     calibrate,
     exact_power,
@@ -182,3 +183,20 @@ def test_the_sequential_boundary_is_stricter_than_one_look_and_the_same_everywhe
     assert stats.Sequential(first=5, max_seeds=5).tail(0.025) == 0.025  # one look is the fixed design
     with pytest.raises(ValueError):
         stats.Sequential(first=1, max_seeds=5)
+
+
+@pytest.mark.parametrize("setting", [Setting("3 x, shared seed offsets", n_x=3),
+                                     Setting("3 x, unequal noise, missing trial", n_x=3, noise_ramp=0.5,
+                                             series_scale=(1.5, 0.75), missing=True)], ids=lambda s: s.name)
+def test_tuned_against_tuned_over_three_learning_rates_is_calibrated(setting):
+    """studies/lr_in_regime.py compares each loss at the best of 3 base lrs: that maximum's bounds resolve at most
+    5% of null studies at the seeds its presets run (2, 5) and over the looks of --until-resolved (5 to 20 seeds),
+    and cover a planted effect at least 95% of the time."""
+    kind = next(k for k in KINDS if k.name == "best gap (tuned vs tuned)")
+    rep = calibrate(studies=400, seeds=(2, 5), settings=(setting,), kinds=(kind,), power_seeds=(5,), rng_seed=4)
+    for n, cell in rep.null[kind.name].items():
+        assert binomial_upper(cell.resolved, cell.studies), (n, cell)
+    planted = rep.planted[kind.name][5]
+    assert planted.covered / planted.with_interval >= 0.95, planted
+    cell = run_sequential(kind, setting, stats.Sequential(5, 20), 0.0, 300, np.random.default_rng(11))
+    assert binomial_upper(cell.resolved, cell.studies), cell

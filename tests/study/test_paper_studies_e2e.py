@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_study(name, out, *args):
+def run_study(name, out, *args, paper_table=True):
     proc = subprocess.run(
         [sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir", str(out), "--num-cpus",
          "2", *args],
@@ -39,18 +39,18 @@ def run_study(name, out, *args):
     assert {r["status"] for r in rows} == {"ok"}
     arts = {a.path for a in client.list_artifacts(summary.info.run_id)}
     assert {"results.parquet", "results.csv", f"{name}.png", "table.txt", "npc_q_hist.png", "gap_vs_npc.png"} <= arts
-    check_answer(proc.stdout, summary)
+    check_answer(proc.stdout, summary, paper_table)
     return proc.stdout, rows, client, trials, summary, arts
 
 
-def check_answer(stdout, summary):
-    """Every study ends with its answer: per-cell intervals, the paper's numbers, the regime, the verdict lines
-    last (one per question), each also a tag of the summary run."""
+def check_answer(stdout, summary, paper_table=True):
+    """Every study ends with its answer: per-cell intervals, the paper's numbers (where it has a table), the
+    regime, the verdict lines last (one per question), each also a tag of the summary run."""
     lines = [ln for ln in stdout.splitlines() if ln.strip() and "Checkpoint successfully" not in ln]
     verdicts = [v for k, v in sorted(summary.data.tags.items()) if k.startswith("verdict_") and k.endswith("_line")]
     assert verdicts and lines[-len(verdicts):] == verdicts
     assert all(summary.data.tags[f"verdict_{i}"] in verdicts[i] for i in range(len(verdicts)))
-    assert "Per cell: kNN top-1 (%), mean [95% CI" in stdout and "\nPaper: " in stdout
+    assert "Per cell: kNN top-1 (%), mean [95% CI" in stdout and ("\nPaper: " in stdout) == paper_table
     assert summary.data.tags["npc_regime"] in stdout
 
 
@@ -114,3 +114,15 @@ def test_few_epochs(tmp_path):
     for r in trials:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "eval/knn_top1")]
         assert steps == list(range(1, int(r.data.params["optim.epochs"]) + 1))
+
+
+def test_lr_in_regime(tmp_path):
+    """Both losses at each base lr of the regime cell (batch 16, τ 0.07), paired by seed; two verdicts: tuned
+    against tuned (best lr each) and the gap at the shared lr; the paper has no table for this cell."""
+    _, rows, _, _, summary, _ = run_study("lr_in_regime", tmp_path, "--seeds", "2", paper_table=False)
+    assert sorted((r["loss"], r["base_lr"], r["seed"]) for r in rows) == sorted(
+        (lo, lr, s) for lo in ("infonce", "dcl") for lr in (0.12, 0.24) for s in (0, 1))
+    assert {(r["temperature"], r["batch_size"]) for r in rows} == {(0.07, 16)}
+    assert summary.data.tags["verdict_0_line"].startswith("tuned DCL beats tuned InfoNCE in the regime")
+    assert summary.data.tags["verdict_1_line"].startswith("DCL beats InfoNCE at the shared lr 0.24")
+    assert "(paper: no number in the paper)" in summary.data.tags["verdict_0_line"]

@@ -19,8 +19,11 @@ from mlflow.tracking import MlflowClient
 from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
+from dcl_core.study.answer import Question, build_answer
+from dcl_core.study.columns import x_column
 from dcl_core.study.mlflow_view import read_tag
 from dcl_core.study.report import read_table
+from dcl_core.study.stats import Sequential
 from dcl_core.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -414,3 +417,45 @@ def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path):
     other = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
                                      "--losses", "dcl"), capture_output=True, text=True, timeout=300, cwd=REPO)
     assert other.returncode == 2 and "its grids changed" in other.stderr, other.stderr[-2000:]
+
+
+def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path):
+    """``--until-resolved --max-seeds 3`` from 2 seeds: a look after each round, each verdict at the sequential
+    design's level (what the summary run logs is the design's interval, not the fixed one), the design recorded so
+    that a re-analysis reproduces the answer and a later --resume cannot look past it; a time cap stops after the
+    first look."""
+    out = tmp_path / "u"
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--until-resolved",
+                         "--max-seeds", "3"))
+    assert "look 1 of 2: 2 seeds per cell" in proc.stdout, proc.stdout[-3000:]
+    summary = summary_dir(out, "temperature_sweep")
+    record = json.loads((summary / "study_options.json").read_text())
+    assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "step": 1}
+    rows = read_table(summary / "results.parquet")
+    if "stopped: every question resolved at 2 seeds per cell" in proc.stdout:
+        assert len(rows) == 8
+    else:  # the smoke study's seeds 0-1 do not resolve it (deterministic): one more round ran
+        assert "look 2 of 2: 3 seeds per cell" in proc.stdout and len(rows) == 12
+        assert record["seed_rounds"] == [[0, 1], [2]] and {r["seed"] for r in rows} == {0, 1, 2}
+    table = (summary / "table.txt").read_text()
+    assert "Sequential design (--until-resolved): looks at 2, 3 seeds per cell" in table
+
+    question = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
+    x = x_column("loss.temperature")
+    sequential = build_answer(rows, x, "tau", [question], design=Sequential(2, 3)).verdicts[0].estimate
+    fixed = build_answer(rows, x, "tau", [question]).verdicts[0].estimate
+    assert sequential.hi - sequential.lo > fixed.hi - fixed.lo  # the design's interval is wider than one look's
+    logged = runs_of(out, "temperature_sweep")[2][0].data.metrics
+    assert logged["verdict/std_difference_0/ci_lo"] == pytest.approx(sequential.lo)
+    assert logged["verdict/std_difference_0/ci_hi"] == pytest.approx(sequential.hi)
+
+    run(study_cmd("temperature_sweep.py", out, "--smoke", "--reanalyze", "-q"))
+    assert (summary / "table.txt").read_text() == table  # the recorded design, re-applied
+    beyond = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume"),
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert beyond.returncode == 2 and "void its 5% guarantee" in beyond.stderr, beyond.stderr[-2000:]
+
+    capped = run(study_cmd("temperature_sweep.py", tmp_path / "c", "--smoke", "--seeds", "2", "--until-resolved",
+                           "--max-seeds", "5", "--max-minutes", "0.02"))
+    assert "would end after --max-minutes 0.02" in capped.stdout or "every question resolved" in capped.stdout
+    assert len(read_table(summary_dir(tmp_path / "c", "temperature_sweep") / "results.parquet")) == 8

@@ -49,7 +49,7 @@ def series_names(spec):
 
 def test_every_study_is_covered():
     assert set(STUDIES) >= {"temperature_sweep", "batch_size_sweep", "eqco_negatives_sweep", "queue_size_sweep",
-                            "dclw_sigma_sweep", "tau_lr_search", "few_epochs"}
+                            "dclw_sigma_sweep", "tau_lr_search", "few_epochs", "lr_in_regime"}
 
 
 @pytest.mark.parametrize(("name", "preset"), presets_of(STUDIES))
@@ -66,13 +66,16 @@ def test_questions_and_pairs_name_series_the_grid_produces(name, preset):
         assert better in names and base in names
 
 
+ONE_MODE = {("tau_lr_search", "grid"): "Optuna search", ("lr_in_regime", "optuna"): "a grid over base lr"}
+
+
 @pytest.mark.parametrize(("name", "preset"), presets_of(STUDIES))
 @pytest.mark.parametrize("search", ["grid", "optuna"])
 def test_presets_build_valid_specs(name, preset, search):
     module = load(name)
     args = args_for(name, "--preset", preset, "--search", search)
-    if name == "tau_lr_search" and search == "grid":
-        with pytest.raises(ConfigError, match="Optuna search"):
+    if (name, search) in ONE_MODE:
+        with pytest.raises(ConfigError, match=ONE_MODE[name, search]):
             module.build_spec(args)
         return
     spec = module.build_spec(args)
@@ -205,7 +208,7 @@ def test_ddp_trials_run_as_many_at_a_time_as_the_cluster_holds():
 @pytest.mark.parametrize("search", ["grid", "optuna"])
 def test_the_saved_mlflow_view_groups_by_tags_every_trial_carries(name, preset, search):
     # The view groups runs by tags: one the trials lack would put every run in MLflow's "Unassigned" group.
-    if name == "tau_lr_search" and search == "grid":
+    if (name, search) in ONE_MODE:
         return
     spec = load(name).build_spec(args_for(name, "--preset", preset, "--search", search))
     view = compare_view(spec)

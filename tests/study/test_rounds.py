@@ -1,0 +1,114 @@
+"""``--until-resolved`` without Ray: the round options' one-line errors, the design's planning and recording, and
+the loop's stopping rules (resolved, the last look, the time cap) on outcomes given to it. The rounds through real
+Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
+
+import pytest
+
+from dcl_core.config import ConfigError
+from dcl_core.study import rounds
+from dcl_core.study.results import StudyOutcome
+from dcl_core.study.stats import Sequential
+from dcl_core.study_cli import build_parser
+
+
+def args_of(*argv):
+    return build_parser("doc", "temperature_sweep").parse_args(list(argv))
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--max-seeds", "9"], "--max-seeds caps --until-resolved"),
+    (["--max-minutes", "9"], "--max-minutes caps --until-resolved"),
+    (["--until-resolved"], "needs a cap"),
+    (["--until-resolved", "--max-minutes", "0"], "--max-minutes must be in"),
+    (["--until-resolved", "--max-minutes", "nan"], "--max-minutes must be in"),
+    (["--until-resolved", "--max-seeds", "9", "--seeds-per-round", "0"], "--seeds-per-round must be >= 1"),
+    (["--until-resolved", "--max-seeds", "9", "--search", "optuna"], "an Optuna search has no seed grid"),
+    (["--until-resolved", "--max-seeds", "9", "--reanalyze"], "--reanalyze trains nothing"),
+])
+def test_round_options_are_checked_in_one_line(argv, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        rounds.check_args(args_of(*argv))
+
+
+class Spec:  # what plan() reads of a spec: its seed grid
+    def __init__(self, seeds):
+        from search_spaces import Grid
+        self.grids = [{"seed": Grid(tuple(range(seeds)))}]
+        self.search = None
+
+
+def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
+    plan = lambda a, seeds=5, per_seed=None: rounds.plan(a, Spec(seeds), None, lambda: per_seed)  # noqa: E731
+    assert plan(args_of("--until-resolved", "--max-seeds", "12")) == Sequential(5, 12, 1)
+    assert plan(args_of("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == Sequential(5, 12, 3)
+    # --max-minutes alone: as many seeds as the estimate (plus each round's overhead) fits
+    per = 60.0 - rounds.ROUND_OVERHEAD_S
+    assert plan(args_of("--until-resolved", "--max-minutes", "30"), per_seed=per) == Sequential(5, 30, 1)
+    assert plan(args_of("--until-resolved", "--max-minutes", "1"), per_seed=per) == Sequential(5, 5, 1)
+    with pytest.raises(ConfigError, match="one trial does not fit"):
+        plan(args_of("--until-resolved", "--max-minutes", "30"))
+    with pytest.raises(ConfigError, match="below the first look"):
+        plan(args_of("--until-resolved", "--max-seeds", "4"))
+    with pytest.raises(ConfigError, match="--seeds 2 or more"):
+        plan(args_of("--until-resolved", "--max-seeds", "4"), seeds=1)
+    resumed = args_of("--until-resolved", "--max-minutes", "5")
+    resumed.design = {"first": 3, "max_seeds": 20, "step": 2}
+    assert plan(resumed, seeds=7) == Sequential(3, 20, 2)  # the recorded design, whatever the time cap
+    resumed.max_seeds = 25
+    with pytest.raises(ConfigError, match="--max-seeds 25 is refused"):
+        plan(resumed, seeds=7)
+
+
+def test_the_recorded_design_round_trips_and_bounds_later_seeds():
+    d = Sequential(3, 20, 2)
+    assert rounds.from_record(rounds.to_record(d)) == d and rounds.from_record(None) is None
+    for damaged in ({"first": 3}, {"first": 9, "max_seeds": 4, "step": 1}, "3-20", {"first": 3, "x": 1}):
+        with pytest.raises(ConfigError, match=r"recorded sequential design .* is damaged"):
+            rounds.from_record(damaged)
+    rounds.check_within(d, 20)
+    rounds.check_within(None, 500)
+    with pytest.raises(ConfigError, match="void its 5% guarantee"):
+        rounds.check_within(d, 21)
+
+
+def outcome(resolved: bool, n: int) -> StudyOutcome:
+    return StudyOutcome([], "", {}, verdicts=[f"verdict at {n}"], resolved=resolved,
+                        power=[] if resolved else [f"≈{n + 9} seeds"])
+
+
+def loop(first_resolved_at=None, design=None, first_seconds=1.0, max_minutes=None, per_seed=0.0):
+    """The loop on given outcomes and a clock that a round of k seeds advances by k * per_seed seconds."""
+    design = design or Sequential(3, 6)
+    ran, said, now = [], [], [first_seconds]
+
+    def next_round(n):
+        now[0] += (n - (ran[-1] if ran else 3)) * per_seed
+        ran.append(n)
+        return outcome(first_resolved_at is not None and n >= first_resolved_at, n)
+
+    _, why = rounds.run(outcome(first_resolved_at == 3, 3), design, 3, first_seconds, max_minutes, next_round,
+                        said.append, clock=lambda: now[0])
+    return ran, said, why
+
+
+def test_the_loop_stops_at_the_first_resolved_look():
+    ran, said, why = loop(first_resolved_at=5)
+    assert ran == [4, 5] and why.startswith("stopped: every question resolved at 5 seeds per cell (look 3)")
+    assert [line for line in said if line.startswith("look")] == [
+        f"look {i} of 4: {n} seeds per cell, 0.0 min spent" for i, n in ((1, 3), (2, 4), (3, 5))]
+    assert "  verdict at 4" in said and "  ≈13 seeds" in said
+    assert loop(first_resolved_at=3)[0] == []  # resolved at the first look: no round
+
+
+def test_the_loop_stops_at_the_last_look_and_rounds_never_pass_it():
+    ran, _, why = loop(design=Sequential(3, 8, step=2))
+    assert ran == [5, 7, 8] and why.startswith("stopped: not resolved at the last look (8 seeds per cell")
+
+
+def test_the_time_cap_starts_no_round_that_would_end_after_it():
+    # the first round's 3 seeds took 60 s: a round of one seed takes ~20 s at that pace
+    ran, _, why = loop(first_seconds=60.0, max_minutes=1.2, per_seed=20.0)  # 60 spent + 20 > 72 s
+    assert ran == [] and "would end after --max-minutes 1.2 (1.0 min spent)" in why
+    ran, said, why = loop(first_seconds=60.0, max_minutes=1.4, per_seed=20.0)  # 80 s fits in 84, 100 does not
+    assert ran == [4] and "look 2 of 4: 4 seeds per cell, 1.3 min of 1.4 spent" in said
+
