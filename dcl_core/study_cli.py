@@ -184,20 +184,7 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
 
         spec, options = study()
         if args.until_resolved:
-            from dcl_core.study.dry_run import estimate_study
-
-            seeds = args.seeds
-
-            def wall_seconds_at(n: int) -> float | None:
-                args.seeds = n
-                try:
-                    return estimate_study(*study())[2].wall_seconds
-                finally:
-                    args.seeds = seeds
-
-            first = len(grid_seeds(spec) or ())
-            design = rounds.plan(args, spec, options, lambda: (w / first if (w := wall_seconds_at(first)) else None))
-            args.design = rounds.to_record(design)
+            wall_seconds_at = _plan_rounds(args, spec, options, study)
             spec, options = study()
         if args.dry_run:
             spec = with_asha(spec, options.asha)
@@ -236,6 +223,27 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
     if outcome.rows and len(failed) == len(outcome.rows):
         return cli.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}", cli.EXIT_FAILED)
     return 0
+
+
+def _plan_rounds(args: argparse.Namespace, spec: StudySpec, options: StudyOptions,
+                 study: Callable[[], tuple[StudySpec, StudyOptions]]) -> Callable[[int], float | None]:
+    """Fix the ``--until-resolved`` design before the first look (recorded in ``args.design``); returns the
+    estimated wall-clock seconds of the study at ``n`` seeds per cell (what --dry-run's worst case prints)."""
+    from dcl_core.study.dry_run import estimate_study
+
+    seeds = args.seeds
+
+    def wall_seconds_at(n: int) -> float | None:
+        args.seeds = n
+        try:
+            return estimate_study(*study())[2].wall_seconds
+        finally:
+            args.seeds = seeds
+
+    first = len(grid_seeds(spec) or ())
+    design = rounds.plan(args, spec, options, lambda: (w / first if (w := wall_seconds_at(first)) else None))
+    args.design = rounds.to_record(design)
+    return wall_seconds_at
 
 
 def _study(args: argparse.Namespace, doc: str, default_name: str, build_spec: SpecBuilder,
