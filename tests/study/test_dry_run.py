@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dcl_core.config import apply_overrides, preset
-from dcl_core.study import cost
+from dcl_core.study import cost, stats
 from dcl_core.study import flops as flop_count
 from dcl_core.study.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
 from dcl_core.study_cli import build_parser, main
@@ -246,3 +246,31 @@ def test_measured_rate_is_positive_and_restores_threads():
                                         threads=1, min_seconds=0.0, max_steps=1)
     assert rate.flops_per_second > 0 and rate.steps == 1 and rate.views == 4
     assert torch.get_num_threads() == threads
+
+
+def test_until_resolved_dry_run_prints_the_looks_and_the_worst_case_of_the_caps(tmp_path):
+    """``--until-resolved --dry-run``: the planned looks (from --max-minutes and the estimate when --max-seeds is
+    not given), the nominal level of each look, the worst case in minutes, and nothing written."""
+    module = load("temperature_sweep")
+
+    def dry(*argv):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = main(module.__doc__, "temperature_sweep", module.build_spec,
+                        argv=["--smoke", "--seeds", "2", "--until-resolved", *argv, "--dry-run", "--output-dir",
+                              str(tmp_path / "out")])
+        assert code == 0
+        return stdout.getvalue()
+
+    fixed = dry("--max-seeds", "6", "--seeds-per-round", "2")
+    assert "until resolved: looks at 2, 4, 6 seeds per cell (3 looks, 2 seed(s) per round)" in fixed
+    p_star = float(re.search(r"nominal two-sided ([\d.]+)%", fixed)[1]) / 100
+    assert p_star == pytest.approx(2 * stats.Sequential(2, 6, 2).tail(0.025), rel=0.05) and p_star < 0.05
+    worst = re.search(r"worst case \(no look resolves\): 6 seeds per cell, ~([\d.]+) min", fixed)
+    assert worst and float(worst[1]) > 0
+    timed = dry("--max-minutes", "3")
+    looks = re.search(r"looks at 2, 3, …, (\d+) seeds per cell", timed)
+    assert looks and int(looks[1]) > 3 and "--max-minutes 3 stops it before any round" in timed
+    # planned to fit 3 min; a second rate measurement (the worst case's) may differ on a busy machine
+    assert float(re.search(r"worst case .*?, ~([\d.]+) min", timed)[1]) <= 3.0 * 1.5
+    assert not (tmp_path / "out").exists()
