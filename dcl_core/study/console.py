@@ -22,7 +22,9 @@ QUIET, PROGRESS, VERBOSE = 0, 1, 2
 
 class ConsoleProgress(tune.Callback):
     """Progress of one Tune experiment of a study: ``done`` trials of the study finished before it started,
-    ``total`` in the whole study, which started at ``started`` (``time.time()``)."""
+    ``total`` in the whole study, which started at ``started`` (``time.time()``). The time left is projected from
+    the trials this callback saw finish since it began watching (a resumed or extended study's earlier trials,
+    finished before this process, would make the pace look faster than it is)."""
 
     def __init__(self, name: str, total: int, done: int = 0, verbosity: int = PROGRESS,
                  started: float | None = None) -> None:
@@ -31,9 +33,11 @@ class ConsoleProgress(tune.Callback):
         self.failed = 0
         self.running: set[str] = set()
         self._bar: Any = None
+        self._watching: float | None = time.time()  # when this callback began watching (reset when unpickled)
+        self._seen = 0  # trials it saw finish since then
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_bar": None, "running": set()}
+        return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_seen": 0}
 
     @property
     def bar(self) -> Any:
@@ -49,6 +53,8 @@ class ConsoleProgress(tune.Callback):
             self.bar.set_postfix_str(f"running {len(self.running)}, failed {self.failed}")
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        if self._watching is None:  # restored by Tune.restore: the pace counts from now
+            self._watching = time.time()
         self.running.add(trial.trial_id)
         self._refresh()
 
@@ -67,6 +73,9 @@ class ConsoleProgress(tune.Callback):
         self.running.discard(trial.trial_id)
         self.done += 1
         self.failed += failed
+        self._seen += 1
+        if self._watching is None:
+            self._watching = time.time()
         if self.verbosity != PROGRESS:
             return
         line = f"[{self.done}/{self.total}] {trial_line(trial, failed)}"
@@ -75,8 +84,9 @@ class ConsoleProgress(tune.Callback):
             self.bar.update(1)
             self._refresh()
             return
-        elapsed = time.time() - self.started
-        left = elapsed / self.done * (self.total - self.done) if self.done else math.nan
+        now = time.time()
+        elapsed, watched = now - self.started, now - self._watching
+        left = watched / self._seen * (self.total - self.done) if watched > 0 else math.nan
         print(f"{line}  ({elapsed / 60:.1f} min elapsed, ~{left / 60:.1f} min left)", flush=True)
 
 
