@@ -8,5 +8,5 @@ def test_a_ratio_above_the_peak_is_a_measurement_error_not_a_pass():
     assert met is False and "measurement error" in note
 
 
-def test_the_goal_is_half_the_best_gemm_rate():
+def test_the_goal_is_half_the_best_measured_rate():
     assert judge(0.5) == (True, "") and judge(0.99) == (True, "") and judge(0.49) == (False, "")
