@@ -166,7 +166,10 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
         rounds.check_args(args)
         if args.resume or args.reanalyze:  # continue with every seed the study has, under its recorded design
             recorded = recorded_command(Path(args.output_dir).expanduser().resolve(), args.name)
-            args.seeds = recorded_seeds(recorded) if args.seeds is None else args.seeds
+            has = recorded_seeds(recorded)
+            # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
+            more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
+            args.seeds = has if args.seeds is None or more else args.seeds
             args.design = recorded.get("design")
         spec, options = _study(args, doc, default_name, build_spec)
         if args.reanalyze:  # no data, no GPU, no Ray: the stored results only

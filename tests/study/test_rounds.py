@@ -112,3 +112,31 @@ def test_the_time_cap_starts_no_round_that_would_end_after_it():
     ran, said, why = loop(first_seconds=60.0, max_minutes=1.4, per_seed=20.0)  # 80 s fits in 84, 100 does not
     assert ran == [4] and "look 2 of 4: 4 seeds per cell, 1.3 min of 1.4 spent" in said
 
+
+
+def test_the_resume_line_of_an_interrupted_round_continues_with_the_seeds_the_rounds_added(tmp_path, capsys):
+    """Ctrl-C in a round prints the original command with --resume, and so its first --seeds; the record holds
+    the seeds the rounds have since added (3 here), which the resume continues with under the recorded design,
+    instead of refusing --seeds 2 as dropping one (found by interrupting a real --until-resolved run)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from dcl_core.study.storage import OPTIONS_FILE, summary_dir
+    from dcl_core.study_cli import main
+
+    out = tmp_path / "out"
+    record = summary_dir(out, "temperature_sweep") / OPTIONS_FILE
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"spec": {"base": {}}, "command": {
+        "script": "temperature_sweep", "seeds": 3, "design": {"first": 2, "max_seeds": 4, "step": 1}}}))
+    path = Path(__file__).resolve().parents[2] / "studies" / "temperature_sweep.py"
+    spec = importlib.util.spec_from_file_location("study_temperature_sweep", path)
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    code = main(study.__doc__, "temperature_sweep", study.build_spec, argv=[
+        "--smoke", "--seeds", "2", "--until-resolved", "--max-seeds", "4", "--output-dir", str(out), "--resume",
+        "--dry-run"])
+    stdout = capsys.readouterr().out
+    assert code == 0 and "looks at 2, 3, 4 seeds per cell" in stdout
+    assert stdout.count("seeds 0-2:") == 4  # every cell at the 3 seeds it has, not the first --seeds 2
