@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             spec = with_asha(spec, options.asha)
             check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
             lines = dry_run_lines(spec, options, args, local_problems)
-            if spec.design is not None and args.until_resolved:
+            if args.until_resolved:
                 lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
             print("\n".join(lines))
             return 0
@@ -207,12 +207,12 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
 
         begun = time.monotonic()
         outcome = run_study(spec, options)
-        if args.until_resolved and spec.design is not None:
+        if args.until_resolved:
             def next_round(n: int) -> Any:
                 args.seeds, args.resume, args.overwrite = n, True, False
                 return run_study(*study())
 
-            outcome, why = rounds.run(outcome, spec.design, args.seeds or len(grid_seeds(spec) or ()),
+            outcome, why = rounds.run(outcome, spec.design, len(grid_seeds(spec) or ()),
                                       time.monotonic() - begun, args.max_minutes, next_round,
                                       say=(lambda line: None) if args.quiet else print)
             if not args.quiet:

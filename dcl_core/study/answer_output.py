@@ -109,16 +109,12 @@ def format_answer(answer: Answer) -> str:
 
 
 def design_line(answer: Answer) -> str:
-    """``Sequential (--until-resolved): looks at 5, 6, …, 40 seeds per cell, each at a nominal two-sided 0.83%
-    so that all looks together resolve ≤ 5% of null studies; this is a look at 7``."""
-    d = answer.design
-    assert d is not None
-    looks = d.looks
-    shown = ", ".join(map(str, looks)) if len(looks) <= 5 else f"{looks[0]}, {looks[1]}, …, {looks[-1]}"
+    """``Sequential design (--until-resolved): looks at 5, 6, …, 45 seeds per cell, each interval at a nominal
+    two-sided 0.62% …; this answer: 41 seeds per cell``."""
+    assert answer.design is not None
     n = max((v.estimate.n for v in answer.verdicts), default=0)
-    return (f"Sequential design (--until-resolved): looks at {shown} seeds per cell, each interval at a nominal "
-            f"two-sided {200 * d.tail(0.025):.2g}% so that all {len(looks)} looks together resolve ≤ 5% of null "
-            f"studies (Pocock; README \"Seeds until resolved\"); this answer: {n} seeds per cell")
+    return (f"Sequential design (--until-resolved): {answer.design.describe()} (Pocock; README \"Seeds until "
+            f"resolved\"); this answer: {n} seeds per cell")
 
 
 def answer_metrics(answer: Answer) -> dict[str, float]:

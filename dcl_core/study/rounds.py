@@ -136,22 +136,16 @@ def plan(args: argparse.Namespace, spec: StudySpec, options: StudyOptions,
 def dry_run_lines(design: Sequential, max_minutes: float | None, wall_seconds_at: Callable[[int], float | None]
                   ) -> list[str]:
     """What ``--dry-run --until-resolved`` adds: the looks, the nominal level, and the worst case (every look
-    unresolved) in trials and estimated minutes, and where ``--max-minutes`` cuts it."""
+    unresolved) in seeds per cell and estimated minutes, and where ``--max-minutes`` cuts it."""
     looks = design.looks
     worst = wall_seconds_at(design.max_seeds)
     worst = None if worst is None else worst + ROUND_OVERHEAD_S * (len(looks) - 1)
     cost = "no wall-clock estimate" if worst is None else f"~{worst / 60:,.1f} min on this machine (estimated)"
-    out = ["", f"until resolved: looks at {_looks(looks)} seeds per cell ({len(looks)} looks, "
-               f"{design.step} seed(s) per round), each interval at a nominal two-sided "
-               f"{200 * design.tail(0.025):.2g}% so that all looks together resolve ≤ 5% of null studies",
+    out = ["", f"until resolved: {design.describe()} ({design.step} seed(s) per round)",
            f"  worst case (no look resolves): {design.max_seeds} seeds per cell, {cost}"]
     if max_minutes is not None:
         out.append(f"  --max-minutes {max_minutes:g} stops it before any round that would end later")
     return out
-
-
-def _looks(looks: tuple[int, ...]) -> str:
-    return ", ".join(map(str, looks)) if len(looks) <= 5 else f"{looks[0]}, {looks[1]}, …, {looks[-1]}"
 
 
 def run(outcome: StudyOutcome, design: Sequential, seeds: int, first_seconds: float, max_minutes: float | None,

@@ -268,6 +268,14 @@ class Sequential:
         """The nominal one-sided tail each look uses so that the design's overall one-sided tail is ``tail``."""
         return _nominal_tail(self.looks, tail)
 
+    def describe(self) -> str:
+        """``looks at 5, 6, …, 45 seeds per cell, each interval at a nominal two-sided 0.62% so that all 41 looks
+        together resolve ≤ 5% of null studies`` (what the answer and ``--dry-run`` print of it)."""
+        looks = self.looks
+        shown = ", ".join(map(str, looks)) if len(looks) <= 5 else f"{looks[0]}, {looks[1]}, …, {looks[-1]}"
+        return (f"looks at {shown} seeds per cell, each interval at a nominal two-sided {200 * self.tail(0.025):.2g}% "
+                f"so that all {len(looks)} looks together resolve ≤ 5% of null studies")
+
 
 @functools.lru_cache(maxsize=128)
 def _nominal_tail(looks: tuple[int, ...], tail: float) -> float:

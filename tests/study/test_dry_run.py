@@ -263,7 +263,8 @@ def test_until_resolved_dry_run_prints_the_looks_and_the_worst_case_of_the_caps(
         return stdout.getvalue()
 
     fixed = dry("--max-seeds", "6", "--seeds-per-round", "2")
-    assert "until resolved: looks at 2, 4, 6 seeds per cell (3 looks, 2 seed(s) per round)" in fixed
+    assert "until resolved: looks at 2, 4, 6 seeds per cell, each interval at a nominal two-sided" in fixed
+    assert "all 3 looks together resolve ≤ 5% of null studies (2 seed(s) per round)" in fixed
     p_star = float(re.search(r"nominal two-sided ([\d.]+)%", fixed)[1]) / 100
     assert p_star == pytest.approx(2 * stats.Sequential(2, 6, 2).tail(0.025), rel=0.05) and p_star < 0.05
     worst = re.search(r"worst case \(no look resolves\): 6 seeds per cell, ~([\d.]+) min", fixed)

@@ -4,11 +4,13 @@ Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
 
 import pytest
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, preset
 from dcl_core.study import rounds
 from dcl_core.study.results import StudyOutcome
+from dcl_core.study.spec import StudySpec
 from dcl_core.study.stats import Sequential
 from dcl_core.study_cli import build_parser
+from search_spaces import Grid
 
 
 def args_of(*argv):
@@ -30,15 +32,14 @@ def test_round_options_are_checked_in_one_line(argv, needle):
         rounds.check_args(args_of(*argv))
 
 
-class Spec:  # what plan() reads of a spec: its seed grid
-    def __init__(self, seeds):
-        from search_spaces import Grid
-        self.grids = [{"seed": Grid(tuple(range(seeds)))}]
-        self.search = None
+def spec_with(seeds):
+    """A grid study of ``seeds`` seeds per cell (what plan() reads of it: its seed grid)."""
+    grid = {"loss.name": Grid(("dcl",)), "seed": Grid(tuple(range(seeds)))}
+    return StudySpec(name="s", base=preset("smoke"), grid=grid, x_key="loss.temperature", x_label="tau")
 
 
 def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
-    plan = lambda a, seeds=5, per_seed=None: rounds.plan(a, Spec(seeds), None, lambda: per_seed)  # noqa: E731
+    plan = lambda a, seeds=5, per_seed=None: rounds.plan(a, spec_with(seeds), None, lambda: per_seed)  # noqa: E731
     assert plan(args_of("--until-resolved", "--max-seeds", "12")) == Sequential(5, 12, 1)
     assert plan(args_of("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == Sequential(5, 12, 3)
     # --max-minutes alone: as many seeds as the estimate (plus each round's overhead) fits

@@ -432,11 +432,9 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path)
     record = json.loads((summary / "study_options.json").read_text())
     assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "step": 1}
     rows = read_table(summary / "results.parquet")
-    if "stopped: every question resolved at 2 seeds per cell" in proc.stdout:
-        assert len(rows) == 8
-    else:  # the smoke study's seeds 0-1 do not resolve it (deterministic): one more round ran
-        assert "look 2 of 2: 3 seeds per cell" in proc.stdout and len(rows) == 12
-        assert record["seed_rounds"] == [[0, 1], [2]] and {r["seed"] for r in rows} == {0, 1, 2}
+    # 2 smoke seeds leave Δstd's interval tens of points wide: the first look cannot resolve, one more round runs
+    assert "look 2 of 2: 3 seeds per cell" in proc.stdout and len(rows) == 12
+    assert record["seed_rounds"] == [[0, 1], [2]] and {r["seed"] for r in rows} == {0, 1, 2}
     table = (summary / "table.txt").read_text()
     assert "Sequential design (--until-resolved): looks at 2, 3 seeds per cell" in table
 
@@ -457,5 +455,5 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path)
 
     capped = run(study_cmd("temperature_sweep.py", tmp_path / "c", "--smoke", "--seeds", "2", "--until-resolved",
                            "--max-seeds", "5", "--max-minutes", "0.02"))
-    assert "would end after --max-minutes 0.02" in capped.stdout or "every question resolved" in capped.stdout
+    assert "look 1 of 4: 2 seeds per cell" in capped.stdout and "would end after --max-minutes 0.02" in capped.stdout
     assert len(read_table(summary_dir(tmp_path / "c", "temperature_sweep") / "results.parquet")) == 8
