@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import os
 import shlex
 import signal
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 from dcl_core import cli
 from dcl_core.cli import setup_logging
 from dcl_core.config import ConfigError, InputError, apply_overrides, parse_overrides, preset
-from dcl_core.study import rounds
+from dcl_core.study import ray_env, rounds
 from dcl_core.study.checks import check_set_not_swept, where_it_runs
 from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.dry_run import dry_run_lines
@@ -197,6 +198,8 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
                 lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
             print("\n".join(lines))
             return 0
+        if not (options.address or os.environ.get("RAY_ADDRESS")):  # a local Ray: ask for its token mode
+            ray_env.request_token_auth()
         # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
         from dcl_core.study.results import summary_lines
         from dcl_core.study.runner import run_study

@@ -62,6 +62,7 @@ RAY_DEVELOPER_APIS = re.compile(r"\.get_storage\(")
 DOCUMENTED_RAY_ENV = {
     "RAY_ADDRESS": "ray.init / ray job submit: the cluster to attach to",
     "RAY_AIR_NEW_OUTPUT": "Ray AIR environment variables: 0 disables the new console output",
+    "RAY_AUTH_MODE": "Ray security, token authentication (ray-security/token-auth): token / disabled",
     "RAY_CHDIR_TO_TRIAL_DIR": "tune.Trainable: 0 keeps the driver's working directory in trials",
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "Ray Tune environment variables",
 }

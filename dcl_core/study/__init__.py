@@ -5,6 +5,7 @@ One job a module:
 - :mod:`~dcl_core.study.spec`: what a study runs (:class:`StudySpec`) and how (:class:`StudyOptions`),
   validated before Ray starts;
 - :mod:`~dcl_core.study.trainable`: one trial, in-process or as a DDP ``TorchTrainer``;
+- :mod:`~dcl_core.study.ray_env`: what a study sets in Ray's environment (token auth, every worker's setup);
 - :mod:`~dcl_core.study.runner`: Ray, the Tuners, resume/overwrite, concurrency (:func:`run_study`);
 - :mod:`~dcl_core.study.record`: what a study records to be resumed, and what a resume may change;
 - :mod:`~dcl_core.study.storage`: storage URIs and the summary folder;

@@ -30,6 +30,7 @@ from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study import console, mlflow_view, tracking
 from dcl_core.study.columns import short_name
+from dcl_core.study.ray_env import HOOK as WORKER_SETUP_HOOK
 from dcl_core.study.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
@@ -81,15 +82,18 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
+    # Every worker of the study (trials, Ray Train workers, Tune's helpers) quiets its exit first; under `ray job
+    # submit` this merges with the job's runtime_env (its working_dir).
+    setup = {"log_to_driver": True, "runtime_env": {"worker_process_setup_hook": WORKER_SETUP_HOOK}, **levels}
     with _own_sigterm():
         if address or os.environ.get("RAY_ADDRESS"):
-            ray.init(address=address or None, log_to_driver=True, **levels)
+            ray.init(address=address or None, **setup)
             return
         # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
         ray.init(
             address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-            _node_ip_address="127.0.0.1", log_to_driver=True, **levels,
+            _node_ip_address="127.0.0.1", **setup,
         )
 
 

@@ -5,11 +5,9 @@ the epoch callbacks of :mod:`dcl_core.study.tracking`."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
 from dcl_core.files import open_append
 from dcl_core.study import tracking
+from dcl_core.study.ray_env import setup_worker
 from dcl_core.study.spec import Resources
 from dcl_core.training import NonFiniteLossError, train
 from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError
@@ -33,25 +32,6 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 CAUSE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*:")  # "RuntimeError: ...", "ray.x.Error: ..."
 
 log = logging.getLogger(__name__)
-
-
-def _quiet_worker() -> None:
-    """What a trial's process prints that is noise on the study's console. Ray Train logs "Checkpoint
-    successfully created at ..." (INFO) for every epoch's report (its warnings and errors still reach the
-    console). And when the study ends, Ray stops its idle workers with SIGTERM, whose handler raises SystemExit
-    wherever the process is: inside a garbage-collection callback Python cannot raise it and prints it as an
-    "Exception ignored in ..." traceback, forwarded to the study's console, although nothing failed."""
-    logging.getLogger("ray.train").setLevel(logging.WARNING)
-    if getattr(sys.unraisablehook, "func", None) is not quiet_exit_hook:  # a reused actor calls this per trial
-        sys.unraisablehook = functools.partial(quiet_exit_hook, sys.unraisablehook)
-
-
-def quiet_exit_hook(previous: Any, unraisable: Any) -> None:
-    """A ``sys.unraisablehook`` that drops a SystemExit (the process is exiting anyway) and hands every other
-    exception Python cannot raise to ``previous``."""
-    if isinstance(unraisable.exc_value, SystemExit):
-        return
-    previous(unraisable)
 
 
 def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
@@ -68,7 +48,7 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
     trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes.
     """
     resources = resources or Resources()
-    _quiet_worker()
+    setup_worker()
     trial_id, trial_dir, work_dir = tracking.trial_context()
     if resources.num_workers > 1:
         try:
@@ -152,7 +132,7 @@ def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_d
 
 def _worker_loop(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker; the process group (gloo/NCCL) is already initialized."""
-    _quiet_worker()
+    setup_worker()
     rank = dist.get_rank() if dist.is_initialized() else 0
     # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes
     # checkpoints, which reach the Train run's storage through the report; other ranks only need a place to

@@ -99,12 +99,13 @@ def test_a_trial_failing_the_same_way_twice_is_not_retried_and_a_study_that_only
 def test_a_trial_process_stopped_inside_a_gc_callback_prints_no_traceback():
     """At the end of a study Ray stops its idle workers with SIGTERM, whose handler raises SystemExit wherever the
     process is; inside a garbage-collection callback Python printed it as an "Exception ignored" traceback on the
-    study's console (seen in an end-to-end run). A trial's process drops that one; other such errors still show."""
+    study's console (seen in an end-to-end run) and in a ``ray job submit`` log. A worker's process drops that one;
+    other such errors still show."""
     code = """
 import weakref
-from dcl_core.study import trainable
-trainable._quiet_worker()
-trainable._quiet_worker()  # a reused actor runs it once per trial
+from dcl_core.study.ray_env import setup_worker
+setup_worker()
+setup_worker()  # a reused actor's trainable runs it once per trial as well
 class A:
     pass
 def stopped(_):
@@ -120,3 +121,33 @@ print("done")
     assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr[-2000:]
     assert "SystemExit" not in proc.stderr, proc.stderr[-2000:]
     assert "ValueError: a real bug" in proc.stderr  # not every unraisable exception is hidden
+
+
+def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out():
+    """The exit traceback can come from any worker (a trial, a Ray Train worker, one of Tune's helpers), so
+    ``init_ray`` installs the hook in every worker process, not only in trials. And a local study's console no
+    longer starts with Ray's warning that suggests ``RAY_AUTH_MODE=disabled`` (README: never do that): the study
+    asks for token authentication explicitly, which Ray 2.60 would turn on anyway."""
+    code = """
+import sys
+from dcl_core.study.ray_env import request_token_auth
+request_token_auth()  # as a study's command line does, before Ray is imported
+import ray
+from dcl_core.study.runner import init_ray
+init_ray(None, 1)
+@ray.remote
+def hook():
+    import os, sys
+    return f"{sys.unraisablehook.func.__module__}.{sys.unraisablehook.func.__name__} {os.environ['RAY_AUTH_MODE']}"
+@ray.remote
+class Helper:
+    def hook(self):
+        import sys
+        return sys.unraisablehook.func.__name__
+print(ray.get(hook.remote()), ray.get(Helper.remote().hook.remote()))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["dcl_core.study.ray_env.quiet_exit_hook", "token", "quiet_exit_hook"]
+    assert "RAY_AUTH_MODE" not in proc.stderr and "Token authentication" not in proc.stderr, proc.stderr[-2000:]
