@@ -1,8 +1,9 @@
-"""The same study command on a Ray cluster: a real head node on 127.0.0.1, ``ray job submit``, and a real
-``mlflow server`` on loopback as the tracking store, read back with MlflowClient."""
+"""The README's cluster recipe, run as written: ``ray start --head`` with Ray's token authentication on, ``ray job
+submit`` of the smoke study, and the head stopped by its own process; then the study's MLflow store served by a
+real ``mlflow server`` and read back through its REST API as the UI reads it."""
 
 import os
-import secrets
+import re
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dcl_core.study.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+RECIPE_MARK = "<!-- cluster recipe: tests/study/test_ray_job_submit.py runs the next block -->"
 
 
 def free_port() -> int:
@@ -41,128 +43,79 @@ def wait_http(url: str, timeout: float = 90) -> None:
     raise TimeoutError(url)
 
 
+def readme_recipe() -> str:
+    """The README's one-machine cluster recipe: the fenced block after its marker."""
+    text = (REPO / "README.md").read_text()
+    assert RECIPE_MARK in text, "the README lost its cluster recipe's marker"
+    block = re.search(r"```bash\n(.*?)```", text[text.index(RECIPE_MARK):], re.S)
+    assert block is not None
+    return block.group(1)
+
+
+def test_readme_recipe_is_what_a_newcomer_types():
+    """What the recipe must keep saying (the test below runs whatever it says): token auth on for every ray
+    command, a token made before the head starts, the head in the foreground and stopped by its own pid."""
+    recipe = readme_recipe()
+    lines = [line.split("#")[0].strip() for line in recipe.splitlines()]
+    assert lines[0] == "export RAY_AUTH_MODE=token" and "RAY_AUTH_MODE=disabled" not in recipe
+    assert lines.index("ray get-auth-token --generate > /dev/null") < next(
+        i for i, line in enumerate(lines) if line.startswith("ray start --head"))
+    assert "--block" in recipe and "kill $HEAD_PID" in recipe and "ray stop" not in "".join(lines)
+
+
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="no embedded CIFAR-10")
-def test_ray_job_submit_to_local_head_node(tmp_path):
+def test_readme_cluster_recipe_runs_as_written(tmp_path):
+    """The README's block with only its values substituted (ports, the data's path), in a fresh home folder (no
+    token yet, as on a new machine) and an environment without any RAY_ variable: the job succeeds, its log
+    carries no traceback and no advice to disable auth, and the head's processes are gone after its kill."""
     data_root = resolve_data_root("cifar10", None)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    # Ray 2.5x clusters authenticate job submissions with a token; head node and client share this one.
-    token = tmp_path / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    gcs, dash, mlflow_port = free_port(), free_port(), free_port()
-    mlflow = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(mlflow_port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'server.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "server-artifacts"),
-            "--workers",
-            "1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    # --block keeps `ray start` in the foreground; terminating it stops exactly this head node (`ray stop`
-    # would stop every Ray instance on the machine).
-    head = subprocess.Popen(
-        [
-            str(BIN / "ray"),
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={gcs}",
-            "--num-cpus=2",
-            "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dash}",
-            # Its own ports for the node's agents: another Ray on the machine (a study running beside the tests)
-            # holds the defaults, and the job agent then never comes up ("No available agent").
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
-            f"--runtime-env-agent-port={free_port()}",
-            "--disable-usage-stats",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    gcs, dash = free_port(), free_port()
+    recipe = (readme_recipe().replace("6379", str(gcs)).replace("8265", str(dash))
+              .replace("/data/cifar10", str(data_root)))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env |= {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    # As typed into a shell (no `set -e`). The script's status is its last command's, `wait`'s: the head's own
+    # exit after SIGTERM (1 or 143 as Ray's shutdown path goes), not the job's; the job's is its "succeeded" line.
     try:
-        wait_http(f"http://127.0.0.1:{dash}/api/version", timeout=180)
-        wait_http(f"http://127.0.0.1:{mlflow_port}/health")
-        tracking = f"http://127.0.0.1:{mlflow_port}"
-        out = tmp_path / "job-outputs"
-        cmd = [
-            str(BIN / "ray"),
-            "job",
-            "submit",
-            "--address",
-            f"http://127.0.0.1:{dash}",
-            "--working-dir",
-            str(REPO),
-            "--",
-            "python",
-            "studies/temperature_sweep.py",
-            "--smoke",
-            "--losses",
-            "dcl",
-            "--output-dir",
-            str(out),
-            "--data-root",
-            str(data_root),
-            "--tracking-uri",
-            tracking,
-        ]
-        deadline = time.monotonic() + 180  # the head's job agent may start well after its HTTP server on a busy machine
-        while True:
-            job = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-            if "No available agent" not in job.stdout + job.stderr or time.monotonic() > deadline:
-                break
-            time.sleep(5)
-        assert job.returncode == 0, job.stdout[-4000:] + job.stderr[-2000:]
-        assert "succeeded" in (job.stdout + job.stderr).lower()
-        assert len(read_table(summary_dir(out, "temperature_sweep") / "results.parquet")) == 2
+        job = subprocess.run(["bash", "-c", recipe], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=900)
+    finally:  # a recipe that failed half-way leaves its head running: stop it (only it: by its own port)
+        subprocess.run(["pkill", "-TERM", "-f", f"ray start --head .*--port {gcs} "], capture_output=True)
+    log = job.stdout + job.stderr
+    assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log[-4000:]
+    for noise in ("Traceback", "Exception ignored", "AuthenticationError", "RAY_AUTH_MODE=disabled"):
+        assert noise not in log, log[-6000:]
+    assert (home / ".ray" / "auth_token").stat().st_size > 0  # the recipe's token, made in the fresh home
+    # `kill $HEAD_PID; wait $HEAD_PID` stopped every process of this head (and only of this head)
+    left = subprocess.run(["pgrep", "-f", f"gcs_server_port={gcs}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
 
-        client = MlflowClient(tracking_uri=tracking)
-        exp = client.get_experiment_by_name("temperature_sweep")
-        runs = client.search_runs([exp.experiment_id])
-        trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
-        summary = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
-        assert len(trials) == 2 and len(summary) == 1
-        # What MLflow's UI reads (its REST API): the study is one parent run, its trials nested beneath it.
+    out = home / "dcl-cluster" / "outputs"
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    store = f"sqlite:///{out / 'mlflow.db'}"
+    exp = MlflowClient(tracking_uri=store).get_experiment_by_name("temperature_sweep")
+    runs = MlflowClient(tracking_uri=store).search_runs([exp.experiment_id])
+    trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+    assert len(trials) == 4 and all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics
+                                   for r in trials)
+
+    # What MLflow's UI reads (a server's REST API): the study is one parent run, its trials nested beneath it.
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                               "--backend-store-uri", store, "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tracking = f"http://127.0.0.1:{port}"
+        wait_http(f"{tracking}/health")
         parent, children = _rest_runs(tracking, exp.experiment_id)
-        assert parent["info"]["run_name"] == "temperature_sweep" and len(children) == 2
+        assert parent["info"]["run_name"] == "temperature_sweep" and len(children) == 4
         assert all(_tags(c)["mlflow.parentRunId"] == parent["info"]["run_id"] for c in children)
-        assert all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics for r in trials)
-        arts = {a.path for a in client.list_artifacts(summary[0].info.run_id)}
-        assert "results.parquet" in arts and "temperature_sweep.png" in arts
-
-        # With a cluster running on the machine, a study without --address still gets its own local Ray
-        # (plain ray.init() would attach to that cluster and then reject num_cpus).
-        probe = subprocess.run(
-            [sys.executable, "-c", "from dcl_core.study import init_ray; import ray; init_ray(None, 1); "
-             "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU'])"],
-            capture_output=True, text=True, env=env, timeout=180, cwd=REPO,
-        )
-        assert probe.returncode == 0, probe.stderr[-2000:]
-        gcs_address, cpus = probe.stdout.split()[-2:]
-        assert not gcs_address.endswith(f":{gcs}") and float(cpus) == 1.0
     finally:
-        head.terminate()
-        head.wait(timeout=120)
-        mlflow.terminate()
-        mlflow.wait(timeout=30)
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def _tags(run: dict) -> dict:
@@ -182,3 +135,33 @@ def _rest_runs(tracking: str, experiment_id: str) -> tuple[dict, list[dict]]:
     parents = [r for r in runs if "mlflow.parentRunId" not in _tags(r)]
     assert len(parents) == 1, [_tags(r) for r in parents]
     return parents[0], [r for r in runs if "mlflow.parentRunId" in _tags(r)]
+
+
+def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path):
+    """With a cluster running on the machine, a study without --address still gets its own local Ray (plain
+    ``ray.init()`` would attach to that cluster, the last one started here, and then reject num_cpus)."""
+    token = tmp_path / "ray_auth_token"
+    token.write_text("0" * 32 + "1" * 32)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    gcs = free_port()
+    head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                             f"--port={gcs}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while subprocess.run([str(BIN / "ray"), "status", "--address", f"127.0.0.1:{gcs}"], env=env,
+                             capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline and head.poll() is None, "the head did not come up"
+            time.sleep(2)
+        probe = subprocess.run(
+            [sys.executable, "-c", "from dcl_core.study import init_ray; import ray; init_ray(None, 1); "
+             "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU'])"],
+            capture_output=True, text=True, env=env, timeout=180, cwd=REPO,
+        )
+        assert probe.returncode == 0, probe.stderr[-2000:]
+        gcs_address, cpus = probe.stdout.split()[-2:]
+        assert not gcs_address.endswith(f":{gcs}") and float(cpus) == 1.0
+    finally:
+        head.terminate()
+        head.wait(timeout=120)
