@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dcl_core.config import ConfigError
 from dcl_core.study.spec import StudyOptions, StudySpec, grid_seeds
-from dcl_core.study.stats import Sequential
+from dcl_core.study.stats import MAX_SEEDS_PROJECTED, Sequential
 
 if TYPE_CHECKING:
     from dcl_core.study.results import StudyOutcome
@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_MINUTES = 60 * 24 * 365  # a year: more is a typo
-MAX_SEEDS_PLANNED = 200  # looks of a design: the boundary is simulated once per design, over this many seeds
+# looks of a design: the boundary is simulated once per design, over this many seeds; also the most seeds per cell a
+# power line projects, so it never advises more than this can run
+MAX_SEEDS_PLANNED = MAX_SEEDS_PROJECTED
 # What a round costs beyond its trials: a new Tune experiment, the summary, the MLflow summary run (measured:
 # 5-6 s per round of the smoke study on 2 cores).
 ROUND_OVERHEAD_S = 8.0

@@ -307,7 +307,9 @@ def verdict(est: Estimate, paper_sign: int) -> Verdict:
     return "not resolved"
 
 
-MAX_SEEDS_PROJECTED = 10_000  # seeds_needed searches no further
+# The most seeds per cell a projection names: the most `--until-resolved` plans (rounds.MAX_SEEDS_PLANNED). An
+# effect that needs more (hundreds or thousands of seeds) is "not resolvable at this spread", not advice to run them.
+MAX_SEEDS_PROJECTED = 200
 
 
 def seeds_needed(est: Estimate, n: int) -> int | None:

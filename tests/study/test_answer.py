@@ -51,7 +51,21 @@ def test_planted_null_is_not_resolved_with_a_power_estimate():
     a = build_answer(rows(effect=0.0, noise=2.0), "temperature", "tau", [GAP])
     (v,) = a.verdicts
     assert v.words == "not resolved" and v.estimate.lo < 0 < v.estimate.hi
-    assert "seeds per cell would resolve" in format_answer(a) or "cannot be resolved" in format_answer(a)
+    assert v.seeds_needed is not None and v.seeds_needed > 5
+    assert v.power_line() == (f"  gap: ≈{v.seeds_needed} seeds per cell would resolve an effect of this size at "
+                              "this spread (now 5; a projection, not a promise)")
+    assert v.power_line() in format_answer(a)
+
+
+def test_a_projection_past_the_cap_reads_as_not_resolvable():
+    """Past MAX_SEEDS_PROJECTED seeds the power line names no number: it is no advice to run 40,000 seeds."""
+    from dcl_core.study.answer import Verdict
+    from dcl_core.study.stats import Estimate
+
+    tiny = Estimate(0.01, -1.0, 1.02, 5)
+    line = Verdict(GAP, tiny, "not resolved", None, None).power_line()
+    assert line == "  gap: not resolvable at this spread within 200 seeds per cell (the effect is small for its " \
+                   "seed-to-seed spread)"
 
 
 def test_one_seed_per_cell_has_no_interval_and_says_so():

@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as sps
 
 from dcl_core.study.stats import (
+    MAX_SEEDS_PROJECTED,
     Estimate,
     best_margin,
     cell_means,
@@ -278,6 +279,15 @@ def test_seeds_needed_follows_the_t_quantile():
     assert seeds_needed(Estimate(1.0, math.nan, math.nan, 1), 1) is None
     assert seeds_needed(Estimate(0.0, -1.0, 1.0, 3), 3) is None
     assert seeds_needed(Estimate(math.nan, math.nan, math.nan, 0), 0) is None
+
+
+def test_seeds_needed_names_no_number_past_what_until_resolved_can_run():
+    """A projection past MAX_SEEDS_PROJECTED (200, the most --until-resolved plans) is no advice: None, which the
+    power line prints as "not resolvable at this spread" (it once printed "≈40,143 seeds per cell")."""
+    h = sps.t.ppf(0.975, 2) / math.sqrt(3)  # 3 seeds, s_d = 1
+    near = seeds_needed(Estimate(0.2, 0.2 - h, 0.2 + h, 3), 3)  # (1.97 / 0.2)² ≈ 99 seeds
+    assert near is not None and 90 < near < MAX_SEEDS_PROJECTED == 200
+    assert seeds_needed(Estimate(0.1, 0.1 - h, 0.1 + h, 3), 3) is None  # ≈ 390 seeds
 
 
 def test_estimate_properties_and_format():
