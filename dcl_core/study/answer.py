@@ -202,8 +202,8 @@ class Verdict:
                 return f"  {self.question.label}: fewer than 2 seeds per cell give no interval; run --seeds 3 or more"
             if self.estimate.estimate == 0:
                 return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
-            return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED:,} "
-                    "seeds per cell")
+            return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED} "
+                    "seeds per cell (the effect is small for its seed-to-seed spread)")
         return (f"  {self.question.label}: ≈{self.seeds_needed} seeds per cell would resolve an effect of this size "
                 f"at this spread (now {self.estimate.n}; a projection, not a promise)")
 
@@ -348,7 +348,8 @@ def fmt_x(x: Any) -> str:
 
 def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """Every cell (of every study given) that has both DCL and InfoNCE trials: the paired DCL − InfoNCE gap
-    (mean, 95% CI over common seeds) and 1 − q_B of its InfoNCE trials (for :func:`report.plot_gap_vs_q`)."""
+    (mean, 95% CI over common seeds), 1 − q_B of its InfoNCE trials and which cell it is (its cell columns, which
+    :func:`report.plot_gap_vs_q` writes beside the point)."""
     points = []
     for study, rows in sorted(rows_by_study.items()):
         by_cell: dict[tuple[Any, ...], dict[str, dict[int, Mapping[str, Any]]]] = {}
@@ -357,15 +358,16 @@ def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list
                 continue
             key = tuple(r.get(c) for c in CELL_COLUMNS)
             by_cell.setdefault(key, {}).setdefault(r[LOSS], {})[int(r.get(SEED) or 0)] = r
-        for by_loss in by_cell.values():
+        for key, by_loss in by_cell.items():
             if "dcl" not in by_loss or "infonce" not in by_loss:
                 continue
             gap = stats.paired_difference({s: r[KNN_TOP1] for s, r in by_loss["dcl"].items()},
                                           {s: r[KNN_TOP1] for s, r in by_loss["infonce"].items()})
             q = _mean([r.get(Q_MEAN) for r in by_loss["infonce"].values()])
             if gap.n and not math.isnan(q):
+                cell = dict(zip(CELL_COLUMNS, key, strict=True))
                 points.append({"label": study, "gap": gap.estimate, "lo": gap.lo, "hi": gap.hi,
-                               "one_minus_q": 1.0 - q, "n": gap.n})
+                               "one_minus_q": 1.0 - q, "n": gap.n, "cell": cell})
     return points
 
 

@@ -8,7 +8,9 @@ bare ``"knn_top1"``). A new swept hyperparameter is one line here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
 
 from dcl_core import metrics as M
 
@@ -31,6 +33,8 @@ class Column(str):
         metric: the metric (last report of the trial) whose value the column shows.
         x_keys: config keys a study may sweep that are shown in this column (default: ``key``).
         short: the prefix of this column's value in trial names (``t0.1``); ``None``: the key's last part.
+        label: the column's name in a cell's label (``τ`` in ``dcl τ=0.1``); ``""``: its value alone (a loss, a
+            framework); ``None``: the column's name.
     """
 
     type: type
@@ -38,11 +42,13 @@ class Column(str):
     metric: str | None
     x_keys: tuple[str, ...]
     short: str | None
+    label: str | None
 
     def __new__(cls, name: str, type: type = str, key: str | None = None, metric: str | None = None,
-                x_keys: tuple[str, ...] = (), short: str | None = None) -> Column:
+                x_keys: tuple[str, ...] = (), short: str | None = None, label: str | None = None) -> Column:
         column = super().__new__(cls, name)
         column.type, column.key, column.metric, column.x_keys, column.short = type, key, metric, x_keys, short
+        column.label = label
         return column
 
     def __getnewargs__(self) -> tuple[str]:  # pickled (a Ray object, a spec) as its name, then its attributes
@@ -60,20 +66,20 @@ class Column(str):
 TRIAL_ID = Column("trial_id", str, metric="trial_id")
 STATUS = Column("status", str)  # a Status
 SERIES = Column("series", str)  # the table line: the spec's series columns joined by "+"
-LOSS = Column("loss", str, key="loss.name", short="")
-FRAMEWORK = Column("framework", str, key="framework.name", short="")
-METHOD = Column("method", str)  # the loss as a label; EqCo with its α: eqco(α=K)
-TEMPERATURE = Column("temperature", float, key="loss.temperature", short="t")
-BATCH_SIZE = Column("batch_size", int, key="optim.batch_size", short="b")
-BASE_LR = Column("base_lr", float, key="optim.base_lr", short="lr")
-SIGMA = Column("sigma", float, key="loss.sigma", short="sig")
-ALPHA = Column("alpha", float, key="loss.alpha", short="a")
+LOSS = Column("loss", str, key="loss.name", short="", label="")
+FRAMEWORK = Column("framework", str, key="framework.name", short="", label="")
+METHOD = Column("method", str, label="")  # the loss as a label; EqCo with its α: eqco(α=K)
+TEMPERATURE = Column("temperature", float, key="loss.temperature", short="t", label="τ")
+BATCH_SIZE = Column("batch_size", int, key="optim.batch_size", short="b", label="batch")
+BASE_LR = Column("base_lr", float, key="optim.base_lr", short="lr", label="lr")
+SIGMA = Column("sigma", float, key="loss.sigma", short="sig", label="σ")
+ALPHA = Column("alpha", float, key="loss.alpha", short="a", label="α")
 ALPHA_USED = Column("alpha_used", float, metric=M.EQCO_ALPHA)
 NUM_NEGATIVES = Column("num_negatives", int, metric=M.NUM_NEGATIVES,
-                       x_keys=("loss.num_negatives", "framework.num_negatives"), short="K")
-QUEUE_SIZE = Column("queue_size", int, key="framework.queue_size", short="Q")
+                       x_keys=("loss.num_negatives", "framework.num_negatives"), short="K", label="K")
+QUEUE_SIZE = Column("queue_size", int, key="framework.queue_size", short="Q", label="queue")
 SEED = Column("seed", int, key="seed", short="s")
-EPOCH_BUDGET = Column("epoch_budget", int, key="optim.epochs", short="ep")
+EPOCH_BUDGET = Column("epoch_budget", int, key="optim.epochs", short="ep", label="epochs")
 EPOCHS = Column("epochs", int, metric=M.EPOCH)
 KNN_TOP1 = Column("knn_top1", float, metric=M.KNN_TOP1)
 BEST_KNN_TOP1 = Column("best_knn_top1", float)  # the best kNN accuracy over the trial's reports
@@ -104,6 +110,22 @@ X_COLUMN: dict[str, str] = {k: c.name for c in COLUMNS for k in c.swept_by}
 def x_column(key: str) -> str:
     """The results column of a swept quantity: a config key's column, or the name itself if it is a column."""
     return X_COLUMN.get(key, key)
+
+
+def cell_label(values: Mapping[str, Any]) -> str:
+    """A cell in a few characters, from its columns' values in the order given (the swept one first): the
+    loss/framework values first, then ``τ=0.1``, ``batch=16`` (:attr:`Column.label`); ``dcl τ=0.1``. MLflow's
+    runs table and charts name a group by it, the gap-vs-q_B figure a point."""
+    columns = {c.name: c for c in COLUMNS}
+    named, valued = [], []
+    for name, value in values.items():
+        text = format(value, "g") if isinstance(value, float) else str(value)
+        label = columns[name].label if name in columns else None
+        if label == "":
+            named.append(text)
+        else:
+            valued.append(f"{name if label is None else label}={text}")
+    return " ".join(named + valued)
 
 
 def short_name(key: str) -> str:

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dcl_core.study.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Status
+from dcl_core.study.colours import series_colour
+from dcl_core.study.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Status, cell_label
 
 Row = dict[str, Any]
 
@@ -173,7 +174,8 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
 def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
          series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
          paper_label: str = "paper") -> Path:
-    """kNN top-1 vs x, one line per series, error bars = std over seeds.
+    """kNN top-1 vs x, one line per series in its fixed colour (:func:`~dcl_core.study.colours.series_colour`,
+    its MLflow runs' too), error bars = std over seeds.
 
     ``paper`` (``{series: {x: value}}``, e.g. DCL Table 18) is drawn dashed in each series' colour on its own
     y axis (right): the paper's level (88% on full CIFAR-10) and ours differ, what is compared is the shape."""
@@ -184,7 +186,7 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
     for loss, by_x in cells(rows, x_key, series).items():
         xs = [x for x in sorted(by_x) if not math.isnan(by_x[x]["mean"])]
         line = ax.errorbar(xs, [by_x[x]["mean"] for x in xs], yerr=[by_x[x]["std"] for x in xs], marker="o",
-                           capsize=3, label=f"{loss} (ours)" if paper else loss)
+                           capsize=3, label=f"{loss} (ours)" if paper else loss, color=series_colour(loss))
         colours[loss] = line.lines[0].get_color()
     if log_x:
         ax.set_xscale("log", base=2)
@@ -210,20 +212,30 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
 
 
 def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
-    """DCL − InfoNCE gap vs InfoNCE's 1 − q_B, one point per cell (``gap``, ``lo``, ``hi``, ``one_minus_q``,
-    ``label``): the paper's mechanism predicts the gap grows with 1 − q_B."""
+    """DCL − InfoNCE gap vs InfoNCE's 1 − q_B, one point per cell: the paper's mechanism predicts the gap grows
+    with 1 − q_B (:func:`gap_vs_q_figure`)."""
+    return save_figure(gap_vs_q_figure(points, title), path)
+
+
+def gap_vs_q_figure(points: Sequence[Mapping[str, Any]], title: str) -> Any:
+    """The gap-vs-q_B figure (``gap``, ``lo``, ``hi``, ``one_minus_q``, ``label`` = the study, the legend's; a
+    ``cell`` each point is labelled with: a text, or its cell columns' values, of which the label shows those that
+    tell the study's points apart, ``τ=0.1``). Returned unsaved, so its labels can be read."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for p in points:
         groups[str(p["label"])].append(p)
+    labelled = []
     for label, members in sorted(groups.items()):
         xs = [p["one_minus_q"] for p in members]
         ys = [p["gap"] for p in members]
         err = [[p["gap"] - p["lo"] if math.isfinite(p["lo"]) else 0.0 for p in members],
                [p["hi"] - p["gap"] if math.isfinite(p["hi"]) else 0.0 for p in members]]
         ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=label)
+        labelled += [((p["one_minus_q"], p["gap"]), text) for p, text in zip(members, point_labels(members, points),
+                                                                             strict=True) if text]
     ax.axhline(0.0, color="grey", linewidth=0.8)
     ax.set_xlabel("1 − q_B of the InfoNCE cell (last epoch)")
     ax.set_ylabel("DCL − InfoNCE kNN top-1 (points), 95% CI")
@@ -231,7 +243,58 @@ def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -
     ax.grid(alpha=0.3)
     if groups:
         ax.legend(fontsize=7)
-    return save_figure(fig, path)
+    fig.tight_layout()  # the labels are placed where the saved figure will draw them
+    _annotate(ax, labelled)
+    return fig
+
+
+def point_labels(members: Sequence[Mapping[str, Any]], everyone: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each point's cell in a few characters: a text ``cell`` as it is; cell values (column -> value) by the
+    columns that differ between ``members`` (one study's points), else between ``everyone``; ``""`` without a
+    ``cell`` or when nothing differs (a lone point: the legend names it)."""
+    def varying(group: Sequence[Mapping[str, Any]]) -> list[str]:
+        cells = [p["cell"] for p in group if isinstance(p.get("cell"), Mapping)]
+        columns = list(dict.fromkeys(c for cell in cells for c in cell))
+        return [c for c in columns if len({repr(cell.get(c)) for cell in cells}) > 1]
+
+    shown = varying(members) or varying(everyone)
+    out = []
+    for p in members:
+        cell = p.get("cell")
+        out.append(cell_label({c: cell.get(c) for c in shown}) if isinstance(cell, Mapping) else str(cell or ""))
+    return out
+
+
+# Where a point's label goes, tried in turn: (dx, dy) in points, horizontal and vertical alignment.
+_OFFSETS = ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"),
+            (-5, -4, "right", "top"), (0, 9, "center", "bottom"), (0, -9, "center", "top"))
+
+
+def _annotate(ax: Any, labelled: Sequence[tuple[tuple[float, float], str]]) -> None:
+    """Small labels beside their points, each at the first offset where it overlaps no label placed before and
+    no other point, inside the axes (else at the first offset)."""
+    renderer = ax.figure.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    marks = [ax.transData.transform(xy) for xy, _ in labelled]
+
+    def note(xy: tuple[float, float], text: str, offset: tuple[float, float, str, str]) -> Any:
+        dx, dy, ha, va = offset
+        return ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=6.5,
+                           color="0.2", bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
+
+    placed: list[Any] = []
+    for i, (xy, text) in enumerate(labelled):
+        others = marks[:i] + marks[i + 1:]
+        chosen = _OFFSETS[0]
+        for offset in _OFFSETS:
+            trial = note(xy, text, offset)
+            box = trial.get_window_extent(renderer)
+            trial.remove()
+            if (not any(box.overlaps(b) for b in placed) and not any(box.contains(*m) for m in others)
+                    and inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)):
+                chosen = offset
+                break
+        placed.append(note(xy, text, chosen).get_window_extent(renderer))
 
 
 def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:

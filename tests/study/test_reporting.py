@@ -10,6 +10,7 @@ from dcl_core.study.report import (
     cells,
     format_table,
     gap_pairs,
+    gap_vs_q_figure,
     gaps,
     plot,
     read_table,
@@ -89,3 +90,40 @@ def test_gaps_pair_dcl_with_infonce_within_each_framework():
                                   ("simclr", "dcl", 60.0), ("simclr", "infonce", 61.0))]
     assert all_gaps(rows, "temperature", series="series") == {"moco": {0.1: 4.0}, "simclr": {0.1: -1.0}}
     assert "DCL−base moco" in format_table(rows, "temperature", "tau", gap=True, series="series")
+
+
+def gap_point(study, one_minus_q, gap, **cell):
+    """A point of the gap-vs-q_B figure; ``cell``: its cell columns' values."""
+    base = {"framework": "simclr", "temperature": 0.1, "batch_size": 32, "queue_size": None}
+    return {"label": study, "gap": gap, "lo": gap - 0.5, "hi": gap + 0.5, "one_minus_q": one_minus_q, "n": 3,
+            "cell": base | cell}
+
+
+def test_the_gap_figure_labels_each_point_with_what_tells_its_cell_apart():
+    points = [gap_point("tau_study", 0.05, 1.0, temperature=0.07), gap_point("tau_study", 0.03, 0.5),
+              gap_point("tau_study", 0.02, 0.1, temperature=0.5),
+              gap_point("batch_study", 0.06, 1.5, batch_size=16), gap_point("batch_study", 0.031, 0.55),
+              gap_point("queue_study", 0.04, 0.4, framework="moco", temperature=0.2, queue_size=256)]
+    fig = gap_vs_q_figure(points, "t")
+    (ax,) = fig.axes
+    labels = sorted(t.get_text() for t in ax.texts)
+    # a study's points by what varies between them; a lone point by what varies between all points
+    assert labels == sorted(["τ=0.07", "τ=0.1", "τ=0.5", "batch=16", "batch=32",
+                             "moco τ=0.2 batch=32 queue=256"])
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])  # two points 0.001 apart
+
+
+def test_crowded_gap_labels_do_not_overlap():
+    points = [gap_point("tau_study", 0.02 + i * 0.0004, 0.2 + (i % 2) * 0.03, temperature=t)
+              for i, t in enumerate((0.07, 0.1, 0.2, 0.5))] + [gap_point("other", 0.05, 2.0, batch_size=64)]
+    fig = gap_vs_q_figure(points, "t")
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in fig.axes[0].texts]
+    assert len(boxes) == 5 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_gap_points_without_a_cell_are_drawn_unlabelled():
+    points = [{k: v for k, v in gap_point("s", q, 1.0).items() if k != "cell"} for q in (0.02, 0.05)]
+    assert len(gap_vs_q_figure(points, "t").axes[0].texts) == 0
