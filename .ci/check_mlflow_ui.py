@@ -6,10 +6,16 @@ Starts ``mlflow ui`` on the study folder's store and drives Debian's Chromium (`
 with Playwright (``pip install playwright``, the ``test`` extra; it uses the system browser, nothing is
 downloaded). It checks, each in a fresh browser profile unless said otherwise:
 
-1. the ``runs:`` URL the study printed opens the experiment's runs table (not MLflow 3's GenAI overview) with
-   the study's parent run listed;
-2. the ``compare:`` URL opens the study's saved view: the trials grouped into cells with the kNN column, and in
-   the chart view the section of the study's charts;
+1. the ``runs:`` URL the study printed opens the experiment's runs table (not MLflow 3's GenAI overview) in the
+   saved view "study: verdict and kNN": with no click, the study's row (its summary run, the trials' parent)
+   shows its verdict, "Verdict: <words>", in the Description column, the words whole inside the column and the
+   window (legible, not cut by the column's width), and a kNN top-1 column beside it;
+2. the ``compare:`` URL opens the study's saved view: the trials grouped into cells with the kNN column, and,
+   unfolding "Additional runs", the study's verdict in its summary run's row (column Description); in the chart
+   view the study's first chart, whose points have exactly one colour per loss, the trial runs' ``mlflow.runColor``
+   (per series where a study's series split a loss, EqCo's framework × α; no colour shared between losses);
+   clicking the study's run in the runs table opens its page, with the verdict and the study's plot (embedded in
+   its description, loaded from its artifacts);
 3. the README's clicks from the experiment list: click the experiment (MLflow 3.17 opens it in GenAI mode in a
    new browser profile, whatever the experiment's kind), click "Model training" in the sidebar (the browser
    remembers it), which shows the runs; back to the list and into the experiment again, which now opens on the
@@ -28,11 +34,23 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from dcl_core.study.mlflow_view import VIEW_ID, VIEW_TAG_PREFIX, read_tag, view_query
+from dcl_core import metrics as M
+from dcl_core.study.mlflow_view import (
+    DESCRIPTION_COLUMN,
+    NAME_COLUMN,
+    RUN_COLOR_TAG,
+    RUNS_VIEW_ID,
+    VIEW_ID,
+    VIEW_TAG_PREFIX,
+    read_tag,
+    view_query,
+)
+from dcl_core.study.tracking import SUMMARY_TAG, runs_page
 
 TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a while
 
@@ -71,29 +89,155 @@ class Steps:
         self.ok &= held
         return held
 
+    def verify(self, page, what: str, held: bool, seen: str) -> bool:
+        """A step whose condition was computed from the page: print it with what was seen."""
+        self.n += 1
+        if self.shots is not None:
+            page.screenshot(path=str(self.shots / f"{self.n:02d}.png"))
+        print(f"{'ok  ' if held else 'FAIL'} {self.n}. {what}" + (f" ({seen})" if seen else ""))
+        self.ok &= held
+        return held
 
-def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots: Path | None) -> bool:
+
+@dataclass(frozen=True)
+class Answer:
+    """What the study logged that the UI must show: its first verdict's words and all of them (``words``, "; "
+    between two questions' words, as its description starts), its summary run, the trials' colours."""
+
+    verdict: str
+    words: str
+    summary_run: str
+    colours: dict[str, set[str]]  # loss -> its runs' mlflow.runColor: one, or one per series of it (EqCo's α)
+    trials: int
+
+
+def logged_answer(client: MlflowClient, exp_id: str) -> Answer | None:
+    """The study's answer and trial colours as MLflow holds them (None without a finished summary run)."""
+    runs = client.search_runs([exp_id], max_results=1000)
+    summary = [r for r in runs if r.data.tags.get(SUMMARY_TAG) == "true"]
+    if not summary or "verdict_0" not in summary[0].data.tags:
+        return None
+    trials = [r for r in runs if r.data.tags.get(SUMMARY_TAG) != "true"]
+    colours: dict[str, set[str]] = {}
+    for r in trials:
+        colours.setdefault(r.data.tags.get("loss", ""), set()).add(r.data.tags.get(RUN_COLOR_TAG, ""))
+    tags = summary[0].data.tags
+    return Answer(tags["verdict_0"], tags.get("verdict", tags["verdict_0"]), summary[0].info.run_id, colours,
+                  len(trials))
+
+
+def close_assistant(page) -> None:
+    """Close MLflow 3.17's assistant panel, open by default over a quarter of the page, as a user does."""
+    close = page.locator("[data-component-id='mlflow.assistant.chat_panel.close']")
+    if close.count() and close.first.is_visible():
+        close.first.click()
+
+
+def verdict_in_row(page, study: str, needle: str) -> dict:
+    """Where the study's row (the row whose Run Name is ``study``; MLflow's grid draws a row's pinned and scrolled
+    columns as two elements with one ``row-id``) shows ``needle`` in its Description cell: ``text``, the cell's
+    text (None: no such cell), and ``whole``, whether the needle's characters lie inside the cell and the window,
+    so a narrow column that cut the words mid-verdict (its text is all in the page still) fails."""
+    return page.evaluate(
+        """([study, column, needle]) => {
+            const name = [...document.querySelectorAll("[col-id='attributes.`Run Name`']")]
+                .find(c => c.textContent.trim() === study && c.closest('[row-id]'));
+            if (!name) return {text: null, whole: false};
+            const id = name.closest('[row-id]').getAttribute('row-id');
+            const cell = [...document.querySelectorAll(`[row-id="${id}"] [col-id="${column}"]`)][0];
+            if (!cell) return {text: null, whole: false};
+            const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+            let node, at = -1;
+            while ((node = walker.nextNode()) && (at = node.textContent.indexOf(needle)) < 0) {}
+            if (!node) return {text: cell.textContent, whole: false};
+            const range = document.createRange();
+            range.setStart(node, at);
+            range.setEnd(node, at + needle.length);
+            const r = range.getBoundingClientRect(), c = cell.getBoundingClientRect();
+            return {text: cell.textContent, whole: r.width > 0 && r.left >= c.left && r.right <= c.right
+                    && r.right <= window.innerWidth};
+        }""", [study, DESCRIPTION_COLUMN, needle])
+
+
+def point_colours(page, axis: str) -> list[str]:
+    """The fills (``#rrggbb``) of the points of the chart whose axis is titled ``axis`` (plotly's SVG markers)."""
+    return page.evaluate(
+        """axis => {
+            const plots = [...document.querySelectorAll('.js-plotly-plot')].filter(p =>
+                [...p.querySelectorAll('svg text')].some(t => t.textContent === axis));
+            if (!plots.length) return [];
+            return [...plots[0].querySelectorAll('path.point')].map(p => {
+                const [r, g, b] = getComputedStyle(p).fill.match(/\\d+/g).map(Number);
+                return '#' + [r, g, b].map(v => v.toString(16).padStart(2, '0')).join('');
+            });
+        }""", axis)
+
+
+def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots: Path | None,
+               answer: Answer) -> bool:
     from playwright.sync_api import sync_playwright
 
     view_name, state = view
     first_chart = state["compareRunCharts"][0]
     axis = first_chart["xaxis"]["key"] if first_chart["type"] == "SCATTER" else first_chart["metricKey"]
-    runs = f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning"
-    compare = f"{runs}&{view_query(charts=False)}"
+    runs = base + runs_page(exp_id)  # the runs: URL as the study prints it (StudyRuns.runs_url)
+    compare = base + runs_page(exp_id, view_query(charts=False))
+    needle = f"Verdict: {answer.words}"
     steps = Steps(shots)
     browser_path = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            profile = browser.new_context(viewport={"width": 1600, "height": 1000})
+            page = profile.new_page()
             page.goto(runs)
-            steps.check(page, f"runs: URL shows the runs table with the study's run {study!r}", study, "Runs")
+            steps.check(page, f"runs: URL shows the runs table, the study's row {study!r} with its verdict "
+                        f"({needle!r}) and the kNN column, no click",
+                        locator=page.locator(f"[col-id='{DESCRIPTION_COLUMN}']", has_text=needle).and_(
+                            page.locator(f"[col-id='{DESCRIPTION_COLUMN}']").filter(
+                                has=page.get_by_text(needle))), title="Runs")
+            close_assistant(page)
+            seen = verdict_in_row(page, study, needle)
+            header = page.locator(f"[role=columnheader][col-id='metrics.`{M.KNN_TOP1}`']")
+            steps.verify(page, "... legible: the verdict words whole in the study's row, inside the column and window,"
+                         " beside a kNN top-1 column", bool(seen["whole"]) and header.count() > 0,
+                         f"cell {(seen['text'] or 'not found')[:70]!r}, kNN column {header.count() > 0}")
             page.goto(compare)
             steps.check(page, "compare: URL (table) groups the trials into cells", "Group:", "Runs")
             steps.check(page, "... with the kNN column", "eval/knn_top1")
-            page.goto(f"{runs}&{view_query(charts=True)}")
-            steps.check(page, f"compare: URL (charts) draws the study's first chart (axis {axis!r})",
-                        locator=page.locator("svg text", has_text=axis))
+            # the summary run, folded in the trials' parents' group: its chevron unfolds it
+            page.locator("[role=gridcell]", has_text="Additional runs").locator("[role=button]").first.click(
+                timeout=TIMEOUT_MS)
+            steps.check(page, f"... and, unfolding 'Additional runs', the verdict ({answer.verdict!r}) in the study's "
+                        "row", locator=page.locator(f"[col-id='{DESCRIPTION_COLUMN}']",
+                                                    has_text=f"Verdict: {answer.verdict}"))
+            page.goto(base + runs_page(exp_id, view_query(charts=True)))
+            drawn = steps.check(page, f"compare: URL (charts) draws the study's first chart (axis {axis!r})",
+                                locator=page.locator("svg text", has_text=axis))
+            fills = point_colours(page, axis) if drawn else []
+            per_loss = all(len(c) == 1 for c in answer.colours.values())
+            shared = [c for c in set().union(*answer.colours.values())
+                      if sum(c in cs for cs in answer.colours.values()) > 1]
+            steps.verify(page, f"... its points have {'one colour per loss' if per_loss else 'one colour per series'}"
+                         f", their runs' ({ {k: sorted(v) for k, v in answer.colours.items()} })",
+                         len(fills) == answer.trials and set(fills) == set().union(*answer.colours.values())
+                         and not shared, f"fills {sorted(set(fills))} of {len(fills)} points")
+            page = profile.new_page()  # a new tab: leaving a shared view by its URL's hash left MLflow loading
+            page.goto(runs)
+            page.locator(f"[col-id='{NAME_COLUMN}'] a", has_text=study).first.click(timeout=TIMEOUT_MS)
+            steps.check(page, "clicking the study's run opens its page, which shows the verdict",
+                        f"Verdict: {answer.verdict}", "Run ")
+            more = page.get_by_text("Show more", exact=True)  # the description starts clipped to a few lines
+            if more.count() and more.first.is_visible():
+                more.first.click()
+            plot = page.locator("img[src*='get-artifact']")
+            if plot.count():
+                plot.first.scroll_into_view_if_needed(timeout=TIMEOUT_MS)
+            steps.check(page, "... and the study's plot, in the description", locator=plot)
+            shown = plot.count() > 0 and page.evaluate("img => img.complete && img.naturalWidth > 0",
+                                                       plot.first.element_handle())
+            steps.verify(page, "... loaded from the run's artifacts", bool(shown),
+                         plot.first.get_attribute("src") if plot.count() else "no image")
 
             page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()  # a new profile
             page.goto(f"{base}/#/experiments")
@@ -105,6 +249,7 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
             got_it = page.get_by_role("button", name="Got it")
             if got_it.count() and got_it.first.is_visible():
                 got_it.first.click()
+            close_assistant(page)
             page.get_by_text("Model training", exact=True).first.click(timeout=TIMEOUT_MS)
             steps.check(page, "'Model training' in the sidebar shows the runs", study, "Runs")
             page.goto(f"{base}/#/experiments")
@@ -142,10 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     uri = f"sqlite:///{db}"
     exp = MlflowClient(tracking_uri=uri).get_experiment_by_name(args.study)
-    if exp is None or VIEW_TAG_PREFIX + VIEW_ID not in exp.tags:
-        print(f"error: no experiment {args.study!r} with a saved view in {uri}", file=sys.stderr)
+    if exp is None or not {VIEW_TAG_PREFIX + VIEW_ID, VIEW_TAG_PREFIX + RUNS_VIEW_ID} <= exp.tags.keys():
+        print(f"error: no experiment {args.study!r} with the study's two saved views in {uri}", file=sys.stderr)
         return 2
     view = read_tag(exp.tags[VIEW_TAG_PREFIX + VIEW_ID])
+    answer = logged_answer(MlflowClient(tracking_uri=uri), exp.experiment_id)
+    if answer is None:
+        print(f"error: no summary run with a verdict in {args.study!r}", file=sys.stderr)
+        return 2
     if args.screenshots:
         args.screenshots.mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -160,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             except OSError:
                 time.sleep(0.5)
-        ok = run_checks(base, exp.experiment_id, args.study, view, args.screenshots)
+        ok = run_checks(base, exp.experiment_id, args.study, view, args.screenshots, answer)
     finally:
         server.terminate()
         server.wait(timeout=30)

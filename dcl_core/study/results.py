@@ -34,7 +34,7 @@ from dcl_core.study.report import Row
 from dcl_core.study.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.spec import StudySpec
 from dcl_core.study.storage import atomic_write_text, redact_uri, summary_dir
-from dcl_core.study.tracking import StudyTracker, metric_name
+from dcl_core.study.tracking import StudyTracker, local_ui_port, metric_name
 from dcl_core.study.trainable import error_text
 from search_spaces import keys_of
 
@@ -148,10 +148,9 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found))
-    runs_url = redact_uri(tracker.runs_url())  # the view's query carries no credentials (and "Key" would be masked)
     return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
-                        verdicts=[v.line() for v in found.verdicts], runs_url=runs_url,
-                        compare_url=f"{runs_url}&{view_query()}", answer=answer_text, resolved=found.resolved,
+                        verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs_url(),
+                        compare_url=tracker.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
                         power=[p.strip() for v in found.verdicts if (p := v.power_line())])
 
 
@@ -203,7 +202,7 @@ def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
     if uri.startswith(("http://", "https://")):
         browse = f"browse: open {uri} in a browser"
     else:
-        browse = f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1"
+        browse = f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {local_ui_port()}"
     return [
         f"results: {outcome.files[0]} (+ .csv)",
         f"plot:    {outcome.files[2]}",

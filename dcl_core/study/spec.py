@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -266,11 +266,41 @@ def varied_keys(spec: StudySpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def trial_tags(spec: StudySpec) -> dict[str, str]:
+class TrialTags(Mapping[str, str]):
+    """The MLflow tags every trial run carries, tag -> the config key it holds, and which of them place a trial in
+    the study (its run's ``cell`` tag and colour, :class:`~dcl_core.study.tracking.MLflowTrialCallback`).
+
+    Attributes:
+        cell: the tags naming the trial's cell: each grid key's (the swept quantity first), then ``loss``; the seed
+            and searched keys are left out, since a cell's trials differ in them.
+        series: the results columns naming the trial's line in the study's plot (:attr:`StudySpec.series`).
+    """
+
+    def __init__(self, keys: Mapping[str, str], cell: Sequence[str], series: Sequence[str]) -> None:
+        self.config_keys, self.cell, self.series = dict(keys), tuple(cell), tuple(series)
+
+    def __getitem__(self, tag: str) -> str:
+        return self.config_keys[tag]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.config_keys)
+
+    def __len__(self) -> int:
+        return len(self.config_keys)
+
+    def __repr__(self) -> str:
+        return f"TrialTags({self.config_keys!r}, cell={self.cell!r}, series={self.series!r})"
+
+
+def trial_tags(spec: StudySpec) -> TrialTags:
     """The MLflow tags every trial run carries, by name: the config key each holds (``loss``, ``seed``, and each
     varied key by its results column, e.g. ``temperature``). The runs table groups, filters and colours by them
-    without 48 params to pick from; the study's saved view groups by them."""
-    return {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
+    without 48 params to pick from; the study's saved view groups by the cell they name."""
+    keys = {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
+    searched = keys_of(spec.search) if spec.search else set()
+    cell = [t for t, key in keys.items() if t not in ("loss", "seed") and key not in searched]
+    cell.sort(key=lambda t: t != x_column(spec.x_key))
+    return TrialTags(keys, [*cell, "loss"], spec.series)
 
 
 # Joins a study's name to an experiment's suffix: a character study names cannot contain (NAME), so experiment

@@ -146,8 +146,10 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
     assert not any(d.exists() for d in rounds)
 
 
-def test_the_browse_hint_fits_the_store_and_hides_credentials():
+def test_the_browse_hint_fits_the_store_and_hides_credentials(monkeypatch):
     from dcl_core.study.results import StudyOutcome, summary_lines
+
+    monkeypatch.delenv("MLFLOW_PORT", raising=False)
 
     files = [Path("r.parquet"), Path("r.csv"), Path("p.png")]
     server = summary_lines(StudyOutcome([], "table", {}, files, "s", "http://bob:tok@127.0.0.1:5000"))
@@ -157,7 +159,25 @@ def test_the_browse_hint_fits_the_store_and_hides_credentials():
     assert browse(server) == "browse: open http://***@127.0.0.1:5000 in a browser" and "tok" not in "".join(server)
     assert server[-1] == "table"  # the answer is the last thing printed
     local = summary_lines(StudyOutcome([], "table", {}, files, "s", "sqlite:////x/mlflow.db"))
-    assert browse(local) == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db --host 127.0.0.1"
+    assert browse(local) == "browse: mlflow ui --backend-store-uri sqlite:////x/mlflow.db --host 127.0.0.1 --port 5000"
+
+
+def test_the_ui_urls_port_follows_mlflow_port(monkeypatch, tmp_path):
+    """`mlflow ui` serves on MLFLOW_PORT when the user set it: the printed command and the URLs use the same port
+    (they said 5000 whatever the user's mlflow ui served on)."""
+    from dcl_core.study.results import StudyOutcome, summary_lines
+    from dcl_core.study.tracking import StudyTracker
+
+    monkeypatch.setenv("MLFLOW_PORT", "5123")
+    files = [Path("r.parquet"), Path("r.csv"), Path("p.png")]
+    lines = summary_lines(StudyOutcome([], "table", {}, files, "s", "sqlite:////x/mlflow.db"))
+    assert any(line.strip().endswith("--host 127.0.0.1 --port 5123") for line in lines)
+    tracker = StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "s")
+    assert tracker.runs_url().startswith("http://127.0.0.1:5123/#/experiments/")
+    monkeypatch.setenv("MLFLOW_PORT", "not-a-port")  # mlflow ui itself refuses it; the hint keeps MLflow's default
+    assert tracker.runs_url().startswith("http://127.0.0.1:5000/")
+    server = StudyTracker("http://127.0.0.1:8080", "s")  # a server's own address, whatever MLFLOW_PORT says
+    assert server.runs_url().startswith("http://127.0.0.1:8080/#/experiments/")
 
 
 @needs_data

@@ -1,6 +1,7 @@
 """The MLflow UI shows a study as the README says, clicked through in a real headless Chromium driven by
 Playwright (``.ci/check_mlflow_ui.py``; ``.ci/run`` installs Debian's chromium, the ``test`` extra Playwright):
-the printed ``runs:`` URL, the ``compare:`` URL's saved view, and the clicks from the experiment list."""
+the printed ``runs:`` URL, the ``compare:`` URL's saved view (the verdict in the study's row, one colour per loss
+in its chart), the study's run page (its verdict and plot), and the clicks from the experiment list."""
 
 import importlib.util
 import os
@@ -13,8 +14,10 @@ import pytest
 
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
-from dcl_core.study.mlflow_view import compare_view, read_tag
+from dcl_core.study.answer import Question
+from dcl_core.study.mlflow_view import compare_view, read_tag, trial_look
 from dcl_core.study.results import summarize
+from dcl_core.study.spec import trial_tags
 from dcl_core.study.storage import default_tracking_uri
 from dcl_core.study.tracking import StudyTracker
 from search_spaces import Grid
@@ -23,21 +26,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _study(tmp_path: Path):
-    """A two-loss, two-τ, two-seed study's MLflow store as the runner writes it (tracker, tags, saved view),
-    with made-up accuracies instead of training."""
+    """A two-loss, two-τ, two-seed study's MLflow store as the runner writes it (tracker, the callback's trial
+    tags with their cell and colour, saved view), with made-up accuracies instead of training."""
     spec = StudySpec(name="ui_study", base=preset("smoke"),
                      grid={"loss.name": Grid(("infonce", "dcl")), "seed": Grid((0, 1)),
                            "loss.temperature": Grid((0.1, 0.5))},
-                     x_key="loss.temperature", x_label="tau", description="Is the UI on the runs?")
+                     x_key="loss.temperature", x_label="tau", description="Is the UI on the runs?",
+                     questions=(Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce",
+                                         label="Δstd"),))
     tracker = StudyTracker(default_tracking_uri(tmp_path), "ui_study", tmp_path / "mlartifacts", {},
                            description=spec.description, experiment_tags=dict([compare_view(spec).tag()])).open()
     rows = []
+    tag_keys = trial_tags(spec)
     for loss in ("infonce", "dcl"):
         for tau in (0.1, 0.5):
             for seed in (0, 1):
                 knn = 30.0 + (loss == "dcl") - tau + seed / 10
-                run = tracker.trial_run(f"{loss}{tau}{seed}", f"{loss}_s{seed}_t{tau}",
-                                        {"loss": loss, "seed": str(seed), "temperature": str(tau)},
+                tags = {"loss": loss, "seed": str(seed), "temperature": str(tau)}
+                tags |= trial_look(tags, tag_keys.cell, loss)  # as MLflowTrialCallback tags a trial's run
+                run = tracker.trial_run(f"{loss}{tau}{seed}", f"{loss}_s{seed}_t{tau}", tags,
                                         {"loss.name": loss, "loss.temperature": tau, "seed": seed})
                 tracker.log_metrics(run, {"eval/knn_top1": knn, "train/q_mean": 0.9 - tau / 10}, step=1)
                 tracker.end_run(run)
@@ -54,12 +61,14 @@ def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     exp = MlflowClient(default_tracking_uri(tmp_path)).get_experiment_by_name("ui_study")
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by temperature × loss"  # the seed is what a cell averages over, not a group
-    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "temperature"},
-                                               {"mode": "tag", "groupByData": "loss"}]
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "cell"}]
     # Its filter, as MLflow's search runs it, keeps the 8 trials and leaves out the summary run.
     client = MlflowClient(default_tracking_uri(tmp_path))
     kept = client.search_runs([exp.experiment_id], state["searchFilter"])
     assert len(kept) == 8 and all(r.data.tags.get("dcl.summary") != "true" for r in kept)
+    # the 4 cells it groups into, each of one loss's colour
+    assert {r.data.tags["cell"]: r.data.tags["mlflow.runColor"] for r in kept} == {
+        "dcl τ=0.1": "#1f77b4", "dcl τ=0.5": "#1f77b4", "infonce τ=0.1": "#ff7f0e", "infonce τ=0.5": "#ff7f0e"}
     charts = {(c["xaxis"]["key"], c["yaxis"]["key"]) for c in state["compareRunCharts"] if c["type"] == "SCATTER"}
     assert charts == {("loss.temperature", "eval/knn_top1"), ("train/q_mean", "eval/knn_top1")}
 
@@ -89,4 +98,5 @@ def test_readme_clicks_in_a_real_browser(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("ok ") for ln in lines) == 7 and not any(ln.startswith("FAIL") for ln in lines)
+    assert sum(ln.startswith("ok ") for ln in lines) == 12 and not any(ln.startswith("FAIL") for ln in lines)
+    assert "one colour per loss" in proc.stdout and "the verdict" in proc.stdout  # the steps this test adds

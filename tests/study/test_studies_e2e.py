@@ -79,6 +79,10 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
         assert r.data.tags["study"] == "temperature_sweep" and r.data.tags["loss"] in ("infonce", "dcl")
         assert r.data.tags["seed"] == "0" and len(r.data.tags["git_commit"]) in (40, 7)
         assert r.data.tags["temperature"] in ("0.1", "0.5")  # the swept key, for the runs table to group by
+        # the cell the saved view groups by, and the loss's colour (the plot's too)
+        assert r.data.tags["cell"] == f"{r.data.tags['loss']} τ={r.data.tags['temperature']}"
+        assert r.data.tags["mlflow.runColor"] == {"dcl": "#1f77b4", "infonce": "#ff7f0e"}[r.data.tags["loss"]]
+        assert r.data.metrics["eval/knn_top1"] == float(f"{r.data.metrics['eval/knn_top1']:.6g}")  # no float32 noise
         assert r.data.tags["mlflow.note.content"].startswith(f"loss {r.data.tags['loss']}, seed 0, temperature ")
         assert r.data.tags["mlflow.parentRunId"] == summary[0].info.run_id  # nested under the study's run
         for metric in ("train/loss", "eval/knn_top1", "train/q_mean", "train/q_cv", "train/lr", "train/images_per_s"):
@@ -104,6 +108,11 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     # Table 18's std difference over this study's τ (0.1, 0.5), its reported +0.46 beside it
     assert "(paper: +0.49 over tau 0.1, 0.5; it reports +0.46" in last
     assert summary[0].data.tags["verdict_0_line"] == last
+    # the answer where MLflow's UI shows a run's description: the verdict, its line, the plot from the run's artifacts
+    note = summary[0].data.tags["mlflow.note.content"].split("\n\n")
+    assert note[:2] == ["Verdict: not resolved", last]
+    plot = f"get-artifact?path=temperature_sweep.png&run_uuid={summary[0].info.run_id}"
+    assert note[2] == f"![temperature\\_sweep.png]({plot})"
     assert "Paper: DCL Table 18" in proc.stdout and "NPC regime: InfoNCE cells: mean q_B" in proc.stdout
     exp = client.get_experiment_by_name("temperature_sweep")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -114,8 +123,8 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert f"compare: {runs}&viewStateShareKey=dcl_compare&compareRunsMode=CHART" in proc.stdout
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by temperature × loss" and state["runsHiddenMode"] == "SHOW_ALL"
-    assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["temperature", "loss"]
-    assert {"temperature", "loss"} <= set(trials[0].data.tags)  # the tags it groups by exist on every trial
+    assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["cell"]
+    assert all("cell" in t.data.tags for t in trials)  # the tag it groups by exists on every trial
     assert_reanalysis_reproduces(out, "temperature_sweep", proc, script="temperature_sweep.py", args=("--smoke",))
 
 

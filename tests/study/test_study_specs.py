@@ -213,15 +213,18 @@ def test_the_saved_mlflow_view_groups_by_tags_every_trial_carries(name, preset, 
     spec = load(name).build_spec(args_for(name, "--preset", preset, "--search", search))
     view = compare_view(spec)
     tags = trial_tags(spec)
-    groups = [g["groupByData"] for g in view.state["groupBy"]["groupByKeys"]]
+    # the view groups by the "cell" tag every trial run gets, made of the tags naming its cell
+    assert view.state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "cell"}]
+    groups = list(tags.cell)
     searched = keys_of(spec.search) if spec.search else set()
     assert set(groups) <= set(tags) and groups[-1] == "loss" and "seed" not in groups
     assert not {tags[g] for g in groups} & searched  # a searched key differs between a cell's trials
+    assert tags.series == spec.series  # a run's colour is its series' in the study's plot
     for chart in view.state["compareRunCharts"]:
         axes = [chart["xaxis"], chart["yaxis"]] if chart["type"] == "SCATTER" else [
             {"key": chart["metricKey"], "type": "METRIC"}]
         for axis in axes:
             assert axis["key"] in (CONFIG_KEYS if axis["type"] == "PARAM" else {M.KNN_TOP1, M.Q_MEAN}), axis
-    assert view.state["useGroupedValuesInCharts"] == (spec.search is None)
+    assert view.state["useGroupedValuesInCharts"] is False  # trials in their runs' colours
     _, value = view.tag(now_ms=0)
     assert read_tag(value) == (view.name, view.state) and len(value) < 20_000  # MLflow's experiment tag limit

@@ -77,6 +77,10 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])
     assert run.data.tags["verdict_0"] == "supports the paper"
     assert run.data.tags["verdict_0_line"] == outcome.verdicts[0]
+    # its description, what MLflow's runs table and run page show: the verdict first, then the study's plot
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith(f"Verdict: supports the paper\n\n{outcome.verdicts[0]}\n\n")
+    assert f"(get-artifact?path=batch_study.png&run_uuid={run.info.run_id})" in note
     assert run.data.tags["npc_regime"].startswith("NPC regime")
     m = run.data.metrics
     assert m["verdict/gap_at_smallest_0/supports"] == 1.0 and m["verdict/gap_at_smallest_0/paper"] == 4.8

@@ -28,7 +28,7 @@ from dcl_core.study.tracking.reporting import (
     restore_latest_checkpoint,
     trial_context,
 )
-from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG
+from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
 from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
 
 __all__ = [
@@ -46,11 +46,13 @@ __all__ = [
     "TuneReporter",
     "git_commit",
     "journal_problem",
+    "local_ui_port",
     "metric_name",
     "preflight",
     "redact_uri",
     "report_diverged",
     "report_failed",
     "restore_latest_checkpoint",
+    "runs_page",
     "trial_context",
 ]

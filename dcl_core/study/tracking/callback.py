@@ -12,10 +12,32 @@ import pyarrow.fs
 from ray import tune
 
 from dcl_core import metrics as M
+from dcl_core.study.mlflow_view import trial_look
 from dcl_core.study.report import plot_q_hist_epochs, q_hist_edges
+from dcl_core.study.spec import TrialTags
 from dcl_core.study.tracking.tracker import StudyTracker
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
+
+
+def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
+                 series: tuple[str, ...] = ("loss",)) -> tuple[dict[str, Any], str]:
+    """Each tag's value as the trial's results row shows it (the config key's value, or the derived one:
+    ``num_negatives`` is K whichever key set it, not the other, unused key's 0), and the trial's series value
+    (``dcl``, ``simclr+eqco(α=K)``: its ``series`` columns joined as the study's summary joins them)."""
+    from dcl_core.study.results import trial_row  # results imports this package: loaded on the first trial
+
+    row = trial_row(dict(config), {})
+    values = {tag: row[tag] if tag in row else config.get(key) for tag, key in tag_keys.items()}
+    return values, "+".join(str(row.get(c)) for c in series)
+
+
+def run_tags(config: Mapping[str, Any], tag_keys: Mapping[str, str], cell: tuple[str, ...] = (),
+             series: tuple[str, ...] = ("loss",)) -> dict[str, str]:
+    """A trial run's tags (:func:`trial_values`), its ``cell`` and its series' colour, the plot's line's
+    (:func:`~dcl_core.study.mlflow_view.trial_look`)."""
+    values, series_value = trial_values(config, tag_keys, series)
+    return {tag: str(v) for tag, v in values.items()} | trial_look(values, cell, series_value)
 
 
 class MLflowTrialCallback(tune.Callback):
@@ -23,16 +45,23 @@ class MLflowTrialCallback(tune.Callback):
 
     Args:
         tracker: the study's tracker (opened: its parent run exists).
-        tag_keys: per-trial tags from config keys, e.g. ``{"loss": "loss.name"}``.
-        name_of: the run name of a trial (default: Tune's trial name).
+        tag_keys: per-trial tags from config keys, e.g. ``{"loss": "loss.name"}``; a study's
+            :class:`~dcl_core.study.spec.TrialTags` also give each run its ``cell`` tag and its series' colour
+            (:func:`~dcl_core.study.mlflow_view.trial_look`; a plain mapping: coloured by the loss, no cell).
         save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
             ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
     """
+
+    # Defaults for a callback pickled before these existed (Tune restores its callbacks on --resume).
+    cell: tuple[str, ...] = ()
+    series: tuple[str, ...] = ("loss",)
 
     def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
                  storage: str | None = None) -> None:
         self.tracker = tracker
         self.tag_keys = dict(tag_keys)
+        self.cell = tag_keys.cell if isinstance(tag_keys, TrialTags) else ()
+        self.series = tag_keys.series if isinstance(tag_keys, TrialTags) else ("loss",)
         self.save_checkpoint = save_checkpoint
         self.storage = storage
         self.runs: dict[str, str] = {}  # trial id -> run id
@@ -41,7 +70,7 @@ class MLflowTrialCallback(tune.Callback):
 
     def _run_of(self, trial: Any) -> str:
         if trial.trial_id not in self.runs:
-            tags = {tag: str(trial.config.get(key)) for tag, key in self.tag_keys.items()}
+            tags = run_tags(trial.config, self.tag_keys, self.cell, self.series)
             tags["trial_name"] = str(trial)
             run_id = self.tracker.trial_run(trial.trial_id, str(trial), tags, trial.config)
             self.runs[trial.trial_id] = run_id
@@ -83,7 +112,7 @@ class MLflowTrialCallback(tune.Callback):
         if last.get(M.ERROR):
             self.tracker.set_tag(run_id, "error", str(last[M.ERROR])[:5000])
         knn = last.get(M.KNN_TOP1)
-        varied = ", ".join(f"{tag} {trial.config.get(key)}" for tag, key in self.tag_keys.items())
+        varied = ", ".join(f"{tag} {value}" for tag, value in trial_values(trial.config, self.tag_keys)[0].items())
         outcome = ("failed" if failed or diverged else
                    f"kNN top-1 {knn:.2f}% after {last.get(M.EPOCH)} epochs" if isinstance(knn, float) else "finished")
         self.tracker.set_tag(run_id, "mlflow.note.content", f"{varied}: {outcome}")  # the run's description

@@ -6,15 +6,18 @@ journal alike). What to do when MLflow is down is :class:`~dcl_core.study.tracki
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from dcl_core.study.mlflow_view import runs_view, runs_view_query
+from dcl_core.study.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import LOCAL_ID
 
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: custom_model_development or genai_development
 SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
 TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
+MLFLOW_PORT_ENV = "MLFLOW_PORT"  # what `mlflow ui` / `mlflow server` read for their --port (default 5000)
 _BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
 _METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
@@ -118,6 +122,7 @@ class StudyRuns:
         if found:
             run_id = found[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
+            self._add_missing_tags(found[0], rec["tags"])
         else:
             run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec.get("experiment"),
                                             tags=rec["tags"]).info.run_id
@@ -135,6 +140,7 @@ class StudyRuns:
             run_id = found[0].info.run_id
             self.client.update_run(run_id, status="RUNNING")
             params = {k: v for k, v in params.items() if k not in found[0].data.params}
+            self._add_missing_tags(found[0], rec["tags"])
         else:
             tags = dict(rec["tags"])
             if tags.get(MLFLOW_PARENT_RUN_ID):
@@ -153,6 +159,13 @@ class StudyRuns:
             self._dropped({"op": "params", "run": run_id}, exc)
         return run_id
 
+    def _add_missing_tags(self, run: Any, tags: Mapping[str, str]) -> None:
+        """Set the ``tags`` a found run lacks: one made by an older version has none of those added since (its
+        cell, its colour), which the saved view needs. The parent link is never rewritten."""
+        missing = [RunTag(k, v) for k, v in tags.items() if k not in run.data.tags and k != MLFLOW_PARENT_RUN_ID]
+        if missing:
+            self.client.log_batch(run.info.run_id, tags=missing)
+
     def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(k, v) for k, v in params.items()]
         for i in range(0, len(items), _BATCH):
@@ -164,7 +177,7 @@ class StudyRuns:
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is not None:
                 self.experiment_id = exp.experiment_id
-                tags = dict(self.experiment_tags)  # this run's saved view replaces the last run's
+                tags = self._view_tags()  # this run's saved views replace the last run's
                 if EXPERIMENT_KIND_TAG not in exp.tags:  # made by an older version: MLflow would guess its kind
                     tags |= self._experiment_tags()
                 for key, value in tags.items():
@@ -182,17 +195,26 @@ class StudyRuns:
         """A model-training experiment described by the study's question, with the caller's tags (the study's
         saved view, :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose an experiment's page by its kind
         tag and guessed GenAI without it; 3.17's follows a per-browser mode instead (README: browse the runs)."""
-        tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self.experiment_tags}
+        tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self._view_tags()}
         if self.description:
             tags["mlflow.note.content"] = self.description
         return tags
 
-    def runs_url(self, ui: str = "http://127.0.0.1:5000") -> str:
-        """The MLflow UI's runs view of this study's experiment (``ui``: where ``mlflow ui`` serves a local
-        store; a tracking server's own address otherwise)."""
-        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else ui
-        # workflowType: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview.
-        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id or '?'}/runs?workflowType=machine_learning"
+    def _view_tags(self) -> dict[str, str]:
+        """The caller's experiment tags and the runs view :meth:`runs_url` opens: every tracker writes that view
+        (not only a study's runner), so every URL it prints opens a view that exists."""
+        return dict([runs_view().tag()]) | self.experiment_tags
+
+    def runs_url(self, view: str = "") -> str:
+        """The MLflow UI's runs table of this study's experiment, safe to print (:func:`redact_uri`), in the saved
+        view that shows each run's Description, a study's verdict (:func:`~dcl_core.study.mlflow_view.runs_view`;
+        MLflow 3.17 hides that column by default), or in the view whose URL query is ``view``
+        (:func:`~dcl_core.study.mlflow_view.view_query`): on a tracking server, at its own address; for a local
+        store, where ``mlflow ui`` serves it (127.0.0.1, :func:`local_ui_port`). Only the address is redacted: the
+        query's ``viewStateShareKey`` names a view, not a secret, yet reads as one to :func:`redact_uri`."""
+        remote = self.tracking_uri.startswith(("http://", "https://"))
+        base = redact_uri(self.tracking_uri) if remote else f"http://127.0.0.1:{local_ui_port()}"
+        return base.rstrip("/") + runs_page(self.experiment_id or "?", view)
 
     def _search(self, filter_string: str) -> list[Any]:
         return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)
@@ -213,3 +235,17 @@ class StudyRuns:
         """An operation MLflow refused for good (here: a trial run's params); the tracker counts and warns."""
         log.warning("MLflow refused an operation (%s on run %s): %s; it is dropped", rec["op"], rec.get("run"),
                     transport.reason(exc))
+
+
+def runs_page(experiment_id: str, view: str = "") -> str:
+    """The path and query, after the UI's address, of an experiment's runs page in the runs view, or in the view
+    whose URL query is ``view`` (what :meth:`StudyRuns.runs_url` prints; the browser check opens the same).
+    ``workflowType``: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview."""
+    return f"/#/experiments/{experiment_id}/runs?workflowType=machine_learning&{view or runs_view_query()}"
+
+
+def local_ui_port() -> int:
+    """The port ``mlflow ui`` will serve on: ``MLFLOW_PORT`` if the user set it (``mlflow ui`` reads it too),
+    else MLflow's default 5000; a study prints it in its ``mlflow ui`` command and in its URLs, so they agree."""
+    value = os.environ.get(MLFLOW_PORT_ENV, "").strip()
+    return int(value) if value.isdigit() and 0 < int(value) < 65536 else 5000

@@ -1,0 +1,66 @@
+"""The study's saved MLflow view and the trial tags it relies on (pure: no MLflow call; the real UI is
+``test_mlflow_ui.py``'s)."""
+
+from dcl_core import metrics as M
+from dcl_core.config import preset
+from dcl_core.study import StudySpec
+from dcl_core.study.colours import series_colour
+from dcl_core.study.columns import cell_label
+from dcl_core.study.mlflow_view import (
+    CELL_TAG,
+    DESCRIPTION_COLUMN,
+    NAME_COLUMN,
+    RUN_COLOR_TAG,
+    compare_view,
+    group_tags,
+    trial_look,
+)
+from dcl_core.study.spec import trial_tags
+from search_spaces import TAU, Grid
+
+
+def tau_spec(**kw) -> StudySpec:
+    return StudySpec(name="tau", base=preset("smoke"), grid={"loss.name": Grid(("infonce", "dcl")),
+                                                            "loss.temperature": Grid((0.07, 0.5)),
+                                                            "seed": Grid((0, 1))},
+                     x_key="loss.temperature", x_label="tau", **kw)
+
+
+def test_the_view_groups_by_one_compact_cell_tag_and_charts_every_trial():
+    state = compare_view(tau_spec()).state
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": CELL_TAG}]
+    # charts draw trials, in their runs' colours (a group's colour is the browser's to pick)
+    assert state["useGroupedValuesInCharts"] is False
+    first = state["compareRunCharts"][0]
+    assert first["type"] == "SCATTER" and first["xaxis"] == {"key": "loss.temperature", "type": "PARAM"}
+    assert first["yaxis"]["key"] == M.KNN_TOP1
+    # the verdict column, and a name column wide enough for "Group: dcl τ=0.07" (MLflow sizes only listed columns)
+    assert DESCRIPTION_COLUMN in state["selectedColumns"]
+    assert NAME_COLUMN in state["columnOrder"] and state["columnWidths"][NAME_COLUMN] >= 240
+    assert state["groupsExpanded"] == {}  # "Additional runs" (the summary) folded: its metrics stay out of charts
+    assert compare_view(tau_spec()).name == "cells: kNN by temperature × loss"
+
+
+def test_a_search_groups_by_the_cell_without_its_searched_keys():
+    spec = StudySpec(name="s", base=preset("smoke"), grid={"loss.name": Grid(("infonce", "dcl")),
+                                                          "optim.batch_size": Grid((16, 32))},
+                     x_key="optim.batch_size", x_label="batch", search=TAU)
+    tags = trial_tags(spec)
+    assert "temperature" in tags and tags.cell == ("batch_size", "loss") == tuple(group_tags(spec))
+    assert compare_view(spec).state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "cell"}]
+
+
+def test_a_trial_runs_cell_and_colour():
+    tags = trial_tags(tau_spec())
+    assert tags.cell == ("temperature", "loss") and tags.series == ("loss",)
+    values = {"loss": "dcl", "seed": "1", "temperature": "0.07"}
+    assert trial_look(values, tags.cell, "dcl") == {CELL_TAG: "dcl τ=0.07", RUN_COLOR_TAG: series_colour("dcl")}
+    assert trial_look(values, (), "infonce") == {RUN_COLOR_TAG: "#ff7f0e"}  # no cell tags: no cell tag
+
+
+def test_a_cell_label_names_the_loss_and_framework_by_value_the_rest_by_symbol():
+    assert cell_label({"num_negatives": "16", "framework": "simclr", "alpha": "256.0", "loss": "eqco"}) == (
+        "simclr eqco K=16 α=256.0")
+    assert cell_label({"batch_size": 16, "loss": "dcl"}) == "dcl batch=16"
+    assert cell_label({"temperature": 1.0, "loss": "infonce"}) == "infonce τ=1"
+    assert cell_label({"momentum": 0.99}) == "momentum=0.99"  # not a column: its own name

@@ -1,0 +1,160 @@
+"""What the tracker writes to MLflow for the UI: metric values without float32 noise, the summary run's
+description (the verdict, the plot), and each trial run's cell and colour, live and replayed from the journal.
+A real SQLite store; an unreachable one is a closed loopback port."""
+
+import math
+import socket
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dcl_core.config import preset
+from dcl_core.study import StudySpec
+from dcl_core.study.colours import SUMMARY_COLOUR, series_colour
+from dcl_core.study.spec import trial_tags
+from dcl_core.study.storage import default_tracking_uri
+from dcl_core.study.tracking import MLflowTrialCallback, StudyTracker
+from dcl_core.study.tracking.tracker import rounded, summary_note, verdict_lines
+from search_spaces import Grid
+
+
+class FakeTrial:
+    """What MLflowTrialCallback reads of a Tune trial."""
+
+    def __init__(self, trial_id: str, config: dict) -> None:
+        self.trial_id, self.config = trial_id, config
+        self.last_result: dict = {}
+        self.checkpoint = None
+
+    def __str__(self) -> str:
+        return f"trial_{self.trial_id}"
+
+
+def eqco_spec() -> StudySpec:
+    """The EqCo study's shape: K set by the loss (SimCLR) or by the framework (SiMo), both tagged num_negatives."""
+    common = {"loss.name": "eqco", "loss.alpha": Grid((None, 256.0))}
+    return StudySpec(name="eqco", base=preset("smoke"),
+                     grid=[{"framework.name": "simclr", "loss.num_negatives": Grid((4, 16)), **common},
+                           {"framework.name": "simo", "framework.num_negatives": Grid((4, 16)), **common}],
+                     x_key="num_negatives", x_label="K", series=("framework", "method"))
+
+
+@pytest.mark.parametrize(("logged", "shown"), [
+    (float(np.float32(28.2)), 28.2),  # 28.200000762939453: a float32 measurement
+    (100 * float(np.float32(0.075)), 7.5),  # 7.500000298023224: a float32 scaled in float64, no float32 at all
+    (4.8490118980407715, 4.84901), (0.973717987537384, 0.973718), (-1.7677669529663689, -1.76777),
+    (1.2345678e-05, 1.23457e-05), (448.2420978016087, 448.242),
+    (1234567.0, 1234567.0), (4096.0, 4096.0),  # integers (counts) exactly
+])
+def test_metrics_are_rounded_to_six_significant_digits(logged, shown):
+    assert rounded(logged) == shown
+
+
+def test_rounding_passes_non_finite_values_through():
+    assert math.isnan(rounded(math.nan)) and rounded(math.inf) == math.inf
+
+
+def test_logged_metrics_carry_no_float32_noise(tmp_path):
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "noise", tmp_path / "mlartifacts").open()
+    run = tracker.trial_run("t0", "t0", {}, {})
+    knn = float(np.float32(28.2))
+    metrics = {"eval/knn_top1": knn}
+    tracker.log_metrics(run, metrics, step=1)
+    assert MlflowClient(uri).get_run(run).data.metrics["eval/knn_top1"] == 28.2
+    assert metrics["eval/knn_top1"] == knn  # the caller's numbers (the study's table) are untouched
+
+
+def test_the_summary_note_is_the_verdict_then_the_plot():
+    lines = ["Q1: supports the paper — gap +2.1 [0.4, 3.8]", "Q_2: not resolved — *n* = 1"]
+    note = summary_note(lines, "supports the paper; not resolved", "study.png", "abc123")
+    paragraphs = note.split("\n\n")
+    assert paragraphs[0] == "Verdict: supports the paper; not resolved"  # what a table cell's 40 characters show
+    assert paragraphs[1] == lines[0]
+    assert paragraphs[2] == r"Q\_2: not resolved — \*n\* = 1"  # literal text, not emphasis
+    assert paragraphs[3] == r"![study.png](get-artifact?path=study.png&run_uuid=abc123)"
+    # a run created while MLflow was down has a placeholder id: no image pointing at nothing
+    assert "get-artifact" not in summary_note(lines, "x", "study.png", "offline-abc")
+    assert summary_note([], "", None, "abc123") == ""
+
+
+def test_verdict_lines_come_in_the_answers_order():
+    tags = {f"verdict_{i}_line": f"line {i}" for i in (10, 2, 0, 1)} | {"verdict_0": "w", "verdict": "w"}
+    assert verdict_lines(tags) == ["line 0", "line 1", "line 2", "line 10"]
+
+
+def test_the_summary_run_describes_itself_with_its_verdict_and_plot(tmp_path):
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "study", tmp_path / "mlartifacts").open()
+    (tmp_path / "study.png").write_bytes(b"png")
+    (tmp_path / "gap_vs_npc.png").write_bytes(b"png")
+    tags = {"verdict_0": "not resolved", "verdict_0_line": "Q: not resolved — no interval",
+            "verdict": "not resolved"}
+    rid = tracker.log_summary({"trials": 4}, [tmp_path / "gap_vs_npc.png", tmp_path / "study.png"], tags=tags)
+    run = MlflowClient(uri).get_run(rid)
+    assert run.data.tags["mlflow.note.content"] == (
+        f"Verdict: not resolved\n\nQ: not resolved — no interval\n\n"
+        f"![study.png](get-artifact?path=study.png&run_uuid={rid})\n\n"
+        "The cells, the paper's numbers and the NPC regime: table.txt among the artifacts.")
+    assert run.data.tags["mlflow.runColor"] == SUMMARY_COLOUR
+
+
+def test_trial_runs_get_their_cell_and_series_colour(tmp_path):
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "eqco", tmp_path / "mlartifacts").open()
+    callback = MLflowTrialCallback(tracker, trial_tags(eqco_spec()))
+    for i, alpha in enumerate((None, 256.0)):  # a SimCLR trial's config also holds the framework's unused K, 0
+        callback.on_trial_start(0, [], FakeTrial(f"t{i}", {"loss.name": "eqco", "framework.name": "simclr",
+                                                           "loss.num_negatives": 16, "framework.num_negatives": 0,
+                                                           "loss.alpha": alpha}))
+    client = MlflowClient(uri)
+    k, fixed = (client.get_run(callback.runs[t]).data.tags for t in ("t0", "t1"))
+    assert (k["cell"], fixed["cell"]) == ("simclr eqco K=16 α=None", "simclr eqco K=16 α=256")
+    assert k["num_negatives"] == "16"  # the K the trial trains with, as its results row has it
+    # the series the plot draws, simclr+eqco(α=K) and simclr+eqco(α=256), each in its own colour
+    assert k["mlflow.runColor"] == series_colour("simclr+eqco(α=K)") != fixed["mlflow.runColor"]
+    assert fixed["mlflow.runColor"] == series_colour("simclr+eqco(α=256)")
+
+
+def test_a_trial_run_made_offline_keeps_its_cell_and_colour_when_replayed(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on: MLflow is down
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    spec = StudySpec(name="tau", base=preset("smoke"), grid={"loss.temperature": Grid((0.1,))},
+                     x_key="loss.temperature", x_label="tau")
+    offline = StudyTracker(dead, "tau", tmp_path / "mlartifacts", journal_dir=tmp_path / "journal",
+                           http_retries=0, http_timeout=2).open()
+    callback = MLflowTrialCallback(offline, trial_tags(spec))
+    callback.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "dcl", "loss.temperature": 0.1}))
+    assert callback.runs["t0"].startswith("offline-") and offline.pending()
+    uri = default_tracking_uri(tmp_path)
+    assert StudyTracker(uri, "tau", tmp_path / "mlartifacts", journal_dir=tmp_path / "journal").sync()
+    client = MlflowClient(uri)
+    (trial,) = client.search_runs([client.get_experiment_by_name("tau").experiment_id], "tags.trial_id = 't0'")
+    assert trial.data.tags["cell"] == "dcl τ=0.1" and trial.data.tags["mlflow.runColor"] == series_colour("dcl")
+
+
+def test_a_resumed_trial_run_from_an_older_version_gets_the_tags_it_lacks(tmp_path):
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "tau", tmp_path / "mlartifacts").open()
+    old = tracker.trial_run("t0", "trial_t0", {"loss": "infonce"}, {"loss.name": "infonce"})  # no cell, no colour
+    spec = StudySpec(name="tau", base=preset("smoke"), grid={"loss.temperature": Grid((0.5,))},
+                     x_key="loss.temperature", x_label="tau")
+    callback = MLflowTrialCallback(tracker, trial_tags(spec))
+    callback.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "infonce", "loss.temperature": 0.5}))
+    assert callback.runs["t0"] == old
+    tags = MlflowClient(uri).get_run(old).data.tags
+    assert tags["cell"] == "infonce τ=0.5" and tags["mlflow.runColor"] == "#ff7f0e"
+
+
+def test_a_callback_pickled_before_cells_existed_still_tags_its_runs(tmp_path):
+    # Tune restores a study's callbacks from its pickle on --resume: one from an older version lacks cell/series
+    import pickle
+
+    uri = default_tracking_uri(tmp_path)
+    callback = MLflowTrialCallback(StudyTracker(uri, "old", tmp_path / "mlartifacts").open(), {"loss": "loss.name"})
+    state = pickle.loads(pickle.dumps(callback))
+    del state.__dict__["cell"], state.__dict__["series"]
+    state.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "dcl"}))
+    assert MlflowClient(uri).get_run(state.runs["t0"]).data.tags["mlflow.runColor"] == "#1f77b4"
