@@ -63,6 +63,8 @@ DOCUMENTED_RAY_ENV = {
     "RAY_ADDRESS": "ray.init / ray job submit: the cluster to attach to",
     "RAY_AIR_NEW_OUTPUT": "Ray AIR environment variables: 0 disables the new console output",
     "RAY_AUTH_MODE": "Ray security, token authentication (ray-security/token-auth): token / disabled",
+    "RAY_AUTH_TOKEN": "Ray security, token authentication: the token itself",
+    "RAY_AUTH_TOKEN_PATH": "Ray security, token authentication: the token's file (default ~/.ray/auth_token)",
     "RAY_CHDIR_TO_TRIAL_DIR": "tune.Trainable: 0 keeps the driver's working directory in trials",
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "Ray Tune environment variables",
 }

@@ -22,11 +22,16 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 HOOK = f"{__name__}.setup_worker"  # the import path Ray's runtime_env takes
 AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for token authentication (token / disabled), in Ray's security docs
+AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"  # the token itself / its file (same docs)
+
+log = logging.getLogger(__name__)
 
 
 def request_token_auth() -> None:
@@ -35,6 +40,22 @@ def request_token_auth() -> None:
     servers it starts disagree (the servers would refuse the driver)."""
     if "ray" not in sys.modules:
         os.environ.setdefault(AUTH_MODE, "token")
+
+
+def protect_token_file() -> None:
+    """Make the token file Ray uses readable by its owner only. Ray 2.60 writes ``~/.ray/auth_token`` with mode
+    0644 (``ray.init`` and ``ray get-auth-token --generate`` alike): on a shared machine with a readable home
+    folder any other user could read the cluster's password. Only a file of this user is touched."""
+    if os.environ.get(AUTH_TOKEN):
+        return
+    path = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    try:
+        info = path.stat()
+        if info.st_uid == os.getuid() and stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+            path.chmod(0o600)
+            log.info("%s: readable by its owner only now (Ray wrote it readable by every user)", path)
+    except OSError:  # no token file (auth disabled, or the token in the environment), or not ours to change
+        return
 
 
 def setup_worker() -> None:

@@ -28,9 +28,8 @@ from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metrics as M
 from dcl_core.config import ConfigError, to_flat_dict
-from dcl_core.study import console, mlflow_view, tracking
+from dcl_core.study import console, mlflow_view, ray_env, tracking
 from dcl_core.study.columns import short_name
-from dcl_core.study.ray_env import HOOK as WORKER_SETUP_HOOK
 from dcl_core.study.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
 from dcl_core.study.report import Row
 from dcl_core.study.results import StudyOutcome, summarize, tune_rows
@@ -84,7 +83,7 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         return
     # Every worker of the study (trials, Ray Train workers, Tune's helpers) quiets its exit first; under `ray job
     # submit` this merges with the job's runtime_env (its working_dir).
-    setup = {"log_to_driver": True, "runtime_env": {"worker_process_setup_hook": WORKER_SETUP_HOOK}, **levels}
+    setup = {"log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels}
     with _own_sigterm():
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address or None, **setup)
@@ -95,6 +94,7 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
             address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
             _node_ip_address="127.0.0.1", **setup,
         )
+        ray_env.protect_token_file()  # the token a new local instance may just have written
 
 
 @contextlib.contextmanager

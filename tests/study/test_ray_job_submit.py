@@ -58,6 +58,7 @@ def test_readme_recipe_is_what_a_newcomer_types():
     recipe = readme_recipe()
     lines = [line.split("#")[0].strip() for line in recipe.splitlines()]
     assert lines[0] == "export RAY_AUTH_MODE=token" and "RAY_AUTH_MODE=disabled" not in recipe
+    assert "chmod 600 ~/.ray/auth_token" in lines
     assert lines.index("ray get-auth-token --generate > /dev/null") < next(
         i for i, line in enumerate(lines) if line.startswith("ray start --head"))
     assert "--block" in recipe and "kill $HEAD_PID" in recipe and "ray stop" not in "".join(lines)
@@ -87,7 +88,8 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log[-4000:]
     for noise in ("Traceback", "Exception ignored", "AuthenticationError", "RAY_AUTH_MODE=disabled"):
         assert noise not in log, log[-6000:]
-    assert (home / ".ray" / "auth_token").stat().st_size > 0  # the recipe's token, made in the fresh home
+    token = (home / ".ray" / "auth_token").stat()  # the recipe's token, made in the fresh home, its owner's only
+    assert token.st_size > 0 and token.st_mode & 0o777 == 0o600
     # `kill $HEAD_PID; wait $HEAD_PID` stopped every process of this head (and only of this head)
     left = subprocess.run(["pgrep", "-f", f"gcs_server_port={gcs}"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout

@@ -123,7 +123,7 @@ print("done")
     assert "ValueError: a real bug" in proc.stderr  # not every unraisable exception is hidden
 
 
-def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out():
+def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out(tmp_path):
     """The exit traceback can come from any worker (a trial, a Ray Train worker, one of Tune's helpers), so
     ``init_ray`` installs the hook in every worker process, not only in trials. And a local study's console no
     longer starts with Ray's warning that suggests ``RAY_AUTH_MODE=disabled`` (README: never do that): the study
@@ -146,8 +146,11 @@ class Helper:
         return sys.unraisablehook.func.__name__
 print(ray.get(hook.remote()), ray.get(Helper.remote().hook.remote()))
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_ADDRESS")}
+    home = tmp_path / "home"  # a new machine: no token yet; Ray makes one, the study makes it its owner's only
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {"HOME": str(home)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
     assert proc.stdout.split() == ["dcl_core.study.ray_env.quiet_exit_hook", "token", "quiet_exit_hook"]
     assert "RAY_AUTH_MODE" not in proc.stderr and "Token authentication" not in proc.stderr, proc.stderr[-2000:]
