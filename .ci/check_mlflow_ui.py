@@ -134,14 +134,14 @@ def close_assistant(page) -> None:
 
 
 def verdict_in_row(page, study: str, needle: str) -> dict:
-    """Where the study's row (the row whose Run Name is ``study``; MLflow's grid draws a row's pinned and scrolled
+    """Where the study's row (whose Run Name link is ``study``; MLflow's grid draws a row's pinned and scrolled
     columns as two elements with one ``row-id``) shows ``needle`` in its Description cell: ``text``, the cell's
-    text (None: no such cell), and ``whole``, whether the needle's characters lie inside the cell and the window,
-    so a narrow column that cut the words mid-verdict (its text is all in the page still) fails."""
+    text (None: no such cell), and ``whole``, whether the needle's characters lie inside the cell, the grid's
+    visible part and the window, so a column cutting the words (its text is all in the page still) fails."""
     return page.evaluate(
-        """([study, column, needle]) => {
-            const name = [...document.querySelectorAll("[col-id='attributes.`Run Name`']")]
-                .find(c => c.textContent.trim() === study && c.closest('[row-id]'));
+        """([study, nameColumn, column, needle]) => {
+            const name = [...document.querySelectorAll(`[role=gridcell][col-id="${nameColumn}"] a`)]
+                .find(a => a.textContent.trim() === study && a.closest('[row-id]'));
             if (!name) return {text: null, whole: false};
             const id = name.closest('[row-id]').getAttribute('row-id');
             const cell = [...document.querySelectorAll(`[row-id="${id}"] [col-id="${column}"]`)][0];
@@ -154,9 +154,11 @@ def verdict_in_row(page, study: str, needle: str) -> dict:
             range.setStart(node, at);
             range.setEnd(node, at + needle.length);
             const r = range.getBoundingClientRect(), c = cell.getBoundingClientRect();
+            const grid = cell.closest('.ag-center-cols-viewport');  // the scrolled columns' visible part
+            const right = Math.min(window.innerWidth, grid ? grid.getBoundingClientRect().right : Infinity);
             return {text: cell.textContent, whole: r.width > 0 && r.left >= c.left && r.right <= c.right
-                    && r.right <= window.innerWidth};
-        }""", [study, DESCRIPTION_COLUMN, needle])
+                    && r.right <= right};
+        }""", [study, NAME_COLUMN, DESCRIPTION_COLUMN, needle])
 
 
 def point_colours(page, axis: str) -> list[str]:
@@ -193,9 +195,8 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
             page.goto(runs)
             steps.check(page, f"runs: URL shows the runs table, the study's row {study!r} with its verdict "
                         f"({needle!r}) and the kNN column, no click",
-                        locator=page.locator(f"[col-id='{DESCRIPTION_COLUMN}']", has_text=needle).and_(
-                            page.locator(f"[col-id='{DESCRIPTION_COLUMN}']").filter(
-                                has=page.get_by_text(needle))), title="Runs")
+                        locator=page.locator(f"[role=gridcell][col-id='{DESCRIPTION_COLUMN}']", has_text=needle),
+                        title="Runs")
             close_assistant(page)
             seen = verdict_in_row(page, study, needle)
             header = page.locator(f"[role=columnheader][col-id='metrics.`{M.KNN_TOP1}`']")

@@ -49,9 +49,10 @@ NAME_COLUMN = "attributes.`Run Name`"
 DESCRIPTION_COLUMN = "attributes.`Description`"
 # The columns MLflow 3.17's runs table selects by default (its "reset columns"): kept so the runs view is its table.
 DEFAULT_COLUMNS = ("attributes.`Source`", "attributes.`Models`", "attributes.`Dataset`")
-# px: "Verdict: not resolved — Δstd +0.12 …", the words and the start of the first verdict line (MLflow's 300
-# shows ~40 characters, which cut "Verdict: supports the paper; contradicts …" of a two-question study)
-DESCRIPTION_WIDTH = 640
+# px: MLflow's Description cell shows a description's first 50 characters and "..." (the whole on hover), about
+# 330 px at its font; its default width, 300, cut "Verdict: supports the paper; contradicts the paper" short
+DESCRIPTION_WIDTH = 400
+METRIC_WIDTH = 130  # px: the header "eval/knn_top1" whole (MLflow's default, 100, cut it to "eval/knn_top")
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ def runs_view() -> SavedView:
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         # UI state: MLflow's default table, with the verdict and kNN columns next to the run name
         "selectedColumns": [*DEFAULT_COLUMNS, DESCRIPTION_COLUMN, knn],
-        "columnOrder": [NAME_COLUMN, DESCRIPTION_COLUMN, knn], "columnWidths": {DESCRIPTION_COLUMN: DESCRIPTION_WIDTH},
+        "columnOrder": [NAME_COLUMN, DESCRIPTION_COLUMN, knn],
+        "columnWidths": {DESCRIPTION_COLUMN: DESCRIPTION_WIDTH, knn: METRIC_WIDTH},
         "runsHiddenMode": "FIRST_10_RUNS", "viewMaximized": False, "runListHidden": False,
         "isAccordionReordered": False, "useGroupedValuesInCharts": True, "hideEmptyCharts": True,
         "groupBy": None, "groupsExpanded": {},

@@ -1,7 +1,8 @@
 """The MLflow UI shows a study as the README says, clicked through in a real headless Chromium driven by
 Playwright (``.ci/check_mlflow_ui.py``; ``.ci/run`` installs Debian's chromium, the ``test`` extra Playwright):
-the printed ``runs:`` URL, the ``compare:`` URL's saved view (the verdict in the study's row, one colour per loss
-in its chart), the study's run page (its verdict and plot), and the clicks from the experiment list."""
+the printed ``runs:`` URL (its saved view: the verdict legible in the study's row, no click), the ``compare:``
+URL's saved view (the verdict in the study's row, one colour per loss in its chart), the study's run page (its
+verdict and plot), and the clicks from the experiment list."""
 
 import importlib.util
 import os
@@ -15,7 +16,7 @@ import pytest
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
 from dcl_core.study.answer import Question
-from dcl_core.study.mlflow_view import compare_view, read_tag, trial_look
+from dcl_core.study.mlflow_view import compare_view, read_tag, runs_view, trial_look
 from dcl_core.study.results import summarize
 from dcl_core.study.spec import trial_tags
 from dcl_core.study.storage import default_tracking_uri
@@ -55,10 +56,12 @@ def _study(tmp_path: Path):
 
 def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     outcome = _study(tmp_path)
-    assert outcome.runs_url.endswith("/runs?workflowType=machine_learning")
-    assert outcome.compare_url == outcome.runs_url + "&viewStateShareKey=dcl_compare&compareRunsMode=CHART"
+    runs = outcome.runs_url.removesuffix("&viewStateShareKey=dcl_runs")
+    assert runs.endswith("/runs?workflowType=machine_learning") and runs != outcome.runs_url
+    assert outcome.compare_url == runs + "&viewStateShareKey=dcl_compare&compareRunsMode=CHART"
     from mlflow.tracking import MlflowClient
     exp = MlflowClient(default_tracking_uri(tmp_path)).get_experiment_by_name("ui_study")
+    assert read_tag(exp.tags["mlflow.sharedViewState.dcl_runs"]) == ("study: verdict and kNN", runs_view().state)
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by temperature × loss"  # the seed is what a cell averages over, not a group
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "cell"}]
@@ -85,6 +88,7 @@ def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
     exp = MlflowClient(default_tracking_uri(tmp_path)).get_experiment_by_name("ui_study")
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by batch_size × loss"
+    assert "mlflow.sharedViewState.dcl_runs" in exp.tags  # the runs view too, though the caller passed only one
     assert state["compareRunCharts"][0]["xaxis"] == {"key": "optim.batch_size", "type": "PARAM"}
 
 
@@ -98,5 +102,8 @@ def test_readme_clicks_in_a_real_browser(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("ok ") for ln in lines) == 12 and not any(ln.startswith("FAIL") for ln in lines)
+    assert sum(ln.startswith("ok ") for ln in lines) == 13 and not any(ln.startswith("FAIL") for ln in lines)
     assert "one colour per loss" in proc.stdout and "the verdict" in proc.stdout  # the steps this test adds
+    # the first steps: the printed runs: URL shows the study's verdict in its row, legibly, with no click
+    assert lines[0].startswith("ok   1. runs: URL") and "its verdict ('Verdict: " in lines[0], lines[0]
+    assert lines[1].startswith("ok   2. ... legible"), lines[1]

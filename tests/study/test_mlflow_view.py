@@ -8,12 +8,19 @@ from dcl_core.study.colours import series_colour
 from dcl_core.study.columns import cell_label
 from dcl_core.study.mlflow_view import (
     CELL_TAG,
+    DEFAULT_COLUMNS,
     DESCRIPTION_COLUMN,
     NAME_COLUMN,
     RUN_COLOR_TAG,
+    RUNS_VIEW_ID,
+    VIEW_TAG_PREFIX,
     compare_view,
     group_tags,
+    read_tag,
+    runs_view,
+    runs_view_query,
     trial_look,
+    view_query,
 )
 from dcl_core.study.spec import trial_tags
 from search_spaces import TAU, Grid
@@ -64,3 +71,30 @@ def test_a_cell_label_names_the_loss_and_framework_by_value_the_rest_by_symbol()
     assert cell_label({"batch_size": 16, "loss": "dcl"}) == "dcl batch=16"
     assert cell_label({"temperature": 1.0, "loss": "infonce"}) == "infonce τ=1"
     assert cell_label({"momentum": 0.99}) == "momentum=0.99"  # not a column: its own name
+
+
+def test_the_runs_view_is_mlflows_table_with_the_verdict_and_knn_beside_the_run_name():
+    # What the printed runs: URL opens: MLflow's own table (3.17 hides Description by default, so a study's row
+    # showed no verdict), plus the Description and kNN columns, first after the run name.
+    view = runs_view()
+    state = view.state
+    knn = f"metrics.`{M.KNN_TOP1}`"
+    assert view.id == RUNS_VIEW_ID == "dcl_runs" and view.name == "study: verdict and kNN"
+    assert state["selectedColumns"] == [*DEFAULT_COLUMNS, DESCRIPTION_COLUMN, knn]  # MLflow's defaults kept
+    assert state["columnOrder"] == [NAME_COLUMN, DESCRIPTION_COLUMN, knn]
+    # widths count only for the columns in columnOrder: the Description cell's 50 characters and "..." whole
+    assert set(state["columnWidths"]) <= set(state["columnOrder"])
+    assert state["columnWidths"][DESCRIPTION_COLUMN] >= 360 and state["columnWidths"][knn] >= 120
+    # nothing filtered or grouped: the summary run is the study's row, its trials nested (folded) beneath it
+    assert state["searchFilter"] == "" and state["groupBy"] is None and state["lifecycleFilter"] == "Active"
+    assert "runsExpanded" not in state  # not part of a shared view: MLflow would drop it anyway
+    assert "compareRunCharts" not in state  # the table; a chart view would get MLflow's own charts
+
+
+def test_the_runs_view_round_trips_through_its_tag_and_has_its_own_url():
+    key, value = runs_view().tag(now_ms=1)
+    assert key == VIEW_TAG_PREFIX + "dcl_runs"
+    assert read_tag(value) == ("study: verdict and kNN", runs_view().state)
+    assert runs_view_query() == "viewStateShareKey=dcl_runs"  # no compareRunsMode: MLflow opens the table
+    assert view_query() == "viewStateShareKey=dcl_compare&compareRunsMode=CHART"  # the compare URL's, unchanged
+    assert runs_view().tag()[0] != compare_view(tau_spec()).tag()[0]  # two views, side by side

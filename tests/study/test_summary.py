@@ -89,7 +89,9 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     exp = client.get_experiment_by_name("batch_study")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # not a GenAI experiment
     assert outcome.runs_url == (
-        f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning")
+        f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
+        "&viewStateShareKey=dcl_runs")  # the runs view: the verdict in the study's row (tracker-written, not masked)
+    assert "mlflow.sharedViewState.dcl_runs" in exp.tags
     assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
         a.path for a in client.list_artifacts(run.info.run_id)}
 

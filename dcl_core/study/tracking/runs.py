@@ -1,5 +1,5 @@
 """A study's runs in MLflow, through one ``MlflowClient``: its experiment (found by name, else created with its
-kind, description and saved view), the parent run and each trial's child run (found again by their tags, so a
+kind, description and saved views), the parent run and each trial's child run (found again by their tags, so a
 resumed study never duplicates them), and one tracking operation applied to MLflow (live or replayed from the
 journal alike). What to do when MLflow is down is :class:`~dcl_core.study.tracking.tracker.StudyTracker`'s."""
 
@@ -192,9 +192,10 @@ class StudyRuns:
         return self.experiment_id
 
     def _experiment_tags(self) -> dict[str, str]:
-        """A model-training experiment described by the study's question, with the caller's tags (the study's
-        saved view, :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose an experiment's page by its kind
-        tag and guessed GenAI without it; 3.17's follows a per-browser mode instead (README: browse the runs)."""
+        """A model-training experiment described by the study's question, with its saved views (the runs view and
+        the caller's tags, the study's compare view: :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose
+        an experiment's page by its kind tag and guessed GenAI without it; 3.17's follows a per-browser mode
+        instead (README: browse the runs)."""
         tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self._view_tags()}
         if self.description:
             tags["mlflow.note.content"] = self.description
