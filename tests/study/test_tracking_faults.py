@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -89,19 +90,7 @@ class Server:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
 
-class FakeTrial:
-    """What MLflowTrialCallback reads of a Tune trial."""
-
-    def __init__(self, trial_id: str, config: dict) -> None:
-        self.trial_id, self.config = trial_id, config
-        self.last_result: dict = {}
-        self.checkpoint = None
-
-    def __str__(self) -> str:
-        return f"trial_{self.trial_id}"
-
-
-def epoch_result(trial: FakeTrial, epoch: int) -> dict:
+def epoch_result(trial: Any, epoch: int) -> dict:
     trial.last_result = {"epoch": epoch, "training_iteration": epoch, "train/loss": 5.0 - epoch,
                          "eval/knn_top1": 10.0 * epoch, "train/q_hist": [0.25, 0.5, 0.25]}
     return trial.last_result
@@ -118,7 +107,7 @@ def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -
     return out
 
 
-def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog):
+def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_trial):
     caplog.set_level(logging.INFO, logger="dcl_core.study.tracking")
     server = Server(tmp_path, free_port())
     study = "fault_study"
@@ -132,7 +121,7 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog):
         parent = tracker.parent_run_id
         assert parent is not None and not parent.startswith("offline-")
         callback = MLflowTrialCallback(tracker, tag_keys={"loss": "loss.name"})
-        resumed = FakeTrial("trial_resumed", {"loss.name": "dcl", "optim.lr": 0.1})
+        resumed = fake_trial("trial_resumed", {"loss.name": "dcl", "optim.lr": 0.1})
         callback.on_trial_start(0, [], resumed)
         for epoch in (1, 2):
             callback.on_trial_result(0, [], resumed, epoch_result(resumed, epoch))
@@ -147,7 +136,7 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog):
         for epoch in (3, 4):
             restored.on_trial_result(0, [], resumed, epoch_result(resumed, epoch))
         restored.on_trial_complete(0, [], resumed)
-        offline = FakeTrial("trial_offline", {"loss.name": "infonce", "optim.lr": 0.2})
+        offline = fake_trial("trial_offline", {"loss.name": "infonce", "optim.lr": 0.2})
         callback.on_trial_start(0, [], offline)
         for epoch in range(1, 21):
             callback.on_trial_result(0, [], offline, epoch_result(offline, epoch))

@@ -19,18 +19,6 @@ from dcl_core.study.tracking.tracker import rounded, summary_note, verdict_lines
 from search_spaces import Grid
 
 
-class FakeTrial:
-    """What MLflowTrialCallback reads of a Tune trial."""
-
-    def __init__(self, trial_id: str, config: dict) -> None:
-        self.trial_id, self.config = trial_id, config
-        self.last_result: dict = {}
-        self.checkpoint = None
-
-    def __str__(self) -> str:
-        return f"trial_{self.trial_id}"
-
-
 def eqco_spec() -> StudySpec:
     """The EqCo study's shape: K set by the loss (SimCLR) or by the framework (SiMo), both tagged num_negatives."""
     common = {"loss.name": "eqco", "loss.alpha": Grid((None, 256.0))}
@@ -100,12 +88,12 @@ def test_the_summary_run_describes_itself_with_its_verdict_and_plot(tmp_path):
     assert run.data.tags["mlflow.runColor"] == SUMMARY_COLOUR
 
 
-def test_trial_runs_get_their_cell_and_series_colour(tmp_path):
+def test_trial_runs_get_their_cell_and_series_colour(tmp_path, fake_trial):
     uri = default_tracking_uri(tmp_path)
     tracker = StudyTracker(uri, "eqco", tmp_path / "mlartifacts").open()
     callback = MLflowTrialCallback(tracker, trial_tags(eqco_spec()))
     for i, alpha in enumerate((None, 256.0)):  # a SimCLR trial's config also holds the framework's unused K, 0
-        callback.on_trial_start(0, [], FakeTrial(f"t{i}", {"loss.name": "eqco", "framework.name": "simclr",
+        callback.on_trial_start(0, [], fake_trial(f"t{i}", {"loss.name": "eqco", "framework.name": "simclr",
                                                            "loss.num_negatives": 16, "framework.num_negatives": 0,
                                                            "loss.alpha": alpha}))
     client = MlflowClient(uri)
@@ -117,7 +105,7 @@ def test_trial_runs_get_their_cell_and_series_colour(tmp_path):
     assert fixed["mlflow.runColor"] == series_colour("simclr+eqco(α=256)")
 
 
-def test_a_trial_run_made_offline_keeps_its_cell_and_colour_when_replayed(tmp_path):
+def test_a_trial_run_made_offline_keeps_its_cell_and_colour_when_replayed(tmp_path, fake_trial):
     with socket.socket() as s:  # a port nothing listens on: MLflow is down
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
@@ -126,7 +114,7 @@ def test_a_trial_run_made_offline_keeps_its_cell_and_colour_when_replayed(tmp_pa
     offline = StudyTracker(dead, "tau", tmp_path / "mlartifacts", journal_dir=tmp_path / "journal",
                            http_retries=0, http_timeout=2).open()
     callback = MLflowTrialCallback(offline, trial_tags(spec))
-    callback.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "dcl", "loss.temperature": 0.1}))
+    callback.on_trial_start(0, [], fake_trial("t0", {"loss.name": "dcl", "loss.temperature": 0.1}))
     assert callback.runs["t0"].startswith("offline-") and offline.pending()
     uri = default_tracking_uri(tmp_path)
     assert StudyTracker(uri, "tau", tmp_path / "mlartifacts", journal_dir=tmp_path / "journal").sync()
@@ -135,20 +123,20 @@ def test_a_trial_run_made_offline_keeps_its_cell_and_colour_when_replayed(tmp_pa
     assert trial.data.tags["cell"] == "dcl τ=0.1" and trial.data.tags["mlflow.runColor"] == series_colour("dcl")
 
 
-def test_a_resumed_trial_run_from_an_older_version_gets_the_tags_it_lacks(tmp_path):
+def test_a_resumed_trial_run_from_an_older_version_gets_the_tags_it_lacks(tmp_path, fake_trial):
     uri = default_tracking_uri(tmp_path)
     tracker = StudyTracker(uri, "tau", tmp_path / "mlartifacts").open()
     old = tracker.trial_run("t0", "trial_t0", {"loss": "infonce"}, {"loss.name": "infonce"})  # no cell, no colour
     spec = StudySpec(name="tau", base=preset("smoke"), grid={"loss.temperature": Grid((0.5,))},
                      x_key="loss.temperature", x_label="tau")
     callback = MLflowTrialCallback(tracker, trial_tags(spec))
-    callback.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "infonce", "loss.temperature": 0.5}))
+    callback.on_trial_start(0, [], fake_trial("t0", {"loss.name": "infonce", "loss.temperature": 0.5}))
     assert callback.runs["t0"] == old
     tags = MlflowClient(uri).get_run(old).data.tags
     assert tags["cell"] == "infonce τ=0.5" and tags["mlflow.runColor"] == "#ff7f0e"
 
 
-def test_a_callback_pickled_before_cells_existed_still_tags_its_runs(tmp_path):
+def test_a_callback_pickled_before_cells_existed_still_tags_its_runs(tmp_path, fake_trial):
     # Tune restores a study's callbacks from its pickle on --resume: one from an older version lacks cell/series
     import pickle
 
@@ -156,5 +144,5 @@ def test_a_callback_pickled_before_cells_existed_still_tags_its_runs(tmp_path):
     callback = MLflowTrialCallback(StudyTracker(uri, "old", tmp_path / "mlartifacts").open(), {"loss": "loss.name"})
     state = pickle.loads(pickle.dumps(callback))
     del state.__dict__["cell"], state.__dict__["series"]
-    state.on_trial_start(0, [], FakeTrial("t0", {"loss.name": "dcl"}))
+    state.on_trial_start(0, [], fake_trial("t0", {"loss.name": "dcl"}))
     assert MlflowClient(uri).get_run(state.runs["t0"]).data.tags["mlflow.runColor"] == "#1f77b4"
