@@ -188,8 +188,10 @@ class Verdict:
             value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
         elif math.isnan(e.estimate):
             value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
-        else:
+        elif e.n < 2:
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
+        else:  # stats.t_interval: the seeds' values were identical
+            value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
         scope = f" [{self.question.range_note}]" if self.question.range_note else ""
         return f"{self.question.claim}{scope}: {self.words} — {value} (paper: {self.paper.text})"
 
@@ -200,6 +202,10 @@ class Verdict:
         if self.seeds_needed is None:
             if self.estimate.n < 2:
                 return f"  {self.question.label}: fewer than 2 seeds per cell give no interval; run --seeds 3 or more"
+            if not self.estimate.has_interval:
+                return (f"  {self.question.label}: its {self.estimate.n} seeds gave identical values, so there is no "
+                        "spread to build an interval from (a measurement in coarse steps, e.g. kNN on few test "
+                        "images); more seeds or more test images")
             if self.estimate.estimate == 0:
                 return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
             return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED} "

@@ -16,8 +16,8 @@ def _ci(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0 or math.isnan(e.estimate):
         return "-"
     sign = "+" if signed else ""
-    if not e.has_interval:
-        return f"{e.estimate:{sign}.1f} (n=1)"
+    if not e.has_interval:  # one seed, or seeds with identical values (stats.t_interval)
+        return f"{e.estimate:{sign}.1f} (n={e.n}{', identical' if e.n > 1 else ''})"
     return f"{e.estimate:{sign}.1f} [{e.lo:{sign}.1f}, {e.hi:{sign}.1f}]"
 
 

@@ -89,7 +89,10 @@ def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SER
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     """Mean and its t-distribution CI over the finite ``values``: mean ± t_{(1+level)/2, n−1}·s/√n, s with ddof=1.
-    n = 1: no interval; n = 0: everything nan."""
+    n = 1: no interval; n = 0: everything nan. Identical values (s = 0) give no interval either: a measurement
+    that moves in steps (a kNN accuracy over a few test images moves by 100/n_test %) can repeat exactly, and a
+    zero-width interval would claim a certainty the seeds do not give (it misses the mean whenever the mean is not
+    on the step grid; ``tests/study/test_stats.py`` simulates it)."""
     v = np.array([x for x in values if _finite(x) is not None], dtype=float)
     if v.size == 0:
         return Estimate(nan, nan, nan, 0)
@@ -97,6 +100,8 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     if v.size == 1:
         return Estimate(mean, nan, nan, 1, tail=(1 - level) / 2)
     s = float(v.std(ddof=1))
+    if s == 0.0 or np.all(v == v[0]):
+        return Estimate(mean, nan, nan, int(v.size), 0.0, tail=(1 - level) / 2)
     h = float(sps.t.ppf((1 + level) / 2, v.size - 1)) * s / math.sqrt(v.size)
     return Estimate(mean, mean - h, mean + h, int(v.size), s, tail=(1 - level) / 2)
 
@@ -197,9 +202,10 @@ def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], 
       α/(2·S), S = the size of the largest group.
 
     So P(θ outside) ≤ α (Bonferroni over G events below and S above, not over all G·S contrasts). The estimate is
-    max_g min_c of the contrasts' mean differences. No interval when a contrast has fewer than 2 common seeds;
-    nan when a cell is missing. ``tail`` is the smaller of the two one-sided tails (for :func:`seeds_needed`).
-    ``adjust`` maps each one-sided tail to the one a look of a sequential design uses (:meth:`Sequential.tail`)."""
+    max_g min_c of the contrasts' mean differences. No interval when a contrast has fewer than 2 common seeds or
+    identical differences on all of them (:func:`t_interval`); nan when a cell is missing. ``tail`` is the
+    smaller of the two one-sided tails (for :func:`seeds_needed`). ``adjust`` maps each one-sided tail to the one
+    a look of a sequential design uses (:meth:`Sequential.tail`)."""
     groups = [list(g) for g in groups if g]
     contrasts = list(dict.fromkeys(c for g in groups for c in g))
     if not contrasts:
@@ -219,13 +225,13 @@ def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], 
             return Estimate(nan, nan, nan, 0)
         d = paired_difference(a, b)
         mean[c], n = d.estimate, min(n, d.n)
-        if d.n >= 2:
+        if d.has_interval:  # 2 or more common seeds whose differences are not all equal
             se = d.std / math.sqrt(d.n)
             lo[c] = d.estimate - float(sps.t.ppf(1 - tail_lo, d.n - 1)) * se
             hi[c] = d.estimate + float(sps.t.ppf(1 - tail_hi, d.n - 1)) * se
     point = max(min(mean[c] for c in g) for g in groups)
     tail = min(tail_lo, tail_hi)
-    if n < 2:
+    if n < 2 or len(lo) < len(contrasts):  # a contrast without an interval leaves the statistic without one
         return Estimate(point, nan, nan, int(n), tail=tail)
     return Estimate(point, max(min(lo[c] for c in g) for g in groups), max(min(hi[c] for c in g) for g in groups),
                     int(n), tail=tail)
