@@ -62,6 +62,7 @@ GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
 STUDY, EXPERIMENT = "studies/temperature_sweep.py", "temperature_sweep"
 STUDY_ARGS = ("--seeds", "2", "--set", "optim.epochs=10", "--set", "data.train_per_class=40")  # 8 trials of 10 epochs
 JOIN_TIMEOUT_S, JOB_TIMEOUT_S = 180, 1200
+CLAIM = ".two_node"  # in the work folder: this run owns it
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -391,9 +392,12 @@ def preflight(args: argparse.Namespace, study_args: tuple[str, ...]) -> tuple[Pa
     if args.kill_worker_after is not None and not 0 < args.kill_worker_after < trials * epochs - epochs:
         raise UnusableError(f"--kill-worker-after must be between 1 and {trials * epochs - epochs - 1} "
                        f"(the study reports {trials * epochs} epochs), got {args.kill_worker_after}")
-    if work is None:
-        return Path(tempfile.mkdtemp(prefix="dcl-two-node-")), data_root, trials, epochs
+    work = work or Path(tempfile.mkdtemp(prefix="dcl-two-node-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:  # claimed atomically: of two runs started on one empty folder, the second stops here
+        os.close(os.open(work / CLAIM, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        raise UnusableError(f"--work-dir {work} is being used by another run") from None
     return work, data_root, trials, epochs
 
 

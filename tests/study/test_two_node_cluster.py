@@ -144,12 +144,22 @@ def test_mlflow_holds_one_finished_run_per_trial(cluster_run):
         assert steps == list(range(1, 11)), (run.info.run_name, steps)
 
 
-def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else(tmp_path):
+def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_into_its_folder_is_refused(tmp_path):
     _require_capability()
     bystander = subprocess.Popen(["sleep", "600"])  # another process of this machine
-    proc = subprocess.Popen(["bash", str(SCRIPT), "--work-dir", str(tmp_path / "run")], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Two runs started at once on one empty folder: both pass the emptiness check, one claims the folder.
+    runs = [subprocess.Popen(["bash", str(SCRIPT), "--work-dir", str(tmp_path / "run")], cwd=tmp_path, env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     try:
+        deadline = time.monotonic() + 120
+        while all(r.poll() is None for r in runs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        losers = [r for r in runs if r.poll() is not None]
+        assert len(losers) == 1, "neither run was refused"
+        loser_err = losers[0].stderr.read()
+        assert losers[0].returncode == 2 and len(loser_err.strip().splitlines()) == 1, loser_err
+        assert "is being used by another run" in loser_err or "is not a new or empty folder" in loser_err
+        proc = next(r for r in runs if r is not losers[0])
         first = proc.stdout.readline()  # printed once both nodes are up
         assert first.startswith("== 2 nodes: head"), first + proc.stderr.read()[-3000:]
         time.sleep(3)
@@ -160,7 +170,7 @@ def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else(tmp_path):
         assert _leftovers(first) == []
         assert bystander.poll() is None
     finally:
-        for p in (proc, bystander):
+        for p in (*runs, bystander):
             if p.poll() is None:
                 p.kill()
 
