@@ -111,7 +111,9 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
         self.created: list[str] = []
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
-        self.env |= {"HOME": str(self.home), "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
+        self.env |= {"HOME": str(self.home), "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1",
+                     # The job's `python` is this one, also under sudo (which resets PATH).
+                     "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         self.ray = str(Path(sys.executable).with_name("ray"))
 
     # -- network --------------------------------------------------------------------------------------------
