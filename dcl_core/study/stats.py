@@ -33,6 +33,12 @@ Data = dict[str, dict[Any, dict[int, float]]]  # {series: {x: {seed: value}}}
 Means = dict[str, dict[Any, float]]  # {series: {x: mean over seeds}}
 Verdict = Literal["supports the paper", "contradicts the paper", "not resolved"]
 nan = math.nan
+# Values closer than this (relative to max(100, |value|): 1e-4 on a percentage scale) are one value. A metric
+# computed in float32 carries ~1e-7 relative rounding per value, a statistic of several such values a few times
+# that: two seeds' Δstd from identical kNN counts came out 3.5355347 and 3.5355369, and their "interval" was
+# [+3.54, +3.54]. No seed-to-seed spread of a real measurement is that small: a kNN accuracy moves in steps of
+# 100/n_test ≥ 0.002 points (50,000 test images).
+SAME_VALUE_RTOL = 1e-6
 
 
 @dataclass(frozen=True)
@@ -89,19 +95,19 @@ def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SER
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     """Mean and its t-distribution CI over the finite ``values``: mean ± t_{(1+level)/2, n−1}·s/√n, s with ddof=1.
-    n = 1: no interval; n = 0: everything nan. Identical values (s = 0) give no interval either: a measurement
-    that moves in steps (a kNN accuracy over a few test images moves by 100/n_test %) can repeat exactly, and a
-    zero-width interval would claim a certainty the seeds do not give (it misses the mean whenever the mean is not
-    on the step grid; ``tests/study/test_stats.py`` simulates it)."""
+    n = 1: no interval; n = 0: everything nan. Identical values (equal up to rounding, :data:`SAME_VALUE_RTOL`)
+    give no interval either: a measurement that moves in steps (a kNN accuracy over a few test images moves by
+    100/n_test %) can repeat exactly, and a zero-width interval would claim a certainty the seeds do not give (it
+    misses the mean whenever the mean is not on the step grid; ``tests/study/test_stats.py`` simulates it)."""
     v = np.array([x for x in values if _finite(x) is not None], dtype=float)
     if v.size == 0:
         return Estimate(nan, nan, nan, 0)
     mean = float(v.mean())
     if v.size == 1:
         return Estimate(mean, nan, nan, 1, tail=(1 - level) / 2)
-    s = float(v.std(ddof=1))
-    if s == 0.0 or np.all(v == v[0]):
+    if float(np.ptp(v)) <= SAME_VALUE_RTOL * max(100.0, float(np.abs(v).max())):
         return Estimate(mean, nan, nan, int(v.size), 0.0, tail=(1 - level) / 2)
+    s = float(v.std(ddof=1))
     h = float(sps.t.ppf((1 + level) / 2, v.size - 1)) * s / math.sqrt(v.size)
     return Estimate(mean, mean - h, mean + h, int(v.size), s, tail=(1 - level) / 2)
 

@@ -132,6 +132,16 @@ def test_scale_invariance_and_top1_percent() -> None:
     assert knn_top1(query, query_labels, bank, bank_labels, 4, k=10) == pytest.approx(75.0)
 
 
+def test_top1_is_the_exact_ratio_of_counts() -> None:
+    """12 of 40 right is 30.0, not float32's 30.000001192...: two seeds with the same count must report the same
+    value, or a t-interval over them has the width of rounding noise."""
+    query, bank, bank_labels = _random_data(40, 100, 8, 4, seed=5)
+    preds = knn_predict(query, bank, bank_labels, 4, k=10)
+    query_labels = preds.clone()
+    query_labels[12:] = (query_labels[12:] + 1) % 4  # 12 of 40 right
+    assert knn_top1(query, query_labels, bank, bank_labels, 4, k=10) == 100 * 12 / 40 == 30.0
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -6,6 +6,7 @@ deterministic (fixed rng seeds); their calibration is tests/study/test_calibrati
 import math
 import random
 
+import numpy as np
 import pytest
 from scipy import stats as sps
 
@@ -90,6 +91,29 @@ def test_identical_values_give_no_interval_and_no_verdict():
             "infonce": {0.1: {0: 17.5, 1: 20.0}, 0.5: {0: 15.0, 1: 15.0}}}
     best = max_min_interval(data, [[(("dcl", 0.1), ("infonce", 0.1))], [(("dcl", 0.5), ("infonce", 0.5))]])
     assert best.n == 2 and not best.has_interval and verdict(best, +1) == "not resolved"
+
+
+def _float32_percent(correct: int, total: int) -> float:
+    """A kNN accuracy as the monitor computed it before it counted in float64: a float32 mean, times 100."""
+    return float(np.float32(correct) / np.float32(total)) * 100.0
+
+
+def test_values_equal_up_to_float32_rounding_give_no_interval():
+    """The two-node smoke study's rows (kNN over 40 test images, float32 means): both seeds' Δstd is +3.54 up to
+    rounding (3.5355347 and 3.5355369), which printed "supports the paper — Δstd +3.54, 95% CI [+3.54, +3.54]"."""
+    counts = {0: {("infonce", 0.1): 12, ("infonce", 0.5): 10, ("dcl", 0.1): 7, ("dcl", 0.5): 7},
+              1: {("infonce", 0.1): 12, ("infonce", 0.5): 9, ("dcl", 0.1): 12, ("dcl", 0.5): 13}}
+    rows = [row(loss, tau, seed, _float32_percent(k, 40)) for seed, cells in counts.items()
+            for (loss, tau), k in cells.items()]
+    data = collect(rows, "temperature")
+    values = per_seed(data, lambda m: std_difference(m, "infonce", "dcl"))
+    assert values[0] != values[1] and values[0] == pytest.approx(values[1], abs=1e-5)  # rounding apart
+    est = seed_interval(data, lambda m: std_difference(m, "infonce", "dcl"))
+    assert (est.n, est.has_interval) == (2, False) and est.estimate == pytest.approx(5 / math.sqrt(2), abs=1e-5)
+    assert verdict(est, +1) == "not resolved"
+    # Values from the float64 count are the same values exactly, and the smallest real spread is kept.
+    assert not t_interval([100 * 12 / 40, 100 * 12 / 40]).has_interval
+    assert t_interval([30.0, 30.002]).has_interval  # one image of 50,000 apart
 
 
 def test_with_a_measurement_in_steps_the_intervals_given_still_cover_95_percent():
