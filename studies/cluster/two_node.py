@@ -52,10 +52,7 @@ from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-
-from dcl_core.data import resolve_data_root  # noqa: E402
-from dcl_core.study import summary_dir  # noqa: E402
-from dcl_core.study.report import read_table  # noqa: E402
+# dcl_core is imported where it is used: it imports torch, seconds in which a Ctrl-C would end in a traceback.
 
 HEAD_IP, WORKER_IP, PREFIX = "198.51.100.1", "198.51.100.2", 24
 GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
@@ -325,6 +322,9 @@ class Run:
     def check(self, job_code: int) -> list[str]:
         """The failed checks, each in one line (none: the run did what it should)."""
         failed = [] if job_code == 0 else [f"the job failed (ray job submit exited {job_code})"]
+        from dcl_core.study import summary_dir
+        from dcl_core.study.report import read_table
+
         table = summary_dir(self.output_dir, EXPERIMENT) / "results.parquet"
         rows = read_table(table) if table.exists() else []
         done = [r for r in rows if r["status"] == "ok" and r["epochs"] == self.epochs]
@@ -384,6 +384,8 @@ def preflight(args: argparse.Namespace, study_args: tuple[str, ...]) -> tuple[Pa
         raise UnusableError("the `ip` command (iproute2) is not installed")
     if not Path(sys.executable).with_name("ray").exists():
         raise UnusableError(f"no `ray` command beside {sys.executable}: install the project (pip install -e .)")
+    from dcl_core.data import resolve_data_root
+
     data_root = resolve_data_root("cifar10", str(args.data_root) if args.data_root else None).resolve()
     if not (data_root / "train").is_dir():
         raise UnusableError(f"no CIFAR-10 at {data_root}: pass --data-root")
@@ -453,4 +455,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before main's own handlers (the checks before the cluster, its imports)
+        print("two_node: interrupted before the cluster was built; nothing to tear down", file=sys.stderr)
+        sys.exit(130)

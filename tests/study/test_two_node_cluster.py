@@ -177,6 +177,24 @@ def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_int
                 p.kill()
 
 
+def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path):
+    """Pressed while the script checks the study's options (its --dry-run, seconds): no traceback, no namespace."""
+    _require_capability()
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--work-dir", str(tmp_path / "w")], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err[-3000:]
+    # A fast machine may have begun the cluster (the script execs python: its pid names the namespaces).
+    assert "interrupted before the cluster was built" in err or "tearing the cluster down" in err, err
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert not {f"dcl{proc.pid}h", f"dcl{proc.pid}w"} & set(names)
+    if out.startswith("== 2 nodes: head"):
+        assert _leftovers(out.splitlines()[0]) == []
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--kill-worker-after", "1000"], "--kill-worker-after must be between 1 and"),
     (["--", "--seeds", "two"], "the study's options are refused"),
