@@ -29,6 +29,9 @@ from dcl_core.study.columns import ERROR, STATUS, Status
 from dcl_core.study.dry_run import dry_run_lines
 from dcl_core.study.record import recorded_command, recorded_seeds
 from dcl_core.study.spec import (
+    PROGRESS,
+    QUIET,
+    VERBOSE,
     StudyInterruptedError,
     StudyOptions,
     StudySpec,
@@ -149,7 +152,7 @@ def run_parsed(args: argparse.Namespace, doc: str, default_name: str, build_spec
     """Everything :func:`main` does after parsing."""
     if not logging_set:
         setup_logging(args.verbose, quiet=args.quiet)
-    args.verbosity = 0 if args.quiet else 2 if args.verbose else 1
+    args.verbosity = QUIET if args.quiet else VERBOSE if args.verbose else PROGRESS
     with _sigterm_as_ctrl_c() as terminated:
         return _run(args, doc, default_name, build_spec, argv, terminated)
 
@@ -200,6 +203,8 @@ def _run(args: argparse.Namespace, doc: str, default_name: str, build_spec: Spec
             return 0
         if not (options.address or os.environ.get("RAY_ADDRESS")):  # a local Ray: ask for its token mode
             ray_env.request_token_auth()
+        if options.verbosity < VERBOSE:
+            ray_env.quiet_slow_loop_warnings()
         # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
         from dcl_core.study.results import summary_lines
         from dcl_core.study.runner import run_study

@@ -16,8 +16,9 @@ from ray import tune
 
 from dcl_core import metrics as M
 from dcl_core.study.columns import Status
+from dcl_core.study.spec import PROGRESS, QUIET, VERBOSE
 
-QUIET, PROGRESS, VERBOSE = 0, 1, 2
+__all__ = ["PROGRESS", "QUIET", "VERBOSE", "ConsoleProgress"]
 
 
 class ConsoleProgress(tune.Callback):

@@ -49,6 +49,7 @@ class Resources:
 
 MAX_FAILURES = 20  # retries of a crashed trial; more is a loop, not resilience
 MAX_TRIALS = 100_000  # a grid larger than this is a typo (e.g. --seeds 1000000), refused before validating it
+QUIET, PROGRESS, VERBOSE = 0, 1, 2  # a study's console (-q, default, -v): dcl_core.study.console
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
@@ -87,7 +88,8 @@ class StudyOptions:
     address: str | None = None
     num_cpus: int | None = None
     save_checkpoints: bool = _fixed(False)
-    verbosity: int = 1  # 0: only the answer (-q); 1: a progress line and a line per trial; 2: Ray's tables (-v)
+    verbosity: int = PROGRESS  # QUIET: only the answer (-q); PROGRESS: a progress line and a line per trial;
+    # VERBOSE: Ray Tune's tables and Ray's own messages (-v)
     command: dict[str, Any] | None = None  # the study script and the options that built its spec (re-analysis)
 
     def __post_init__(self) -> None:

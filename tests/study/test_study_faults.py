@@ -123,6 +123,33 @@ print("done")
     assert "ValueError: a real bug" in proc.stderr  # not every unraisable exception is hidden
 
 
+@pytest.mark.parametrize(("quiet", "user_value", "warned"), [(True, None, False), (False, None, True),
+                                                               (True, "0.1", True)])
+def test_tunes_slow_operation_warnings_stay_off_a_default_console(quiet, user_value, warned):
+    """On a busy machine the driver's per-epoch MLflow logging passed 0.5 s and Tune printed four warnings at a time
+    ("The `process_trial_result` operation took 0.545 s, which may be a performance bottleneck ... consider
+    reporting results less frequently") among the trial lines. A default or -q study raises Tune's documented
+    threshold before Tune is imported; -v keeps Tune's, and so does a threshold the user set. The slow operation
+    is a real 0.6 s one, timed by Tune's own warning (which stays silent in a process's first minute)."""
+    code = f"""
+import logging, time
+from dcl_core.study.ray_env import quiet_slow_loop_warnings
+if {quiet}:
+    quiet_slow_loop_warnings()  # as the study's command line does below -v, before Ray is imported
+import ray.tune.utils.util as tune_util
+logging.basicConfig(level=logging.WARNING)
+tune_util.START_OF_TIME -= 120  # past its first minute
+with tune_util.warn_if_slow("process_trial_result"):
+    time.sleep(0.6)
+print("done")
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNE_")}
+    env |= {"TUNE_WARN_THRESHOLD_S": user_value} if user_value else {}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == "done", proc.stderr[-2000:]
+    assert ("may be a performance bottleneck" in proc.stderr) is warned, proc.stderr[-2000:]
+
+
 def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out(tmp_path):
     """The exit traceback can come from any worker (a trial, a Ray Train worker, one of Tune's helpers), so
     ``init_ray`` installs the hook in every worker process, not only in trials. And a local study's console no
