@@ -39,8 +39,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from dcl_core import metrics as M
-from dcl_core.study.mlflow_view import (
+from dcl_core import metric_names as M
+from dcl_core.study.tracking import SUMMARY_TAG, runs_page
+from dcl_core.study.tracking.mlflow_view import (
     DESCRIPTION_COLUMN,
     NAME_COLUMN,
     RUN_COLOR_TAG,
@@ -50,7 +51,6 @@ from dcl_core.study.mlflow_view import (
     read_tag,
     view_query,
 )
-from dcl_core.study.tracking import SUMMARY_TAG, runs_page
 
 TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a while
 

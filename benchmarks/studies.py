@@ -84,8 +84,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dcl_core import metrics as M
-from dcl_core.study.spec import EXPERIMENT_SEP
+from dcl_core import metric_names as M
+from dcl_core.study.plan.spec import EXPERIMENT_SEP
 
 try:
     from benchmarks.common import Row, markdown_table

@@ -44,13 +44,13 @@ from pathlib import Path
 
 import torch
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.config import Config, apply_overrides, derive, preset
 from dcl_core.models import last_block_convs
 from dcl_core.training import train
 from dcl_core.training.builders import InMemoryData, build_data, build_loss, build_model, build_optimizer
 from dcl_core.training.epoch import EpochStats, grad_norm
-from dcl_core.training.evaluation import evaluate_knn
+from dcl_core.training.probes import evaluate_knn
 from dcl_core.training.schedule import cosine_lr
 
 try:

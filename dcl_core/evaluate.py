@@ -2,7 +2,7 @@
 
 Rebuilds the backbone from the config stored in the checkpoint and measures it on the data the checkpoint names
 (dataset, image size, subsets), then runs the kNN monitor (k=200, t=0.1 by default) and/or the linear probe on
-frozen features, and prints the results as one JSON line. ``python -m dcl_core.eval`` is the same command. Bad
+frozen features, and prints the results as one JSON line. Bad
 input exits with code 2 and one line.
 
 Where and how data is read (``data.root``, ``data.download``, ``data.loader``, ``data.workers``,
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.cli import add_set_option, run_command, setup_logging
 from dcl_core.config import (
     Config,
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate
 
 def _run(args: argparse.Namespace) -> int:
     # Deferred: the data code imports torchvision (seconds), which --help does not need.
-    from dcl_core.training.evaluation import evaluate_knn, linear_eval
+    from dcl_core.training.probes import evaluate_knn, linear_eval
 
     try:
         cfg, state, model, data, device = _load(args)
@@ -88,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, torch.device]:
     """(config, checkpoint state, model with its weights on its device, data, device) for the evaluation."""
+    # torchvision and the models load once the options parsed (``--help`` stays instant)
     from dcl_core.data import DataError
     from dcl_core.training.builders import build_data, build_model
 

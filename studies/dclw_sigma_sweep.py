@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.presets import StudyPreset, cpu, smoke
-from dcl_core.study_cli import base_config, main
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.cli import SpecArgs, base_config, main
+from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import PAPER_SIGMA_GRID, SIGMA, Grid
 
 DCL_SIGMA = 1000.0  # σ this large makes DCLW's weights flat: DCL
@@ -39,7 +39,7 @@ PRESETS = {
 }
 
 
-def build_spec(args) -> StudySpec:
+def build_spec(args: SpecArgs) -> StudySpec:
     if args.losses:
         raise ConfigError("dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for DCL)")
     p = PRESETS[args.preset]

@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.presets import StudyPreset, cpu, smoke
-from dcl_core.study_cli import base_config, main
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.cli import SpecArgs, base_config, main
+from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
 
 FIXED_ALPHA = 256.0  # EqCo's fixed α (Figs. 3-4), beside α = K
@@ -40,7 +40,7 @@ PRESETS = {
 }
 
 
-def build_spec(args) -> StudySpec:
+def build_spec(args: SpecArgs) -> StudySpec:
     if args.losses:
         raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
     p = PRESETS[args.preset]

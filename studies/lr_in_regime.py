@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.presets import cpu, smoke
-from dcl_core.study_cli import base_config, losses_arg, main
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid
 
 SHARED_LR = 0.24  # the CPU protocol's base lr, at which cpu_long ran both losses
@@ -48,7 +48,7 @@ PRESETS = {
 }
 
 
-def build_spec(args) -> StudySpec:
+def build_spec(args: SpecArgs) -> StudySpec:
     if args.search != "grid":
         raise ConfigError("lr_in_regime is a grid over base lr; for an Optuna search run studies/tau_lr_search.py")
     p = PRESETS[args.preset]

@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.presets import StudyPreset, cpu, smoke
-from dcl_core.study_cli import base_config, losses_arg, main
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
 
 PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed 0)
@@ -37,7 +37,7 @@ PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed
 }
 
 
-def build_spec(args) -> StudySpec:
+def build_spec(args: SpecArgs) -> StudySpec:
     if args.search != "optuna":
         raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")
     p = PRESETS[args.preset]

@@ -30,9 +30,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.presets import StudyPreset, cpu, smoke
-from dcl_core.study_cli import base_config, losses_arg, main
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 
 # Per preset: base config, τ grid, losses, seeds, Optuna trials per loss.
@@ -56,7 +56,7 @@ PRESETS = {
 }
 
 
-def build_spec(args) -> StudySpec:
+def build_spec(args: SpecArgs) -> StudySpec:
     p = PRESETS[args.preset]
     base = base_config(args, p.base)
     losses = losses_arg(args, p.losses)

@@ -39,7 +39,7 @@ def test_setup_logging_levels_and_format(kwargs, shown):
     assert all(len(line.split()[0]) == 8 and line.split()[2] == "dcl_core.x:" for line in lines)
 
 
-@pytest.mark.parametrize("module", ["dcl_core.evaluate", "dcl_core.eval"])
+@pytest.mark.parametrize("module", ["dcl_core.evaluate", "dcl_core.evaluate"])
 def test_evaluation_command_help(module):
     out = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
@@ -51,7 +51,7 @@ def test_evaluation_command_help(module):
 
 def test_evaluation_command_rejects_a_missing_checkpoint_in_one_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "dcl_core.eval", str(tmp_path / "none.pt"), "--device", "cpu"],
+        [sys.executable, "-m", "dcl_core.evaluate", str(tmp_path / "none.pt"), "--device", "cpu"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
@@ -85,9 +85,9 @@ def test_run_command_is_the_one_exit_path(capsys):
 
 @pytest.mark.parametrize("command", [
     ["-m", "dcl_core.train", "--preset", "nope"],
-    ["-m", "dcl_core.eval", "/no/such/checkpoint.pt"],
-    ["-m", "dcl_core.study.sync", "/no/such/folder", "--name", "../x"],
-    ["-m", "dcl_core.study.answer", "/no/such/folder"],
+    ["-m", "dcl_core.evaluate", "/no/such/checkpoint.pt"],
+    ["-m", "dcl_core.study", "sync", "/no/such/folder", "--name", "../x"],
+    ["-m", "dcl_core.study", "answer", "/no/such/folder"],
     ["studies/temperature_sweep.py", "--smoke", "--set", "nope=1", "--dry-run"],
     ["studies/eqco_mi_toy.py", "--alpha", "-1"],
 ])

@@ -1,10 +1,15 @@
-"""The architecture, enforced: the library layers never reach up into the study layer, nor into Ray/MLflow/Optuna
-internals.
+"""The architecture, enforced: the library layers never reach up into the study layer, the study layer's floors
+never reach up into the floors above them, and nothing reaches into Ray/MLflow/Optuna internals.
 
 - The library (losses, data, models, frameworks, eval, training, config) imports nothing from the study layer
   (``dcl_core.study*``, ``dcl_core.tracking``), the command lines (``dcl_core.train``, ``dcl_core.evaluate``,
   ``dcl_core.cli``) or Ray/MLflow/Optuna: checked by importing it in a fresh interpreter (a) and by reading every
   import statement, including those inside functions (b).
+- The study layer's floors (d): ``analysis`` (pure: no Ray, MLflow or Optuna) below ``plan`` (no Ray, MLflow or
+  Optuna either) below ``tracking`` below ``execution`` below ``cli``; none of the four floors imports a command
+  line (``dcl_core.study.cli``, ``dcl_core.cli``, ``dcl_core.train``, ``dcl_core.evaluate``).
+- An import inside a function is a lazy import of something heavy that a ``--help`` must not pay for, and says so
+  in a comment on its line or the line above it (e).
 - Nothing in dcl_core imports the benchmark baselines (lightly, kornia), which only the ``bench`` extra installs.
 - ``dcl_core.config`` stays torch-free, since the registries import its name lists (a); so does the study command
   line up to its parsing, so a study's ``--help`` is instant (a).
@@ -32,11 +37,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # Modules the library must not load. A name matches itself and its submodules ("dcl_core.train" does not match
-# "dcl_core.training"); "dcl_core.study" matches the dcl_core.study package, "dcl_core.study_cli" is listed too.
+# "dcl_core.training"); "dcl_core.study" matches the dcl_core.study package, "dcl_core.study.cli" is listed too.
 FORBIDDEN = (
     "dcl_core.study",
-    "dcl_core.study_cli",
-    "dcl_core.tracking",
     "dcl_core.train",
     "dcl_core.evaluate",
     "dcl_core.cli",
@@ -52,6 +55,15 @@ LIBRARY_MODULES = ("distributed.py",)
 # Where no private name of Ray, MLflow or Optuna may appear.
 PRIVATE_API_DIRS = ("dcl_core", "studies", "search_spaces", "benchmarks")
 THIRD_PARTY = ("ray", "mlflow", "optuna")
+# The study layer's floors, bottom up, and what each may not import (besides every floor above it).
+COMMAND_LINES = ("dcl_core.study.cli", "dcl_core.cli", "dcl_core.train", "dcl_core.evaluate")
+STUDY_FLOORS = ("analysis", "plan", "tracking", "execution")
+FLOOR_FORBIDS = {
+    "analysis": ("ray", "mlflow", "optuna"),
+    "plan": ("ray", "mlflow", "optuna"),
+    "tracking": (),
+    "execution": (),
+}
 # A dotted path from ray/mlflow/optuna through a single-underscore name: ray.air._internal, mlflow.utils._x.
 PRIVATE_PATH = re.compile(r"\b(?:ray|mlflow|optuna)(?:\.\w+)*\._[A-Za-z]")
 # Internals of Ray's MLflowLoggerCallback that a subclass can reach without naming ray or mlflow.
@@ -131,13 +143,79 @@ def upward_imports(root: Path) -> list[str]:
     hits: list[str] = []
     for path in library_files(root):
         bad = {(line, module) for line, module in imported_modules(path, root) if is_forbidden(module)}
-        # ``from dcl_core.study.runner import run``: report the module, not also ``dcl_core.study.runner.run``.
+        # ``from dcl_core.study.cli import main``: report the module, not also ``dcl_core.study.cli.main``.
         hits += [
             f"{path.relative_to(root)}:{line}: {module}"
             for line, module in sorted(bad)
             if (line, module.rpartition(".")[0]) not in bad
         ]
     return hits
+
+
+def floor_forbids(floor: str) -> tuple[str, ...]:
+    """What a study floor's modules may not import: the floors above it, the command lines, its own list."""
+    above = STUDY_FLOORS[STUDY_FLOORS.index(floor) + 1:]
+    return (*(f"dcl_core.study.{f}" for f in above), *COMMAND_LINES, *FLOOR_FORBIDS[floor])
+
+
+def matches(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def floor_violations(root: Path) -> list[str]:
+    """``file:line: module`` for each import by a study floor's module of something above it or forbidden to it."""
+    hits: list[str] = []
+    for floor in STUDY_FLOORS:
+        forbidden = floor_forbids(floor)
+        for path in sorted((root / "dcl_core" / "study" / floor).rglob("*.py")):
+            bad = {(line, module) for line, module in imported_modules(path, root) if matches(module, forbidden)}
+            hits += [f"{path.relative_to(root)}:{line}: {module}" for line, module in sorted(bad)
+                     if (line, module.rpartition(".")[0]) not in bad]
+    return hits
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    """Line numbers inside ``if TYPE_CHECKING:`` blocks (imports for annotations only)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def _explained(lines: list[str], index: int) -> bool:
+    """A comment on the import's line, or on the line above the group of imports it belongs to (blank lines and
+    the group's other imports between them)."""
+    if "#" in lines[index]:
+        return True
+    for above in reversed(lines[:index]):
+        text = above.strip()
+        if text.startswith("#"):
+            return True
+        if text and not text.startswith(("import ", "from ")) and "#" not in text:
+            return False
+        if "#" in text:
+            return True
+    return False
+
+
+def unexplained_lazy_imports(root: Path) -> list[str]:
+    """``file:line`` of each import inside a function in dcl_core with no comment on its line or the line above."""
+    hits: list[str] = []
+    for path in sorted((root / "dcl_core").rglob("*.py")):
+        source = path.read_text()
+        lines = source.splitlines()
+        tree = ast.parse(source, str(path))
+        typing_only = _type_checking_lines(tree)
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                lazy = isinstance(node, ast.Import | ast.ImportFrom) and node.lineno not in typing_only
+                if lazy and not _explained(lines, node.lineno - 1):
+                    hits.append(f"{path.relative_to(root)}:{node.lineno}")
+    return sorted(set(hits))
 
 
 def private_api_uses(root: Path) -> list[str]:
@@ -212,14 +290,23 @@ def test_the_config_stays_torch_free():
 
 def test_a_study_script_answers_help_without_loading_torch():
     # `python studies/<x>.py --help` or a bad option: argparse answers before torch (seconds) is needed.
-    loaded = modules_loaded_by("import dcl_core.study_cli, dcl_core.study", REPO)
-    assert "dcl_core.study_cli" in loaded
+    loaded = modules_loaded_by("import dcl_core.study.cli, dcl_core.study", REPO)
+    assert "dcl_core.study.cli" in loaded
     assert [m for m in loaded if m in ("torch", "torchvision", "ray", "mlflow", "optuna")] == []
 
 
 def test_no_library_module_imports_the_study_layer_or_the_command_lines():
     assert len(library_files(REPO)) > 20
     assert upward_imports(REPO) == []
+
+
+def test_each_study_floor_imports_only_the_floors_below_it():
+    assert all(any((REPO / "dcl_core" / "study" / floor).glob("*.py")) for floor in STUDY_FLOORS)
+    assert floor_violations(REPO) == []
+
+
+def test_every_lazy_import_says_why():
+    assert unexplained_lazy_imports(REPO) == []
 
 
 def test_no_private_ray_mlflow_or_optuna_name_is_used():
@@ -250,7 +337,8 @@ def test_a_loaded_forbidden_module_is_detected(tmp_path):
         ("dcl_core.training.trainer", False),
         ("dcl_core.study", True),
         ("dcl_core.study.tracking", True),
-        ("dcl_core.study_cli", True),
+        ("dcl_core.study.cli", True),
+        ("dcl_core.studyx", False),
         ("dcl_core.cli", True),
         ("dcl_core.config", False),
         ("ray.tune", True),
@@ -269,26 +357,26 @@ def test_upward_imports_are_detected_at_any_depth(tmp_path):
             "dcl_core/losses/bad.py": (
                 "import importlib\n"
                 "import dcl_core.train\n"
-                "from dcl_core import tracking\n"
+                "from dcl_core.study import tracking\n"
                 "from .. import cli\n"
                 "import dcl_core.training\n"
                 "from dcl_core.config import LOSS_NAMES\n"
                 "def later():\n"
-                "    from dcl_core.study.runner import run\n"
+                "    from dcl_core.study.execution.tuning import run\n"
                 "    importlib.import_module('dcl_core.evaluate')\n"
                 "    import ray.tune\n"
             ),
             "dcl_core/eval/__main__.py": "from dcl_core.evaluate import main\n",  # a CLI shim may
             "dcl_core/training/ok.py": "from dcl_core.training.trainer import train\n",
-            "dcl_core/config/keys.py": "from dcl_core.study_cli import parse_overrides\n",
+            "dcl_core/config/keys.py": "from dcl_core.study.cli import parse_overrides\n",
         },
     )
     assert upward_imports(tmp_path) == [
-        "dcl_core/config/keys.py:1: dcl_core.study_cli",
+        "dcl_core/config/keys.py:1: dcl_core.study.cli",
         "dcl_core/losses/bad.py:2: dcl_core.train",
-        "dcl_core/losses/bad.py:3: dcl_core.tracking",
+        "dcl_core/losses/bad.py:3: dcl_core.study",
         "dcl_core/losses/bad.py:4: dcl_core.cli",
-        "dcl_core/losses/bad.py:8: dcl_core.study.runner",
+        "dcl_core/losses/bad.py:8: dcl_core.study.execution.tuning",
         "dcl_core/losses/bad.py:9: dcl_core.evaluate",
         "dcl_core/losses/bad.py:10: ray.tune",
     ]
@@ -332,3 +420,47 @@ def test_private_names_are_detected(tmp_path):
     }
     assert "dcl_core/study/tracking.py:3: ray.air._internal.mlflow._MLflowLoggerUtil" in hits
     assert "dcl_core/study/tracking.py:11: tune._private_thing" in hits
+
+
+def test_upward_imports_between_study_floors_are_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/study/analysis/stats.py": "import math\nfrom dcl_core.study.plan.spec import StudySpec\n",
+            "dcl_core/study/analysis/plots.py": "def f():\n    import optuna  # heavy\n",
+            "dcl_core/study/plan/spec.py": "from dcl_core.study.analysis import stats\nimport mlflow\n",
+            "dcl_core/study/tracking/sync.py": "from dcl_core.study.plan.spec import StudySpec\n"
+                                               "from dcl_core import cli\n",
+            "dcl_core/study/execution/results.py": "from dcl_core.study.tracking import tracker\n"
+                                                 "from dcl_core.study.cli import main\n",
+        },
+    )
+    assert floor_violations(tmp_path) == [
+        "dcl_core/study/analysis/plots.py:2: optuna",
+        "dcl_core/study/analysis/stats.py:2: dcl_core.study.plan.spec",
+        "dcl_core/study/plan/spec.py:2: mlflow",
+        "dcl_core/study/tracking/sync.py:2: dcl_core.cli",
+        "dcl_core/study/execution/results.py:2: dcl_core.study.cli",
+    ]
+
+
+def test_a_lazy_import_without_a_reason_is_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/a.py": (
+                "from typing import TYPE_CHECKING\n"
+                "import os\n"
+                "def f():\n"
+                "    import torch  # seconds: not for --help\n"
+                "    # Ray takes seconds to import\n"
+                "    import ray\n"
+                "    from dcl_core import b\n"
+                "    x = 1\n"
+                "    from dcl_core import d\n"
+                "    if TYPE_CHECKING:\n"
+                "        from dcl_core import c\n"
+            ),
+        },
+    )
+    assert unexplained_lazy_imports(tmp_path) == ["dcl_core/a.py:9"]

@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
     if name in _CLASSES:
         return getattr(importlib.import_module(f"dcl_core.frameworks.{_CLASSES[name]}"), name)
     if name == "FRAMEWORKS":
-        from dcl_core.config.schema import FRAMEWORK_NAMES
+        from dcl_core.config.schema import FRAMEWORK_NAMES  # on first use, with the torch classes
 
         frameworks = {fw: __getattr__(cls) for cls, fw in _CLASSES.items()}
         # The names live in the torch-free dcl_core.config (the CLIs check them without importing torch); the

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.distributed import distributed_world, gather_with_grad
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, two_view_similarities
 

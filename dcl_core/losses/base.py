@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.distributed import distributed_world, gather_with_grad
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, negative_columns
 
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 

@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
     # read a checkpoint's file name or load one for evaluation) should not import the trainer with its models,
     # losses, frameworks and data code.
     if name in __all__:
-        from dcl_core.training import trainer
+        from dcl_core.training import trainer  # the models, losses and data code: on first use
 
         return getattr(trainer, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

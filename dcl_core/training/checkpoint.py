@@ -2,7 +2,7 @@
 read back as data only.
 
 A checkpoint holds tensors and plain values (dicts, lists, numbers, strings), so it is loaded with
-``torch.load(weights_only=True)``: a ``.pt`` file from elsewhere cannot run code when ``python -m dcl_core.eval``
+``torch.load(weights_only=True)``: a ``.pt`` file from elsewhere cannot run code when ``python -m dcl_core.evaluate``
 or ``--resume`` reads it. Anything that is not a checkpoint this module wrote raises :class:`CheckpointError`.
 
 What a run keeps in one is also decided here: the framework's own state (:func:`framework_state`: momentum

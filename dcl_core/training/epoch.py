@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.training.runtime import Runtime, average_over_ranks
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class StepProgress:
 
     def __enter__(self) -> StepProgress:
         if self.enabled and sys.stderr.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # only on a terminal
 
             self.bar = tqdm(total=self.steps, desc=f"epoch {self.epoch}/{self.epochs}", unit="step", leave=False,
                             dynamic_ncols=True)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dcl_core import files
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.config import Config, RunFailedError, to_flat_dict
 from dcl_core.training.checkpoint import (
     check_resumable,
@@ -36,7 +36,7 @@ from dcl_core.training.checkpoint import (
     save_checkpoint,
 )
 from dcl_core.training.epoch import EpochStats, StepProgress, grad_norm
-from dcl_core.training.evaluation import evaluate_knn, linear_eval
+from dcl_core.training.probes import evaluate_knn, linear_eval
 from dcl_core.training.run import Run, build_run, unwrap
 from dcl_core.training.runtime import Runtime, broadcast_from_rank0, setup_runtime
 from dcl_core.training.schedule import cosine_lr

@@ -323,7 +323,7 @@ class Run:
         """The failed checks, each in one line (none: the run did what it should)."""
         failed = [] if job_code == 0 else [f"the job failed (ray job submit exited {job_code})"]
         from dcl_core.study import summary_dir
-        from dcl_core.study.report import read_table
+        from dcl_core.study.analysis.report import read_table
 
         table = summary_dir(self.output_dir, EXPERIMENT) / "results.parquet"
         rows = read_table(table) if table.exists() else []

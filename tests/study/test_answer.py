@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from dcl_core.study.answer import Question, build_answer, gap_points, regime_line
-from dcl_core.study.answer_output import answer_metrics, answer_tags, format_answer
-from dcl_core.study.paper import paper_claim
+from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
+from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
+from dcl_core.study.analysis.paper import paper_claim
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
 GAP = Question("DCL beats InfoNCE at the smallest τ", "gap_at_smallest", "dcl", "infonce", label="gap")
@@ -59,8 +59,8 @@ def test_planted_null_is_not_resolved_with_a_power_estimate():
 
 def test_a_projection_past_the_cap_reads_as_not_resolvable():
     """Past MAX_SEEDS_PROJECTED seeds the power line names no number: it is no advice to run 40,000 seeds."""
-    from dcl_core.study.answer import Verdict
-    from dcl_core.study.stats import Estimate
+    from dcl_core.study.analysis.answer import Verdict
+    from dcl_core.study.analysis.stats import Estimate
 
     tiny = Estimate(0.01, -1.0, 1.02, 5)
     line = Verdict(GAP, tiny, "not resolved", None, None).power_line()

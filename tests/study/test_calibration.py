@@ -1,4 +1,4 @@
-"""The verdicts' intervals, calibrated by simulating studies with a known truth (dcl_core.study.calibration): under
+"""The verdicts' intervals, calibrated by simulating studies with a known truth (study/analysis/calibration.py): under
 null studies at most 5% are resolved (within binomial noise) at 2, 3, 5, 8 and 20 seeds, in every setting (shared
 seed offsets, unequal noise between cells and between series, a missing trial, 4-11 x values); with an effect
 planted, the 95% intervals cover the true value, and the effect is found as often as the t-test's exact power
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study import stats
-from dcl_core.study.calibration import (
+from dcl_core.study.analysis import stats
+from dcl_core.study.analysis.calibration import (
     EFFECT,
     KINDS,
     SEEDS,

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 from dcl_core.config import LOSS_NAMES
-from dcl_core.study import report
-from dcl_core.study.colours import SUMMARY_COLOUR, series_colour
+from dcl_core.study.analysis import report
+from dcl_core.study.analysis.colours import SUMMARY_COLOUR, series_colour
 
 
 def test_every_loss_has_its_own_fixed_colour():
@@ -28,7 +28,7 @@ def test_eqco_series_keep_their_alpha_apart_and_frameworks_shade_the_loss():
 def test_a_name_not_listed_gets_the_same_colour_in_another_process():
     # str hashes are salted per process: a colour from hash() would differ between a study and its reanalysis
     here = series_colour("my_new_loss")
-    there = subprocess.run([sys.executable, "-c", "from dcl_core.study.colours import series_colour; "
+    there = subprocess.run([sys.executable, "-c", "from dcl_core.study.analysis.colours import series_colour; "
                             "print(series_colour('my_new_loss'))"], capture_output=True, text=True, check=True)
     assert there.stdout.strip() == here and here.startswith("#") and len(here) == 7
 

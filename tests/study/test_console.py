@@ -4,7 +4,7 @@ extended study finished before it started (which made "~0.0 min left" while 8 tr
 import pickle
 import re
 
-from dcl_core.study import console
+from dcl_core.study.execution import console
 
 
 class Finished:

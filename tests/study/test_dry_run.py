@@ -1,5 +1,5 @@
 """``--dry-run``: a study prints its trials, totals and an estimated cost, then exits 0 having started nothing (no
-Ray, no MLflow, no output folder); and the arithmetic of :mod:`dcl_core.study.cost` on hand-made numbers."""
+Ray, no MLflow, no output folder); and the arithmetic of :mod:`dcl_core.study.plan.cost` on hand-made numbers."""
 
 import contextlib
 import importlib.util
@@ -15,10 +15,11 @@ import torch
 from torch import nn
 
 from dcl_core.config import apply_overrides, preset
-from dcl_core.study import cost, stats
-from dcl_core.study import flops as flop_count
-from dcl_core.study.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
-from dcl_core.study_cli import build_parser, main
+from dcl_core.study.analysis import stats
+from dcl_core.study.cli import build_parser, main, spec_args_of
+from dcl_core.study.plan import cost
+from dcl_core.study.plan import flops as flop_count
+from dcl_core.study.plan.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
 from dcl_core.training.builders import build_model
 from search_spaces import Grid, LogUniform
 
@@ -60,7 +61,7 @@ def expected(name, argv):
     parser = build_parser("", name)
     if name == "tau_lr_search":
         parser.set_defaults(search="optuna")
-    spec = module.build_spec(parser.parse_args(argv))
+    spec = module.build_spec(spec_args_of(parser.parse_args(argv)))
     trials = epochs = 0
     for exp in tune_experiments(spec):
         if spec.search is None:

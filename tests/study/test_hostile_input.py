@@ -13,7 +13,7 @@ import pytest
 
 from dcl_core.config import ConfigError
 from dcl_core.data import resolve_data_root
-from dcl_core.study.storage import storage_delete, study_lock
+from dcl_core.study.plan.storage import storage_delete, study_lock
 
 REPO = Path(__file__).resolve().parents[2]
 needs_data = pytest.mark.skipif(
@@ -115,8 +115,8 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
     from dataclasses import replace
 
     from dcl_core.study import StudyOptions
-    from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import tune_experiments, with_base
+    from dcl_core.study.execution.tuning import _prepare_output
+    from dcl_core.study.plan.spec import tune_experiments, with_base
 
     spec = _smoke_spec()
     options = StudyOptions(tmp_path, tracking_uri="http://alice:s3cret@127.0.0.1:5000").resolved()
@@ -147,7 +147,7 @@ def test_resume_refuses_a_changed_study_and_stores_no_credentials(tmp_path):
 
 
 def test_the_browse_hint_fits_the_store_and_hides_credentials(monkeypatch):
-    from dcl_core.study.results import StudyOutcome, summary_lines
+    from dcl_core.study.execution.results import StudyOutcome, summary_lines
 
     monkeypatch.delenv("MLFLOW_PORT", raising=False)
 
@@ -165,7 +165,7 @@ def test_the_browse_hint_fits_the_store_and_hides_credentials(monkeypatch):
 def test_the_ui_urls_port_follows_mlflow_port(monkeypatch, tmp_path):
     """`mlflow ui` serves on MLFLOW_PORT when the user set it: the printed command and the URLs use the same port
     (they said 5000 whatever the user's mlflow ui served on)."""
-    from dcl_core.study.results import StudyOutcome, summary_lines
+    from dcl_core.study.execution.results import StudyOutcome, summary_lines
     from dcl_core.study.tracking import StudyTracker
 
     monkeypatch.setenv("MLFLOW_PORT", "5123")
@@ -242,7 +242,7 @@ def test_the_lock_file_keeps_no_secret_and_is_private(tmp_path, monkeypatch):
 @pytest.mark.parametrize("uri", ["http://alice:pa/ss@127.0.0.1:5000", "http://alice:pa#ss@127.0.0.1:5000",
                                  "https://alice:pa?ss@host/x?token=abc"])
 def test_a_password_with_reserved_characters_is_redacted_whole(uri):
-    from dcl_core.study.storage import redact_uri
+    from dcl_core.study.plan.storage import redact_uri
 
     shown = redact_uri(uri)
     assert "pa" not in shown.split("@")[0] and "ss" not in shown.split("@")[0] and "abc" not in shown
@@ -250,7 +250,7 @@ def test_a_password_with_reserved_characters_is_redacted_whole(uri):
 
 
 def test_the_resume_command_printed_on_ctrl_c_redacts_credentials(monkeypatch):
-    from dcl_core.study_cli import resume_command
+    from dcl_core.study.cli import resume_command
 
     monkeypatch.setattr(sys, "argv", ["studies/temperature_sweep.py"])
     line = resume_command(["--tracking-uri", "http://alice:s3cret@127.0.0.1:5000", "--overwrite"])
@@ -276,8 +276,8 @@ def test_a_damaged_options_file_makes_resume_exit_2_in_one_line(tmp_path, conten
     from dataclasses import replace
 
     from dcl_core.study import StudyOptions
-    from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import tune_experiments
+    from dcl_core.study.execution.tuning import _prepare_output
+    from dcl_core.study.plan.spec import tune_experiments
 
     spec = _smoke_spec()
     options = replace(StudyOptions(tmp_path).resolved(), resume=True)
@@ -326,8 +326,8 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
     from dataclasses import replace
 
     from dcl_core.study import StudyOptions
-    from dcl_core.study.runner import _prepare_output
-    from dcl_core.study.spec import tune_experiments
+    from dcl_core.study.execution.tuning import _prepare_output
+    from dcl_core.study.plan.spec import tune_experiments
 
     spec = _smoke_spec()
     ran = replace(StudyOptions(tmp_path).resolved(), command={"script": "temperature_sweep"})

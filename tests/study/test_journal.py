@@ -2,7 +2,7 @@
 holds only what the study's tracker can have written (issue: nothing outside the folder). Lines planted in it
 cannot upload a file from outside the study's folder, delete runs, or touch another study's runs; lines that are
 not operations at all (``[1]``, ``{}``) are skipped without a traceback; ``sync --name ../../x`` is refused.
-A real SQLite MLflow store, the real ``python -m dcl_core.study.sync`` entry point (in-process)."""
+A real SQLite MLflow store, the real ``python -m dcl_core.study sync`` entry point (in-process)."""
 
 import json
 import time
@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dcl_core.study import summary_dir
-from dcl_core.study.sync import main as sync
+from dcl_core.study.cli import sync_main as sync
 from dcl_core.study.tracking import JOURNAL_FILE, StudyTracker
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from dcl_core.mi_toy import ToyConfig, critic_similarities, rho_for, run_toy, sample_pairs
+from dcl_core.study.execution.mi_toy import ToyConfig, critic_similarities, rho_for, run_toy, sample_pairs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,10 +74,10 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     assert run.data.metrics["verdict/gap_slope_0/paper"] == pytest.approx(0.6)
     assert "over K 64, 128" in last and "t-interval over 2 critic(s) per cell at true MI 6" in proc.stdout
     assert run.data.metrics["verdict/gap_slope_0/ci_lo"] <= run.data.metrics["verdict/gap_slope_0/estimate"]
-    # Re-analysis from the stored rows (python -m dcl_core.study.answer): the same table and verdict, same run.
+    # Re-analysis from the stored rows (python -m dcl_core.study answer): the same table and verdict, same run.
     table = tmp_path / "summary" / "eqco_mi_toy" / "table.txt"
     before = table.read_text()
-    again = subprocess.run([sys.executable, "-m", "dcl_core.study.answer", str(tmp_path)], capture_output=True,
+    again = subprocess.run([sys.executable, "-m", "dcl_core.study", "answer", str(tmp_path)], capture_output=True,
                            text=True, timeout=300, cwd=REPO, env=os.environ.copy())
     assert again.returncode == 0, again.stderr[-2000:]
     assert table.read_text() == before and again.stdout.strip() == before.strip()

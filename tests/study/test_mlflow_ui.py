@@ -15,12 +15,12 @@ import pytest
 
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
-from dcl_core.study.answer import Question
-from dcl_core.study.mlflow_view import compare_view, read_tag, runs_view, trial_look
-from dcl_core.study.results import summarize
-from dcl_core.study.spec import trial_tags
-from dcl_core.study.storage import default_tracking_uri
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.execution.results import summarize
+from dcl_core.study.plan.spec import trial_tags
+from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking import StudyTracker
+from dcl_core.study.tracking.mlflow_view import compare_view, read_tag, runs_view, trial_look
 from search_spaces import Grid
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,12 +1,13 @@
 """The study's saved MLflow view and the trial tags it relies on (pure: no MLflow call; the real UI is
 ``test_mlflow_ui.py``'s)."""
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
-from dcl_core.study.colours import series_colour
-from dcl_core.study.columns import cell_label
-from dcl_core.study.mlflow_view import (
+from dcl_core.study.analysis.colours import series_colour
+from dcl_core.study.analysis.columns import cell_label
+from dcl_core.study.plan.spec import trial_tags
+from dcl_core.study.tracking.mlflow_view import (
     CELL_TAG,
     DEFAULT_COLUMNS,
     DESCRIPTION_COLUMN,
@@ -22,7 +23,6 @@ from dcl_core.study.mlflow_view import (
     trial_look,
     view_query,
 )
-from dcl_core.study.spec import trial_tags
 from search_spaces import TAU, Grid
 
 

@@ -1,4 +1,4 @@
-"""The papers' numbers (dcl_core.study.paper): internally consistent, immutable, the headlines derived from them,
+"""The papers' numbers (study/analysis/paper.py): internally consistent, immutable, the headlines derived from them,
 and each verdict's paper value computed like for like: the question's own statistic over the x both grids share."""
 
 import dataclasses
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core.study import paper as P
-from dcl_core.study.answer import Question
-from dcl_core.study.paper import (
+from dcl_core.study.analysis import paper as P
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.paper import (
     PAPER,
     TABLE18_REPORTED_STD,
     TABLE18_STD_DDOF,
@@ -201,7 +201,7 @@ def test_gap_slope_on_hand_made_numbers():
 
 
 def test_mi_toy_reexports_table5_and_the_claim_matches_it():
-    from dcl_core import mi_toy
+    from dcl_core.study.execution import mi_toy
 
     assert mi_toy.PAPER_TABLE5 is P.PAPER_TABLE5
     assert mi_toy.PAPER_KS is P.PAPER_KS == (64, 128, 256, 512)

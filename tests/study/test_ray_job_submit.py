@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
-from dcl_core.study.report import read_table
+from dcl_core.study.analysis.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

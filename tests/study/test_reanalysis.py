@@ -1,4 +1,4 @@
-"""Re-analysis without training (python -m dcl_core.study.answer, --reanalyze): bad input exits 2 with one line
+"""Re-analysis without training (python -m dcl_core.study answer, --reanalyze): bad input exits 2 with one line
 before anything is written; what it will not trust (a recorded script outside studies/, a spec that is not the
 study that ran) is refused. The round trip on real studies is in test_studies_e2e.py and test_mi_toy.py."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core.study.reanalysis import main, read_rows
-from dcl_core.study.report import write_table
+from dcl_core.study.analysis.report import write_table
+from dcl_core.study.cli import answer_main as main
+from dcl_core.study.execution.reanalysis import read_rows
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from dcl_core.study.report import (
+from dcl_core.study.analysis.report import (
     all_gaps,
     cells,
     format_table,

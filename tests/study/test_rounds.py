@@ -5,16 +5,16 @@ Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
 import pytest
 
 from dcl_core.config import ConfigError, preset
-from dcl_core.study import rounds
-from dcl_core.study.results import StudyOutcome
-from dcl_core.study.spec import StudySpec
-from dcl_core.study.stats import Sequential
-from dcl_core.study_cli import build_parser
+from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.cli import build_parser, request_of
+from dcl_core.study.execution import rounds
+from dcl_core.study.execution.results import StudyOutcome
+from dcl_core.study.plan.spec import StudySpec
 from search_spaces import Grid
 
 
-def args_of(*argv):
-    return build_parser("doc", "temperature_sweep").parse_args(list(argv))
+def request(*argv):
+    return request_of(build_parser("doc", "temperature_sweep").parse_args(list(argv)))
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
@@ -29,7 +29,7 @@ def args_of(*argv):
 ])
 def test_round_options_are_checked_in_one_line(argv, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
-        rounds.check_args(args_of(*argv))
+        request(*argv).check()
 
 
 def spec_with(seeds):
@@ -39,25 +39,26 @@ def spec_with(seeds):
 
 
 def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
-    plan = lambda a, seeds=5, per_seed=None: rounds.plan(a, spec_with(seeds), None, lambda: per_seed)  # noqa: E731
-    assert plan(args_of("--until-resolved", "--max-seeds", "12")) == Sequential(5, 12, 1)
-    assert plan(args_of("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == Sequential(5, 12, 3)
+    def plan(r, seeds=5, per_seed=None, design=None):
+        return rounds.plan(spec_with(seeds), design, r.max_seeds, r.max_minutes, r.seeds_per_round, lambda: per_seed)
+
+    assert plan(request("--until-resolved", "--max-seeds", "12")) == Sequential(5, 12, 1)
+    assert plan(request("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == Sequential(5, 12, 3)
     # --max-minutes alone: as many seeds as the estimate (plus each round's overhead) fits
     per = 60.0 - rounds.ROUND_OVERHEAD_S
-    assert plan(args_of("--until-resolved", "--max-minutes", "30"), per_seed=per) == Sequential(5, 30, 1)
-    assert plan(args_of("--until-resolved", "--max-minutes", "1"), per_seed=per) == Sequential(5, 5, 1)
+    assert plan(request("--until-resolved", "--max-minutes", "30"), per_seed=per) == Sequential(5, 30, 1)
+    assert plan(request("--until-resolved", "--max-minutes", "1"), per_seed=per) == Sequential(5, 5, 1)
     with pytest.raises(ConfigError, match="one trial does not fit"):
-        plan(args_of("--until-resolved", "--max-minutes", "30"))
+        plan(request("--until-resolved", "--max-minutes", "30"))
     with pytest.raises(ConfigError, match="below the first look"):
-        plan(args_of("--until-resolved", "--max-seeds", "4"))
+        plan(request("--until-resolved", "--max-seeds", "4"))
     with pytest.raises(ConfigError, match="--seeds 2 or more"):
-        plan(args_of("--until-resolved", "--max-seeds", "4"), seeds=1)
-    resumed = args_of("--until-resolved", "--max-minutes", "5")
-    resumed.design = {"first": 3, "max_seeds": 20, "step": 2}
-    assert plan(resumed, seeds=7) == Sequential(3, 20, 2)  # the recorded design, whatever the time cap
-    resumed.max_seeds = 25
+        plan(request("--until-resolved", "--max-seeds", "4"), seeds=1)
+    recorded = {"first": 3, "max_seeds": 20, "step": 2}
+    resumed = request("--until-resolved", "--max-minutes", "5")
+    assert plan(resumed, seeds=7, design=recorded) == Sequential(3, 20, 2)  # the recorded design, whatever the cap
     with pytest.raises(ConfigError, match="--max-seeds 25 is refused"):
-        plan(resumed, seeds=7)
+        plan(request("--until-resolved", "--max-seeds", "25"), seeds=7, design=recorded)
 
 
 def test_the_recorded_design_round_trips_and_bounds_later_seeds():
@@ -87,8 +88,8 @@ def loop(first_resolved_at=None, design=None, first_seconds=1.0, max_minutes=Non
         ran.append(n)
         return outcome(first_resolved_at is not None and n >= first_resolved_at, n)
 
-    _, why = rounds.run(outcome(first_resolved_at == 3, 3), design, 3, first_seconds, max_minutes, next_round,
-                        said.append, clock=lambda: now[0])
+    _, why = rounds.until_resolved(outcome(first_resolved_at == 3, 3), design, 3, first_seconds, max_minutes,
+                                   next_round, said.append, clock=lambda: now[0])
     return ran, said, why
 
 
@@ -123,8 +124,8 @@ def test_the_resume_line_of_an_interrupted_round_continues_with_the_seeds_the_ro
     import json
     from pathlib import Path
 
-    from dcl_core.study.storage import OPTIONS_FILE, summary_dir
-    from dcl_core.study_cli import main
+    from dcl_core.study.cli import main
+    from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
 
     out = tmp_path / "out"
     record = summary_dir(out, "temperature_sweep") / OPTIONS_FILE

@@ -1,4 +1,4 @@
-"""dcl_core.study.stats: t-intervals against hand computations, pairing by seed id (never by position), each
+"""dcl_core.study.analysis.stats: t-intervals against hand computations, pairing by seed id (never by position), each
 seed's own statistic with a t-interval over seeds, the selection-corrected intervals of best-of statistics, the
 headline statistics on hand-made means, verdict boundaries, the power projection and formatting. Pure and
 deterministic (fixed rng seeds); their calibration is tests/study/test_calibration.py."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.stats import (
+from dcl_core.study.analysis.stats import (
     MAX_SEEDS_PROJECTED,
     Estimate,
     best_margin,

@@ -19,11 +19,11 @@ from mlflow.tracking import MlflowClient
 from dcl_core.config import CONFIG_KEYS
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
-from dcl_core.study.answer import Question, build_answer
-from dcl_core.study.columns import x_column
-from dcl_core.study.mlflow_view import read_tag
-from dcl_core.study.report import read_table
-from dcl_core.study.stats import Sequential
+from dcl_core.study.analysis.answer import Question, build_answer
+from dcl_core.study.analysis.columns import x_column
+from dcl_core.study.analysis.report import read_table
+from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.tracking.mlflow_view import read_tag
 from dcl_core.study.tracking.tracker import rounded
 from dcl_core.training.checkpoint import load_checkpoint
 
@@ -132,14 +132,14 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
 
 
 def assert_reanalysis_reproduces(out, name, proc, script, args):
-    """``python -m dcl_core.study.answer OUT`` (and the script's ``--reanalyze``) recompute the finished study's
+    """``python -m dcl_core.study answer OUT`` (and the script's ``--reanalyze``) recompute the finished study's
     answer from its stored rows without training: the same printout from "results:" on, the same table.txt
     byte for byte, the same verdict tags, on the same (one) MLflow summary run and the same trials."""
     table = summary_dir(out, name) / "table.txt"
     before = table.read_bytes()
     _, trials_before, (summary_before,) = runs_of(out, name)
     printed = proc.stdout[proc.stdout.index("results: "):]
-    again = run([sys.executable, "-m", "dcl_core.study.answer", str(out)], timeout=300)
+    again = run([sys.executable, "-m", "dcl_core.study", "answer", str(out)], timeout=300)
     assert again.stdout == printed and table.read_bytes() == before
     assert "Traceback" not in again.stderr
     _, trials, (summary,) = runs_of(out, name)

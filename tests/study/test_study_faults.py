@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
-from dcl_core.study.report import read_table
+from dcl_core.study.analysis.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -103,7 +103,7 @@ def test_a_trial_process_stopped_inside_a_gc_callback_prints_no_traceback():
     other such errors still show."""
     code = """
 import weakref
-from dcl_core.study.ray_env import setup_worker
+from dcl_core.study.execution.ray_env import setup_worker
 setup_worker()
 setup_worker()  # a reused actor's trainable runs it once per trial as well
 class A:
@@ -133,7 +133,7 @@ def test_tunes_slow_operation_warnings_stay_off_a_default_console(quiet, user_va
     is a real 0.6 s one, timed by Tune's own warning (which stays silent in a process's first minute)."""
     code = f"""
 import logging, time
-from dcl_core.study.ray_env import quiet_slow_loop_warnings
+from dcl_core.study.execution.ray_env import quiet_slow_loop_warnings
 if {quiet}:
     quiet_slow_loop_warnings()  # as the study's command line does below -v, before Ray is imported
 import ray.tune.utils.util as tune_util
@@ -157,10 +157,10 @@ def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_a
     asks for token authentication explicitly, which Ray 2.60 would turn on anyway."""
     code = """
 import sys
-from dcl_core.study.ray_env import request_token_auth
+from dcl_core.study.execution.ray_env import request_token_auth
 request_token_auth()  # as a study's command line does, before Ray is imported
 import ray
-from dcl_core.study.runner import init_ray
+from dcl_core.study.execution.tuning import init_ray
 init_ray(None, 1)
 @ray.remote
 def hook():
@@ -179,5 +179,5 @@ print(ray.get(hook.remote()), ray.get(Helper.remote().hook.remote()))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o777 == 0o600
-    assert proc.stdout.split() == ["dcl_core.study.ray_env.quiet_exit_hook", "token", "quiet_exit_hook"]
+    assert proc.stdout.split() == ["dcl_core.study.execution.ray_env.quiet_exit_hook", "token", "quiet_exit_hook"]
     assert "RAY_AUTH_MODE" not in proc.stderr and "Token authentication" not in proc.stderr, proc.stderr[-2000:]

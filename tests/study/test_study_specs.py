@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_dict
-from dcl_core.study.mlflow_view import compare_view, read_tag
-from dcl_core.study.paper import PAPER
-from dcl_core.study.results import trial_row
-from dcl_core.study.spec import grid_points, trial_tags, tune_experiments, validate_spec
-from dcl_core.study_cli import build_parser
+from dcl_core.study.analysis.paper import PAPER
+from dcl_core.study.cli import build_parser, spec_args_of
+from dcl_core.study.execution.results import trial_row
+from dcl_core.study.plan.spec import grid_points, trial_tags, tune_experiments, validate_spec
+from dcl_core.study.tracking.mlflow_view import compare_view, read_tag
 from search_spaces import keys_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def load(name):
 
 
 def args_for(name, *argv):
-    return build_parser("", name, tuple(load(name).PRESETS)).parse_args(list(argv))
+    return spec_args_of(build_parser("", name, tuple(load(name).PRESETS)).parse_args(list(argv)))
 
 
 def presets_of(names):
@@ -154,7 +154,7 @@ def test_no_experiment_folder_of_a_study_can_be_another_studys(name):
     """Issue reproduction: the Optuna temperature study kept its searches in ``temperature_sweep-dcl``, which is
     also study ``--name temperature_sweep-dcl``'s folder (whose --overwrite deleted it). TuneExperiment folders are the
     study's name or the name + "+" + a suffix, and "+" is not allowed in a study name."""
-    from dcl_core.study.spec import check_name
+    from dcl_core.study.plan.spec import check_name
 
     for search in ("grid", "optuna"):
         try:
@@ -193,7 +193,7 @@ def test_asha_is_refused_for_grids_and_resume_keeps_the_original_options(tmp_pat
 
 def test_ddp_trials_run_as_many_at_a_time_as_the_cluster_holds():
     from dcl_core.study import Resources
-    from dcl_core.study.runner import ddp_concurrency
+    from dcl_core.study.execution.tuning import ddp_concurrency
 
     # This machine: 2 CPUs, 2 workers x 0.9 CPU -> one trial at a time.
     assert ddp_concurrency(Resources(2, 0.9), {"CPU": 2.0}) == 1

@@ -4,9 +4,9 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.config import preset
 from dcl_core.study import StudySpec, summary_dir
-from dcl_core.study.report import read_table
-from dcl_core.study.results import summarize
-from dcl_core.study.storage import default_tracking_uri
+from dcl_core.study.analysis.report import read_table
+from dcl_core.study.execution.results import summarize
+from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking import StudyTracker
 from search_spaces import Grid
 
@@ -50,7 +50,7 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     # A batch study with a planted DCL gain at small batches (3 seeds, a shared per-seed offset), summarized
     # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and
     # metrics), per-cell CIs, the regime, and the plots (paper curve, gap vs 1 − q_B over both studies).
-    from dcl_core.study.answer import Question
+    from dcl_core.study.analysis.answer import Question
 
     uri = default_tracking_uri(tmp_path)
     gap = Question("DCL beats InfoNCE at the smallest batch", "gap_at_smallest", "dcl", "infonce", label="gap")

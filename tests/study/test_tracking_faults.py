@@ -23,8 +23,8 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.config import ConfigError
 from dcl_core.data import resolve_data_root
-from dcl_core.study.report import read_table
-from dcl_core.study.storage import summary_dir
+from dcl_core.study.analysis.report import read_table
+from dcl_core.study.plan.storage import summary_dir
 from dcl_core.study.tracking import (
     IDS_FILE,
     JOURNAL_FILE,
@@ -153,14 +153,14 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_tria
         assert tracker.pending() == len(ops) and tracker.pending_runs() == 3
         message = tracker.pending_message()
         assert f"{len(ops)} operations for 3 runs" in message and str(journal_dir / JOURNAL_FILE) in message
-        assert f"python -m dcl_core.study.sync {out} --name {study}" in message
+        assert f"python -m dcl_core.study sync {out} --name {study}" in message
         assert any(message in r.getMessage() for r in caplog.records)
         outage = [r for r in caplog.records if "is unreachable" in r.getMessage() and r.levelno == logging.WARNING]
         assert len(outage) == 2, [r.getMessage() for r in outage]  # one per tracker, not one per operation
         assert list((journal_dir / "pending_mlflow_files").rglob("q_hist.png"))  # a copy outlives its folder
 
         server.start()
-        sync = [sys.executable, "-m", "dcl_core.study.sync", str(out), "--name", study, "--tracking-uri", server.uri]
+        sync = [sys.executable, "-m", "dcl_core.study", "sync", str(out), "--name", study, "--tracking-uri", server.uri]
         first = subprocess.run(sync, capture_output=True, text=True, timeout=600, cwd=REPO)
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"{len(ops)} operations pushed" in first.stdout and "0 left" in first.stdout
@@ -383,7 +383,7 @@ def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
 
     server.start()
     try:
-        sync = subprocess.run([sys.executable, "-m", "dcl_core.study.sync", str(out)], cwd=REPO,
+        sync = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], cwd=REPO,
                               capture_output=True, text=True, timeout=300)
         assert sync.returncode == 0, sync.stdout[-2000:] + sync.stderr[-2000:]
         client = MlflowClient(tracking_uri=server.uri)

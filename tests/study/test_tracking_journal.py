@@ -57,7 +57,7 @@ def _replay_until_stopped(folder: str, stop: Any) -> None:
 
 
 def test_appends_from_several_processes_survive_a_concurrent_replay(tmp_path):
-    """A study's trials journal while ``python -m dcl_core.study.sync`` (or the study itself) replays: a line
+    """A study's trials journal while ``python -m dcl_core.study sync`` (or the study itself) replays: a line
     appended between the replay's read and its rewrite would be lost unless both hold the journal's lock."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()

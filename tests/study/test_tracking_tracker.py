@@ -11,9 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
-from dcl_core.study.colours import SUMMARY_COLOUR, series_colour
-from dcl_core.study.spec import trial_tags
-from dcl_core.study.storage import default_tracking_uri
+from dcl_core.study.analysis.colours import SUMMARY_COLOUR, series_colour
+from dcl_core.study.plan.spec import trial_tags
+from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking import MLflowTrialCallback, StudyTracker
 from dcl_core.study.tracking.tracker import rounded, summary_note, verdict_lines
 from search_spaces import Grid

@@ -90,7 +90,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     assert train.returncode == 0, train.stderr[-2000:]
     assert "epoch 1/1" in train.stderr and "kNN top-1" in train.stderr
     ev = subprocess.run(
-        [sys.executable, "-m", "dcl_core.eval", str(out / "checkpoint.pt"), "--linear", "--device", "cpu"],
+        [sys.executable, "-m", "dcl_core.evaluate", str(out / "checkpoint.pt"), "--linear", "--device", "cpu"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -109,7 +109,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     if not torch.cuda.is_available():
         bad.append((["--device", "cuda"], "no usable CUDA device"))
     for extra, needle in bad:
-        ev = subprocess.run([sys.executable, "-m", "dcl_core.eval", str(out / "checkpoint.pt"), *extra],
+        ev = subprocess.run([sys.executable, "-m", "dcl_core.evaluate", str(out / "checkpoint.pt"), *extra],
                             capture_output=True, text=True, cwd=REPO, timeout=300)
         errors = [line for line in ev.stderr.splitlines() if line.startswith("error:")]
         assert ev.returncode == 2 and len(errors) == 1 and needle in errors[0], ev.stderr[-2000:]

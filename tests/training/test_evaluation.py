@@ -1,11 +1,11 @@
-"""kNN monitor and linear probe on a run's data (dcl_core.training.evaluation), against the pure functions."""
+"""kNN monitor and linear probe on a run's data (dcl_core.training.probes), against the pure functions."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dcl_core.eval import LINEAR_PRESETS, knn_top1, linear_probe
-from dcl_core.training.evaluation import evaluate_knn, linear_eval
+from dcl_core.training.probes import evaluate_knn, linear_eval
 
 
 class TwoClusters:

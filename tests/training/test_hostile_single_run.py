@@ -1,5 +1,5 @@
 """Hostile and clumsy input to a single run (issue: nothing lost, nobody in): ``python -m dcl_core.train`` and
-``python -m dcl_core.eval`` answer bad input with exit code 2 and one line before any compute, a failed run with
+``python -m dcl_core.evaluate`` answer bad input with exit code 2 and one line before any compute, a failed run with
 exit code 1 and one line, never a traceback; a checkpoint file cannot run code. Real processes, real files."""
 
 import json
@@ -135,7 +135,7 @@ def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, t
         assert main([str(path), "--device", "cpu"]) == 2
         errors = capsys.readouterr().err.splitlines()
         assert len(errors) == 1 and errors[0].startswith(f"error: not a dcl_core checkpoint: {path} ("), errors
-    proc = run("dcl_core.eval", str(files["evil_torch"]), "--device", "cpu", timeout=120)
+    proc = run("dcl_core.evaluate", str(files["evil_torch"]), "--device", "cpu", timeout=120)
     assert_one_line(proc, f"not a dcl_core checkpoint: {files['evil_torch']} (it would call ")
     assert not marker.exists()
 
@@ -196,7 +196,7 @@ def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoin
     path = steered_checkpoint(trained_run, tmp_path, **{
         "data.root": str(elsewhere / "cifar"), "data.download": True, "data.loader": "stream",
         "data.workers": 256, "eval.batch_size": 2**20})
-    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=300)
+    proc = run("dcl_core.evaluate", str(path), "--device", "cpu", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not elsewhere.exists()
     # The same measurement as the trainer's own: the embedded data, the checkpoint's subsets, k and t.
@@ -211,7 +211,7 @@ def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it
     """Issue reproduction: a checkpoint's ``data.image_size=1024`` made eval allocate 157 GB (a traceback)."""
     path = steered_checkpoint(trained_run, tmp_path, **{
         "data.image_size": 1024, "data.train_per_class": 0, "data.test_per_class": 0})
-    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=120)
+    proc = run("dcl_core.evaluate", str(path), "--device", "cpu", timeout=120)
     assert_one_line(proc, "more than this machine's memory")
 
 
@@ -250,7 +250,7 @@ def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_p
 
 @needs_cifar
 def test_eval_with_another_width_says_which_key_differs(trained_run):
-    proc = run("dcl_core.eval", str(trained_run / "checkpoint.pt"), "--set", "model.width=0.5", "--device", "cpu",
+    proc = run("dcl_core.evaluate", str(trained_run / "checkpoint.pt"), "--set", "model.width=0.5", "--device", "cpu",
                timeout=120)
     assert_one_line(proc, "do not fit the configured model: model.width is 0.125 in the checkpoint, 0.5 here")
 
@@ -317,9 +317,9 @@ def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     bad.write_bytes(b"not an image\n")
     checkpoint = str(tmp_path / "o" / "checkpoint.pt")
     # The checkpoint's data root is not read unless this command line says so; the error says how.
-    proc = run("dcl_core.eval", checkpoint, "--device", "cpu")
+    proc = run("dcl_core.evaluate", checkpoint, "--device", "cpu")
     assert_one_line(proc, f"(the checkpoint was trained with data.root={tmp_path / 'data'}: pass --set data.root=")
-    proc = run("dcl_core.eval", checkpoint, "--device", "cpu", "--set", f"data.root={tmp_path / 'data'}", "--set",
+    proc = run("dcl_core.evaluate", checkpoint, "--device", "cpu", "--set", f"data.root={tmp_path / 'data'}", "--set",
                "data.loader=stream", "--set", "data.workers=0")
     assert_one_line(proc, f"cannot decode image {bad}")
 
@@ -378,14 +378,14 @@ def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path)
 
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_checkpoint_that_is_a_pipe_or_a_device_exits_2_at_once(tmp_path, kind):
-    """Issue reproduction: a FIFO blocked ``python -m dcl_core.eval`` forever; a link to /dev/zero read 4.9 GB
+    """Issue reproduction: a FIFO blocked ``python -m dcl_core.evaluate`` forever; a link to /dev/zero read 4.9 GB
     in 8 s."""
     path = tmp_path / "checkpoint.pt"
     if kind == "fifo":
         os.mkfifo(path)
     else:
         path.symlink_to("/dev/zero")
-    proc = run("dcl_core.eval", str(path), "--device", "cpu", timeout=60)  # before: never returned
+    proc = run("dcl_core.evaluate", str(path), "--device", "cpu", timeout=60)  # before: never returned
     assert_one_line(proc, f"not a dcl_core checkpoint: {path} (not a regular file")
 
 

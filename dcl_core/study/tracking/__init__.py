@@ -9,14 +9,14 @@ both only (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``Mlfl
 - :mod:`.tracker`: :class:`StudyTracker`, the study's tracking operations, applied now or journaled: MLflow
   being down never stops a study.
 - :mod:`.journal`: what MLflow did not take, on disk (``summary/<study>/pending_mlflow.jsonl``), replayed later
-  (:meth:`StudyTracker.sync`, ``python -m dcl_core.study.sync``); only lines a tracker can have written.
+  (:meth:`StudyTracker.sync`, ``python -m dcl_core.study sync``); only lines a tracker can have written.
 - :mod:`.transport`: short timeouts, credentials out of the URI, transient vs refused failures.
 - :mod:`.callback`: :class:`MLflowTrialCallback`, the Tune callback logging every trial through the tracker.
 
 The names below are the package's interface (a study pickled by Tune names ``dcl_core.study.tracking.X``).
 """
 
-from dcl_core.study.storage import redact_uri
+from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking.callback import METRIC_PREFIXES, MLflowTrialCallback
 from dcl_core.study.tracking.journal import FILES_DIR, IDS_FILE, JOURNAL_FILE, LOCAL_ID, Journal, journal_problem
 from dcl_core.study.tracking.preflight import preflight

@@ -11,10 +11,11 @@ from typing import Any
 import pyarrow.fs
 from ray import tune
 
-from dcl_core import metrics as M
-from dcl_core.study.mlflow_view import trial_look
-from dcl_core.study.report import plot_q_hist_epochs, q_hist_edges
-from dcl_core.study.spec import TrialTags
+from dcl_core import metric_names as M
+from dcl_core.study.analysis.report import plot_q_hist_epochs, q_hist_edges
+from dcl_core.study.analysis.rows import trial_row
+from dcl_core.study.plan.spec import TrialTags
+from dcl_core.study.tracking.mlflow_view import trial_look
 from dcl_core.study.tracking.tracker import StudyTracker
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
@@ -25,8 +26,6 @@ def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
     """Each tag's value as the trial's results row shows it (the config key's value, or the derived one:
     ``num_negatives`` is K whichever key set it, not the other, unused key's 0), and the trial's series value
     (``dcl``, ``simclr+eqco(α=K)``: its ``series`` columns joined as the study's summary joins them)."""
-    from dcl_core.study.results import trial_row  # results imports this package: loaded on the first trial
-
     row = trial_row(dict(config), {})
     values = {tag: row[tag] if tag in row else config.get(key) for tag, key in tag_keys.items()}
     return values, "+".join(str(row.get(c)) for c in series)
@@ -35,7 +34,7 @@ def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
 def run_tags(config: Mapping[str, Any], tag_keys: Mapping[str, str], cell: tuple[str, ...] = (),
              series: tuple[str, ...] = ("loss",)) -> dict[str, str]:
     """A trial run's tags (:func:`trial_values`), its ``cell`` and its series' colour, the plot's line's
-    (:func:`~dcl_core.study.mlflow_view.trial_look`)."""
+    (:func:`~dcl_core.study.tracking.mlflow_view.trial_look`)."""
     values, series_value = trial_values(config, tag_keys, series)
     return {tag: str(v) for tag, v in values.items()} | trial_look(values, cell, series_value)
 
@@ -46,8 +45,8 @@ class MLflowTrialCallback(tune.Callback):
     Args:
         tracker: the study's tracker (opened: its parent run exists).
         tag_keys: per-trial tags from config keys, e.g. ``{"loss": "loss.name"}``; a study's
-            :class:`~dcl_core.study.spec.TrialTags` also give each run its ``cell`` tag and its series' colour
-            (:func:`~dcl_core.study.mlflow_view.trial_look`; a plain mapping: coloured by the loss, no cell).
+            :class:`~dcl_core.study.plan.spec.TrialTags` also give each run its ``cell`` tag and its series' colour
+            (:func:`~dcl_core.study.tracking.mlflow_view.trial_look`; a plain mapping: coloured by the loss, no cell).
         save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
             ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
     """

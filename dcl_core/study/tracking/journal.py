@@ -4,7 +4,7 @@ JSON object a line, appended while MLflow is down and replayed (in order) when i
 It is replayed with the owner's MLflow rights, so it holds only what a study's tracker can have written:
 :func:`journal_problem` checks every line's schema, its experiment, and that an artifact lies inside the study's
 summary folder; other lines are skipped with one warning. Appends and replays take an exclusive ``flock`` on the
-folder's ``.pending_mlflow.lock`` (a study and ``python -m dcl_core.study.sync`` may share a journal). A line cut
+folder's ``.pending_mlflow.lock`` (a study and ``python -m dcl_core.study sync`` may share a journal). A line cut
 short by a crash is skipped; files are written without following planted links (:mod:`dcl_core.files`).
 """
 
@@ -116,7 +116,7 @@ class Journal:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """An exclusive lock on the journal (the study and ``python -m dcl_core.study.sync`` may share it)."""
+        """An exclusive lock on the journal (the study and ``python -m dcl_core.study sync`` may share it)."""
         self.folder.mkdir(parents=True, exist_ok=True)
         with open_append(self.folder / LOCK_FILE) as f:
             if fcntl is not None:

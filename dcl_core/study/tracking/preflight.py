@@ -18,7 +18,7 @@ from urllib.request import url2pathname
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
 
 from dcl_core.config import ConfigError
-from dcl_core.study.storage import redact_uri
+from dcl_core.study.plan.storage import redact_uri
 
 _DB_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy stores (``postgresql+psycopg2://`` too), not probed
 _MANAGED_SCHEMES = ("databricks", "databricks-uc", "uc")

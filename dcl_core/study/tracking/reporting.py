@@ -17,7 +17,7 @@ from pathlib import Path
 import ray.train
 from ray import tune
 
-from dcl_core import metrics as M
+from dcl_core import metric_names as M
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from dcl_core.study.mlflow_view import runs_view, runs_view_query
-from dcl_core.study.storage import redact_uri
+from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import LOCAL_ID
+from dcl_core.study.tracking.mlflow_view import runs_view, runs_view_query
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class StudyRuns:
 
     def _experiment_tags(self) -> dict[str, str]:
         """A model-training experiment described by the study's question, with its saved views (the runs view and
-        the caller's tags, the study's compare view: :mod:`dcl_core.study.mlflow_view`). MLflow 3.0-3.x UIs chose
+        the caller's tags, the study's compare view: :mod:`.mlflow_view`). MLflow 3.0-3.x UIs chose
         an experiment's page by its kind tag and guessed GenAI without it; 3.17's follows a per-browser mode
         instead (README: browse the runs)."""
         tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self._view_tags()}
@@ -208,9 +208,9 @@ class StudyRuns:
 
     def runs_url(self, view: str = "") -> str:
         """The MLflow UI's runs table of this study's experiment, safe to print (:func:`redact_uri`), in the saved
-        view that shows each run's Description, a study's verdict (:func:`~dcl_core.study.mlflow_view.runs_view`;
+        view that shows each run's Description, a study's verdict (:func:`~.mlflow_view.runs_view`;
         MLflow 3.17 hides that column by default), or in the view whose URL query is ``view``
-        (:func:`~dcl_core.study.mlflow_view.view_query`): on a tracking server, at its own address; for a local
+        (:func:`~dcl_core.study.tracking.mlflow_view.view_query`): on a tracking server, at its own address; for a local
         store, where ``mlflow ui`` serves it (127.0.0.1, :func:`local_ui_port`). Only the address is redacted: the
         query's ``viewStateShareKey`` names a view, not a secret, yet reads as one to :func:`redact_uri`."""
         remote = self.tracking_uri.startswith(("http://", "https://"))

@@ -19,11 +19,11 @@ from urllib.parse import quote
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from dcl_core.study.colours import SUMMARY_COLOUR
-from dcl_core.study.mlflow_view import RUN_COLOR_TAG
-from dcl_core.study.storage import redact_uri
+from dcl_core.study.analysis.colours import SUMMARY_COLOUR
+from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, Journal
+from dcl_core.study.tracking.mlflow_view import RUN_COLOR_TAG
 from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class StudyTracker(StudyRuns):
     ``http_timeout`` seconds (MLflow's defaults retry for minutes). The next call after the cool-down, and
     :meth:`sync`, replay the journal first, in order; a replayed run creation first looks the run up by its
     trial id (or the summary tag), so runs are never duplicated, and the journal keeps only what MLflow did
-    not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study.sync`` replay it too.
+    not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study sync`` replay it too.
     Without a ``journal_dir`` failed operations are logged and dropped.
 
     Picklable (Tune saves its callbacks with the experiment, and restores them on ``--resume``): the client is
@@ -278,7 +278,7 @@ class StudyTracker(StudyRuns):
         n = self.pending()
         if n and self.journal_dir is not None:
             out = self.journal_dir.parent.parent if self.journal_dir.parent.name == "summary" else None
-            command = (f"`python -m dcl_core.study.sync {out} --name {self.journal_dir.name}`" if out else
+            command = (f"`python -m dcl_core.study sync {out} --name {self.journal_dir.name}`" if out else
                        f"StudyTracker(..., journal_dir={str(self.journal_dir)!r}).sync()")
             return (f"MLflow was unreachable: {n} operations for {self.pending_runs()} runs are in {self.journal}; "
                     f"{command} (or the study's --resume) pushes them")

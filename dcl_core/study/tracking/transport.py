@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from mlflow.exceptions import MlflowException
 
-from dcl_core.study.storage import redact_uri
+from dcl_core.study.plan.storage import redact_uri
 
 # MLflow refused the operation itself (a bad value, a deleted run): replaying it would fail again.
 _REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_STATE"}

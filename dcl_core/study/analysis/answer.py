@@ -1,0 +1,376 @@
+"""A study's answer to its question: per-cell confidence intervals, paired gaps, each question's statistic with a
+calibrated interval, the verdict, the NPC regime the cells ran in, and the paper's numbers beside ours.
+
+A study declares its :class:`Question` s (what the paper claims, as a statistic of the cell means and the sign
+the paper found); :func:`build_answer` computes everything from the results rows. The verdict's words are
+decided by the interval alone (:func:`dcl_core.study.analysis.stats.verdict`).
+
+:mod:`dcl_core.study.analysis.answer_output` prints it and turns it into the summary run's metrics and tags.
+``python -m dcl_core.study answer OUTPUT_DIR`` recomputes the answers of finished studies from their stored rows
+(:mod:`dcl_core.study.execution.reanalysis`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from dcl_core.study.analysis import stats
+from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status
+from dcl_core.study.analysis.paper import PaperClaim, paper_claim
+from dcl_core.study.analysis.report import gap_pairs
+
+Means = dict[str, dict[Any, float]]
+NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
+
+
+SMOOTH = ("std_difference", "gap_at", "gap_at_smallest", "gap_slope")  # t over each seed's own statistic
+BEST = ("best_margin", "best_gap")  # a max over cells: paired t bounds corrected for the selection
+
+
+@dataclass(frozen=True)
+class Question:
+    """One claim of the paper, as a statistic of the study's cell means (``{series: {x: mean}}``).
+
+    Attributes:
+        claim: the claim in words, e.g. ``"DCL flatter across τ than InfoNCE"``.
+        statistic: ``std_difference`` (std across x of ``base`` minus that of ``better``), ``gap_at``
+            (``better`` at ``at_x`` minus ``base`` at ``baseline_x``, or at ``at_x`` when that is None),
+            ``gap_at_smallest`` (``better − base`` at the smallest x both have), ``gap_slope`` (slope of
+            ``better − base`` vs log2 x), ``best_margin`` (the best x of series ``better`` minus its
+            ``baseline_x``) or ``best_gap`` (the best cell of ``better`` minus the best of ``base``: tuned against
+            tuned). The first four get a t-interval over seeds of each seed's own statistic, the "best" ones
+            paired t bounds corrected for picking the best cell (:func:`.stats.max_min_interval`).
+        better, base: the series compared (``base`` unused by ``best_margin``).
+        label: the statistic's short name in the verdict line (``Δstd``).
+        paper_sign: +1 if the paper finds the statistic positive, −1 if negative.
+        paper_key: ``None`` for the study's headline question (the paper's reported figure,
+            :attr:`PaperClaim.headline`, is printed beside the value computed over the shared grid); any other
+            value for a further question, whose paper value is only computed.
+        x_min: the smallest x within the range the paper claims its result for (``None``: every x); cells below
+            it are shown but left out of the statistic.
+        range_note: where the paper states that range, e.g. ``"K ≥ 16, EqCo Sec. 1"``.
+    """
+
+    claim: str
+    statistic: str
+    better: str
+    base: str = ""
+    label: str = "gap"
+    paper_sign: int = 1
+    baseline_x: Any = None
+    paper_key: str | None = None
+    at_x: Any = None
+    x_min: Any = None
+    range_note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.statistic not in (*SMOOTH, *BEST):
+            raise ValueError(f"unknown statistic {self.statistic!r}")
+
+    def in_range(self, x: Any) -> bool:
+        return self.x_min is None or x >= self.x_min
+
+    def _restrict(self, means: Mapping[str, Mapping[Any, float]]) -> Means:
+        if self.x_min is None:
+            return {s: dict(by_x) for s, by_x in means.items()}
+        return {s: {x: m for x, m in by_x.items() if self.in_range(x)} for s, by_x in means.items()}
+
+    def function(self) -> Callable[[Means], float]:
+        """The statistic as a function of cell means (cells outside the claimed range left out)."""
+        if self.statistic == "std_difference":
+            f = partial(stats.std_difference, worse=self.base, better=self.better)
+        elif self.statistic == "gap_at":
+            f = partial(_gap_between, better=(self.better, self.at_x),
+                        base=(self.base or self.better, self.at_x if self.baseline_x is None else self.baseline_x))
+        elif self.statistic == "gap_at_smallest":
+            f = partial(stats.gap_at_smallest, better=self.better, base=self.base)
+        elif self.statistic == "gap_slope":
+            f = partial(stats.gap_slope, better=self.better, base=self.base)
+        elif self.statistic == "best_margin":
+            f = partial(stats.best_margin, series=self.better, baseline_x=self.baseline_x)
+        else:
+            f = partial(stats.best_gap, better=self.better, base=self.base)
+        return lambda means: f(self._restrict(means))
+
+    def estimate(self, data: stats.Data, design: stats.Sequential | None = None) -> stats.Estimate:
+        """The statistic on the study's cells with its 95% interval (:data:`SMOOTH`: t over seeds of each seed's
+        own statistic; :data:`BEST`: paired t bounds corrected for the selection). With a sequential ``design``
+        the interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`)."""
+        if self.statistic in SMOOTH:
+            level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
+            return stats.seed_interval(data, self.function(), level)
+        cells = {s: {x: v for x, v in by_x.items() if self.in_range(x) and v} for s, by_x in data.items()}
+        if self.statistic == "best_margin":
+            xs = [x for x in cells.get(self.better, {}) if x != self.baseline_x]
+            if self.baseline_x not in cells.get(self.better, {}):
+                xs = []
+            groups = [[((self.better, x), (self.better, self.baseline_x))] for x in xs]
+        else:
+            groups = [[((self.better, a), (self.base, b)) for b in cells.get(self.base, {})]
+                      for a in cells.get(self.better, {})]
+            groups = [g for g in groups if g]
+        return stats.max_min_interval(cells, groups, adjust=design.tail if design is not None else None)
+
+    def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
+        """The paper's value of this statistic, like for like: computed from its table over the x values both
+        grids share (within the claimed range), with its reported figure beside it when that differs; over
+        the paper's own x, said so, when the grids share none."""
+        if claim is None or not claim.comparable:
+            return PaperValue(None, "no number in the paper")
+        curves = paper_curves(claim, [self.better, self.base or self.better])
+        if self.better not in curves or (self.base or self.better) not in curves:
+            return PaperValue(None, "no number in the paper")
+        theirs = sorted({x for c in curves.values() for x in c if self.in_range(x)})
+        ours = sorted({x for x in xs if self.in_range(x)})
+        shared = [x for x in ours if x in theirs]
+        f = self.function()
+        value = f({s: {x: v for x, v in c.items() if x in shared} for s, c in curves.items()}) if shared else nan
+        if math.isfinite(value):
+            missing = [x for x in ours if x not in theirs]
+            where = f"over {x_label} {_xs(shared)}" + (f"; it has no {x_label} {_xs(missing)}" if missing else "")
+        else:
+            value = f({s: {x: v for x, v in c.items() if self.in_range(x)} for s, c in curves.items()})
+            if not math.isfinite(value):
+                return PaperValue(None, "no number in the paper")
+            few = f"only {x_label} {_xs(shared)} shared with ours" if shared else "none shared with ours"
+            where = f"over its own {x_label} {_xs(theirs)}, {few}"
+        value = round(value, 9)
+        text = f"{value:+.2f} {where}"
+        if claim.compares:
+            text += f"; {claim.compares}"
+        reported = claim.headline if self.paper_key is None else None
+        if reported is not None and abs(reported - value) > 0.005:
+            text += f"; it reports {reported:+.2f}: {claim.headline_source}"
+        return PaperValue(value, text)
+
+
+nan = math.nan
+
+
+def _xs(xs: Sequence[Any]) -> str:
+    return ", ".join(fmt_x(x) for x in xs)
+
+
+def _gap_between(means: Mapping[str, Mapping[Any, float]], better: tuple[str, Any], base: tuple[str, Any]) -> float:
+    """``means[better] − means[base]`` for two cells ``(series, x)``; nan when either is missing."""
+    a, b = means.get(better[0], {}).get(better[1]), means.get(base[0], {}).get(base[1])
+    return nan if a is None or b is None else a - b
+
+
+@dataclass(frozen=True)
+class PaperValue:
+    """The paper's value of a question's statistic (None: the paper prints none) and how it was obtained."""
+
+    value: float | None
+    text: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    question: Question
+    estimate: stats.Estimate
+    words: str  # supports the paper / contradicts the paper / not resolved
+    paper: PaperValue
+    seeds_needed: int | None
+
+    @property
+    def paper_value(self) -> float | None:
+        return self.paper.value
+
+    def line(self) -> str:
+        """``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI [−0.90, +2.10] (paper: +1.38
+        over tau 0.07, 0.2, 0.5, 1; ...)``"""
+        e = self.estimate
+        if e.has_interval:
+            value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
+        elif math.isnan(e.estimate):
+            value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
+        elif e.n < 2:
+            value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
+        else:  # stats.t_interval: the seeds' values were identical
+            value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
+        scope = f" [{self.question.range_note}]" if self.question.range_note else ""
+        return f"{self.question.claim}{scope}: {self.words} — {value} (paper: {self.paper.text})"
+
+    def power_line(self) -> str | None:
+        """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
+        if self.words != "not resolved" or math.isnan(self.estimate.estimate):
+            return None
+        if self.seeds_needed is None:
+            if self.estimate.n < 2:
+                return f"  {self.question.label}: fewer than 2 seeds per cell give no interval; run --seeds 3 or more"
+            if not self.estimate.has_interval:
+                return (f"  {self.question.label}: its {self.estimate.n} seeds gave identical values, so there is no "
+                        "spread to build an interval from (a measurement in coarse steps, e.g. kNN on few test "
+                        "images); more seeds or more test images")
+            if self.estimate.estimate == 0:
+                return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
+            return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED} "
+                    "seeds per cell (the effect is small for its seed-to-seed spread)")
+        return (f"  {self.question.label}: ≈{self.seeds_needed} seeds per cell would resolve an effect of this size "
+                f"at this spread (now {self.estimate.n}; a projection, not a promise)")
+
+
+@dataclass
+class Answer:
+    """Everything a study prints and logs beyond its table."""
+
+    x_label: str
+    cells: dict[str, dict[Any, stats.Estimate]]  # {series: {x: t-interval over seeds}}
+    pairs: dict[str, dict[Any, stats.Estimate]]  # {"dcl − infonce": {x: paired gap}}
+    q_b: dict[str, dict[Any, float]]  # {series: {x: mean q_B over seeds}}
+    regime: str
+    verdicts: list[Verdict] = field(default_factory=list)
+    claim: PaperClaim | None = None
+    questions: list[Question] = field(default_factory=list)
+    design: stats.Sequential | None = None  # the verdicts' sequential design (--until-resolved), None: one look
+
+    @property
+    def resolved(self) -> bool:
+        """Every question has a verdict other than "not resolved" (False for a study that asks none)."""
+        return bool(self.verdicts) and all(v.words != "not resolved" for v in self.verdicts)
+
+    def outside(self) -> list[str]:
+        """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per
+        x and question whose cells are shown but not counted."""
+        lines = []
+        for q in self.questions:
+            names = [n for n in dict.fromkeys((q.better, q.base)) if n in self.cells]
+            for x in sorted({x for n in names for x in self.cells[n] if not q.in_range(x)}):
+                note = f" ({q.range_note})" if q.range_note else ""
+                lines.append(f"{self.x_label}={fmt_x(x)}: outside the paper's claimed range for "
+                             f"{' vs '.join(names)}{note}; shown, not counted in its verdict")
+        return lines
+
+
+def paper_curves(claim: PaperClaim | None, names: Sequence[str]) -> dict[str, dict[Any, float]]:
+    """The paper's series under our series names: the same name, or ours without its ``simclr+`` prefix (the
+    paper's plain rows are SimCLR's)."""
+    if claim is None:
+        return {}
+    out = {}
+    for name in names:
+        key = name if name in claim.series else name.removeprefix("simclr+")
+        if key in claim.series:
+            out[name] = dict(claim.series[key].values)
+    return out
+
+
+def default_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """``(better, base)``: every DCL/InfoNCE pair of series that differ only in their last part."""
+    return [(better, base) for _, better, base in gap_pairs(list(names))]
+
+
+def _mean(values: Sequence[float]) -> float:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(values) / len(values) if values else math.nan
+
+
+def _one_per_seed(rows: Sequence[Mapping[str, Any]], x_key: str) -> list[Mapping[str, Any]]:
+    """At most one finished row per (series, x, seed): a search can run one cell twice; its best row stands."""
+    best: dict[tuple[Any, ...], Mapping[str, Any]] = {}
+    for r in rows:
+        if r.get(STATUS) != Status.OK or r.get(KNN_TOP1) is None:
+            continue
+        key = (r.get(SERIES), r.get(x_key), r.get(SEED))
+        if key not in best or r[KNN_TOP1] > best[key][KNN_TOP1]:
+            best[key] = r
+    return list(best.values())
+
+
+def _paired(data: stats.Data, better: str, base: str, base_x: Any = None) -> dict[Any, stats.Estimate]:
+    """``better − base`` per x, paired by seed; with ``base_x``, every x of ``better`` against ``base`` at
+    ``base_x`` (DCLW's σ against σ = 1000, i.e. DCL)."""
+    if better not in data or base not in data:
+        return {}
+    if base_x is None:
+        return {x: stats.paired_difference(data[better][x], data[base][x])
+                for x in sorted(set(data[better]) & set(data[base]))}
+    if base_x not in data[base]:
+        return {}
+    return {x: stats.paired_difference(data[better][x], data[base][base_x]) for x in sorted(data[better])
+            if x != base_x}
+
+
+def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, questions: Sequence[Question],
+                 pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None,
+                 design: stats.Sequential | None = None) -> Answer:
+    """The answer from results rows (``series``, ``x_key``, ``seed``, ``knn_top1``, ``q_mean``, ``status``).
+
+    ``pairs``: ``(better, base)`` series compared at each x, or ``(better, base, base_x)`` compared with
+    ``base`` at one x; ``None`` = every DCL/InfoNCE pair of series. ``design``: the verdicts are looks of this
+    sequential design (their intervals at its nominal level); ``None``: one look at 95%."""
+    rows = _one_per_seed(rows, x_key)
+    data = stats.collect(rows, x_key)
+    cells = {s: {x: stats.t_interval(list(by_seed.values())) for x, by_seed in sorted(by_x.items())}
+             for s, by_x in sorted(data.items())}
+    pairs = default_pairs(list(data)) if pairs is None else list(pairs)
+    paired = {}
+    for pair in pairs:
+        better, base, *rest = pair
+        base_x = rest[0] if rest else None
+        name = f"{better} − {base}" + (f"@{fmt_x(base_x)}" if base_x is not None else "")
+        if gaps := _paired(data, better, base, base_x):
+            paired[name] = gaps
+    q_data = stats.collect(rows, x_key, value_key=Q_MEAN)
+    q_b = {s: {x: _mean(list(by_seed.values())) for x, by_seed in by_x.items()} for s, by_x in q_data.items()}
+    claim = paper_claim(paper) if paper else None
+    verdicts = []
+    xs = sorted({x for by_x in data.values() for x in by_x})
+    for q in questions:
+        est = q.estimate(data, design)
+        words = stats.verdict(est, q.paper_sign)
+        verdicts.append(Verdict(q, est, words, q.paper(claim, xs, x_label), stats.seeds_needed(est, est.n)))
+    bases = [pair[1] for pair in pairs if pair[1] in q_b] or list(q_b)
+    return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions), design)
+
+
+def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:
+    """Where the baseline's cells ran: ``InfoNCE cells: mean q_B 0.88–0.97 → ...``."""
+    values = [q for s in series for q in q_b.get(s, {}).values() if not math.isnan(q)]
+    if not values:
+        return "NPC regime: no q_B measured (no finished trial reports train/q_mean)"
+    lo, hi = min(values), max(values)
+    who = "InfoNCE cells" if any("infonce" in s or "α=K" in s for s in series) else "cells"
+    reached = sum(q <= NPC_REGIME for q in values)
+    where = (f"{reached} of {len(values)} cells reach q_B ≤ {NPC_REGIME}" if reached
+             else f"no cell reaches q_B ≤ {NPC_REGIME}")
+    q_range = f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}"
+    weaker = (f"{100 * (1 - lo):.0f}" if f"{100 * (1 - lo):.0f}" == f"{100 * (1 - hi):.0f}"
+              else f"{100 * (1 - hi):.0f}–{100 * (1 - lo):.0f}")
+    return (f"NPC regime: {who}: mean q_B {q_range} → InfoNCE's gradients are {weaker}% weaker than DCL's; "
+            f"{where}; the paper's effect is predicted where q_B ≪ 1 (DCL Eq. 4, Fig. 1)")
+
+
+def fmt_x(x: Any) -> str:
+    """An x value as tables and metric names show it (``0.1``, ``32``, ``dcl``)."""
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Every cell (of every study given) that has both DCL and InfoNCE trials: the paired DCL − InfoNCE gap
+    (mean, 95% CI over common seeds), 1 − q_B of its InfoNCE trials and which cell it is (its cell columns, which
+    :func:`report.plot_gap_vs_q` writes beside the point)."""
+    points = []
+    for study, rows in sorted(rows_by_study.items()):
+        by_cell: dict[tuple[Any, ...], dict[str, dict[int, Mapping[str, Any]]]] = {}
+        for r in rows:
+            if r.get(STATUS) != Status.OK or r.get(LOSS) not in ("dcl", "infonce") or r.get(KNN_TOP1) is None:
+                continue
+            key = tuple(r.get(c) for c in CELL_COLUMNS)
+            by_cell.setdefault(key, {}).setdefault(r[LOSS], {})[int(r.get(SEED) or 0)] = r
+        for key, by_loss in by_cell.items():
+            if "dcl" not in by_loss or "infonce" not in by_loss:
+                continue
+            gap = stats.paired_difference({s: r[KNN_TOP1] for s, r in by_loss["dcl"].items()},
+                                          {s: r[KNN_TOP1] for s, r in by_loss["infonce"].items()})
+            q = _mean([r.get(Q_MEAN) for r in by_loss["infonce"].values()])
+            if gap.n and not math.isnan(q):
+                cell = dict(zip(CELL_COLUMNS, key, strict=True))
+                points.append({"label": study, "gap": gap.estimate, "lo": gap.lo, "hi": gap.hi,
+                               "one_minus_q": 1.0 - q, "n": gap.n, "cell": cell})
+    return points

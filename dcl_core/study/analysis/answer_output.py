@@ -1,0 +1,163 @@
+"""A study's answer as people and MLflow see it: the per-cell table, the paper's numbers beside it and the
+verdicts as text (``table.txt``, what ``-q`` prints), and the summary run's metrics and tags."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dcl_core.study.analysis import stats
+from dcl_core.study.analysis.answer import Answer, Verdict, fmt_x, paper_curves
+from dcl_core.study.analysis.paper import PaperClaim
+
+
+def _ci(e: stats.Estimate, signed: bool = False) -> str:
+    if e.n == 0 or math.isnan(e.estimate):
+        return "-"
+    sign = "+" if signed else ""
+    if not e.has_interval:  # one seed, or seeds with identical values (stats.t_interval)
+        return f"{e.estimate:{sign}.1f} (n={e.n}{', identical' if e.n > 1 else ''})"
+    return f"{e.estimate:{sign}.1f} [{e.lo:{sign}.1f}, {e.hi:{sign}.1f}]"
+
+
+def format_cells(answer: Answer) -> str:
+    """One line per x: each series' mean and 95% t-interval over seeds, each paired gap, the cells' mean q_B, and
+    the paper's value of each series at that x (``-`` where the paper has none)."""
+    names = list(answer.cells)
+    if not names:
+        return "Per cell: no finished trial, nothing to estimate"
+    xs = sorted({x for by_x in answer.cells.values() for x in by_x})
+    paper = paper_curves(answer.claim, names)
+    cols = [*names, *answer.pairs]
+    width = max([22, *(len(c) + 2 for c in cols)])
+    q_cols = [(f"q_B {s}", max(12, len(s) + 6)) for s in names]
+    p_cols = [(f"paper {s}", max(10, len(s) + 8)) for s in paper]
+    ns = sorted({e.n for by_x in answer.cells.values() for e in by_x.values()})
+    n_text = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
+    lines = [f"Per cell: kNN top-1 (%), mean [95% CI, t over seeds], {n_text} seed(s) per cell; gaps paired by seed; "
+             "q_B = mean NPC multiplier (InfoNCE's, last epoch)" + ("; paper = its value at this x" if paper else ""),
+             f"{answer.x_label:<8}" + "".join(f"{c:>{width}}" for c in cols)
+             + "".join(f"{c:>{w}}" for c, w in (*q_cols, *p_cols))]
+    if len(lines[1]) > WIDE:  # many or long series names (EqCo's framework+method): one line per cell instead
+        return "\n".join([lines[0], *_long_cells(answer, xs, names, paper), *answer.outside()])
+    for x in xs:
+        line = f"{fmt_x(x):<8}"
+        line += "".join(f"{_ci(answer.cells[s][x]) if x in answer.cells[s] else '-':>{width}}" for s in names)
+        line += "".join(f"{_ci(g[x], signed=True) if x in g else '-':>{width}}" for g in answer.pairs.values())
+        for s, (_, w) in zip(names, q_cols, strict=True):
+            q = answer.q_b.get(s, {}).get(x, math.nan)
+            line += f"{'-' if math.isnan(q) else format(q, '.2f'):>{w}}"
+        for s, (_, w) in zip(paper, p_cols, strict=True):
+            line += f"{format(paper[s][x], '.1f') if x in paper[s] else '-':>{w}}"
+        lines.append(line)
+    return "\n".join([*lines, *answer.outside()])
+
+
+WIDE = 150  # characters: a per-cell table wider than this is printed one cell per line
+
+
+def _long_cells(answer: Answer, xs: Sequence[Any], names: Sequence[str], paper: Mapping[str, Mapping[Any, float]]
+                ) -> list[str]:
+    """``K=4  simclr+eqco(α=256)  12.5 [10.1, 14.9]  q_B 0.99  paper -`` per cell, then each paired gap."""
+    lw = max(len(n) for n in [*names, *answer.pairs])
+    lines = []
+    for x in xs:
+        label = f"{answer.x_label}={fmt_x(x)}"
+        for s in names:
+            if x not in answer.cells[s]:
+                continue
+            q = answer.q_b.get(s, {}).get(x, math.nan)
+            p = paper.get(s, {}).get(x)
+            q_text = "-" if math.isnan(q) else format(q, ".2f")
+            lines.append(f"{label:<10}{s:<{lw + 2}}{_ci(answer.cells[s][x]):>20}  q_B {q_text}"
+                         + (f"  paper {p:.1f}" if p is not None else ""))
+            label = ""
+        for name, g in answer.pairs.items():
+            if x in g:
+                lines.append(f"{label:<10}{name:<{lw + 2}}{_ci(g[x], signed=True):>20}  (paired by seed)")
+    return lines
+
+
+def format_paper(claim: PaperClaim, x_label: str) -> str:
+    """The paper's series in full, with the source: what our table is compared with (its shape, not its level)."""
+    xs = sorted({x for s in claim.series.values() for x in s.values})
+    width = 7
+    metric = next(iter(claim.series.values())).metric if claim.series else ""
+    lines = [f"Paper: {claim.source} — {metric}" + (f"; {claim.note}" if claim.note else ""),
+             f"{x_label:<16}" + "".join(f"{fmt_x(x):>{width}}" for x in xs)]
+    for name, s in claim.series.items():
+        lines.append(f"{name:<16}" + "".join(
+            f"{s.values[x]:>{width}.1f}" if x in s.values else f"{'-':>{width}}" for x in xs))
+    return "\n".join(lines)
+
+
+def format_answer(answer: Answer) -> str:
+    """The cell table, the paper's table, the regime, power estimates; the verdict lines last."""
+    parts = [format_cells(answer)]
+    if answer.claim is not None and answer.claim.series:
+        parts.append(format_paper(answer.claim, answer.x_label))
+    parts.append(answer.regime)
+    if answer.verdicts:
+        power = [p for v in answer.verdicts if (p := v.power_line())]
+        head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
+                "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
+                "by the interval alone; calibrated by simulated studies, README \"Calibration\")")
+        parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
+                                *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
+    return "\n\n".join(parts)
+
+
+def design_line(answer: Answer) -> str:
+    """``Sequential design (--until-resolved): looks at 5, 6, …, 45 seeds per cell, each interval at a nominal
+    two-sided 0.62% …; this answer: 41 seeds per cell``."""
+    assert answer.design is not None
+    n = max((v.estimate.n for v in answer.verdicts), default=0)
+    return (f"Sequential design (--until-resolved): {answer.design.describe()} (Pocock; README \"Seeds until "
+            f"resolved\"); this answer: {n} seeds per cell")
+
+
+def answer_metrics(answer: Answer) -> dict[str, float]:
+    """Flat metrics for the summary run: per-cell CIs and q_B, paired gaps, each verdict's estimate and CI."""
+    out: dict[str, float] = {}
+    for s, by_x in answer.cells.items():
+        for x, e in by_x.items():
+            out |= {f"cell/{s}/{fmt_x(x)}/{k}": v for k, v in
+                    (("mean", e.estimate), ("ci_lo", e.lo), ("ci_hi", e.hi), ("n", e.n))}
+            q = answer.q_b.get(s, {}).get(x)
+            if q is not None:
+                out[f"cell/{s}/{fmt_x(x)}/q_b"] = q
+    for name, by_x in answer.pairs.items():
+        for x, e in by_x.items():
+            out |= {f"paired_gap/{name.replace(' − ', '-')}/{fmt_x(x)}/{k}": v for k, v in
+                    (("mean", e.estimate), ("ci_lo", e.lo), ("ci_hi", e.hi))}
+    for i, v in enumerate(answer.verdicts):
+        out |= verdict_metrics(i, v)
+    return {k: float(v) for k, v in out.items() if v is not None and not math.isnan(float(v))}
+
+
+def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
+    """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
+    ``ci_hi``, ``supports``, ``contradicts``, ``paper``, ``seeds_needed``), finite values only."""
+    key = f"verdict/{v.question.statistic}_{i}"
+    out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
+           f"{key}/supports": float(v.words == "supports the paper"),
+           f"{key}/contradicts": float(v.words == "contradicts the paper"),
+           f"{key}/paper": v.paper_value, f"{key}/seeds_needed": v.seeds_needed}
+    return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
+
+
+def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
+    """The summary run's tags of the verdicts: each one's words and line, and all the words together."""
+    tags = {}
+    for i, v in enumerate(verdicts):
+        tags[f"verdict_{i}"] = v.words
+        tags[f"verdict_{i}_line"] = v.line()
+    if verdicts:
+        tags["verdict"] = "; ".join(v.words for v in verdicts)
+    return tags
+
+
+def answer_tags(answer: Answer) -> dict[str, str]:
+    """Tags for the summary run: each verdict's words and line, and the regime line."""
+    return {"npc_regime": answer.regime, **verdict_tags(answer.verdicts)}

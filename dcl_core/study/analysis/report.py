@@ -1,0 +1,352 @@
+"""Study reports: the per-trial table (Parquet + CSV via pyarrow), the paper-shaped summaries, the plot.
+
+Pure functions over a list of row dicts (one per trial), so they are tested without Ray.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from dcl_core.study.analysis.colours import series_colour
+from dcl_core.study.analysis.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Row, Status, cell_label
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, imported when a plot is drawn (it is slow to import)."""
+    import matplotlib  # slow to import: when a plot is drawn
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after the backend is chosen
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` (folders made) and close it."""
+    fig.tight_layout(**({"rect": rect} if rect else {}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    pyplot().close(fig)
+    return path
+
+
+def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
+    """Write the per-trial table as Parquet and CSV; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = {c: [r.get(c) for r in rows] for c in COLUMN_NAMES}
+    for c in FLOAT_COLUMNS:
+        columns[c] = [None if v is None else float(v) for v in columns[c]]
+    return _write(pa.table(columns), out_dir, stem)
+
+
+def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
+    """Parquet and CSV, each written to a temporary name and renamed: never half a file (full disk, crash)."""
+    paths = []
+    for suffix, write in ((".parquet", pq.write_table), (".csv", pacsv.write_csv)):
+        path = out_dir / f"{stem}{suffix}"
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            write(table, tmp)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def read_table(path: Path) -> list[Row]:
+    return pq.read_table(path).to_pylist()
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[Any, dict[str, float]]]:
+    """``{series: {x: {"mean", "std", "n", "failed"}}}`` of final kNN top-1 over seeds (failed runs excluded).
+
+    ``series`` is the column naming a line of the table (the loss, or e.g. ``framework+method``)."""
+    groups: dict[tuple[str, Any], list[Row]] = defaultdict(list)
+    for r in rows:
+        groups[(r[series], r[x_key])].append(r)
+    out: dict[str, dict[Any, dict[str, float]]] = defaultdict(dict)
+    for (loss, x), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        ok = [m[KNN_TOP1] for m in members if m[STATUS] == Status.OK and m[KNN_TOP1] is not None]
+        mean, std = _mean_std(ok)
+        out[loss][x] = {"mean": mean, "std": std, "n": len(ok), "failed": len(members) - len(ok)}
+    return dict(out)
+
+
+def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[str, float]]:
+    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
+    out = {}
+    for loss, by_x in cells(rows, x_key, series).items():
+        means = [c["mean"] for c in by_x.values() if not math.isnan(c["mean"])]
+        mean, std = _mean_std(means)
+        out[loss] = {
+            "mean": mean, "std": std,
+            "range": (max(means) - min(means)) if means else math.nan,
+            "best": max(means) if means else math.nan,
+        }
+    return out
+
+
+def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce",
+         series: str = "loss") -> dict[Any, float]:
+    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size)."""
+    c = cells(rows, x_key, series)
+    if better not in c or base not in c:
+        return {}
+    return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
+
+
+def gap_pairs(names: Sequence[str], better: str = "dcl", base: str = "infonce") -> list[tuple[str, str, str]]:
+    """``(prefix, better_name, base_name)`` for every series pair that differs only in its last part being
+    ``better`` vs ``base``: ``dcl``/``infonce``, or ``moco+dcl``/``moco+infonce`` (prefix ``moco``)."""
+    pairs = []
+    for name in sorted(names):
+        prefix, _, last = str(name).rpartition("+")
+        other = f"{prefix}+{base}" if prefix else base
+        if last == better and other in names:
+            pairs.append((prefix, str(name), other))
+    return pairs
+
+
+def all_gaps(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[Any, float]]:
+    """``{prefix: {x: dcl − infonce}}`` for every DCL/InfoNCE pair of series (prefix ``""`` for plain losses)."""
+    names = list(cells(rows, x_key, series))
+    return {prefix: gaps(rows, x_key, better, base, series) for prefix, better, base in gap_pairs(names)}
+
+
+def _fmt_x(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness: bool = True,
+                 gap: bool = False, series: str = "loss") -> str:
+    """A paper-shaped text table: one row per series, one column per x, ``mean±std`` over seeds per cell."""
+    c = cells(rows, x_key, series)
+    xs = sorted({x for by_x in c.values() for x in by_x})
+    rob = robustness(rows, x_key, series)
+    width = 12
+    lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in c)])
+    header = f"{x_label:<{lw}}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
+    if with_robustness:
+        header += f"{'Std':>8}{'Range':>8}"
+    lines = [header]
+    for loss, by_x in c.items():
+        line = f"{loss:<{lw}}"
+        for x in xs:
+            cell = by_x.get(x)
+            if cell is None or math.isnan(cell["mean"]):
+                text = "failed" if cell and cell["failed"] else "-"
+            else:
+                text = f"{cell['mean']:.1f}±{cell['std']:.1f}"
+                if cell["failed"]:
+                    text += "*"
+            line += f"{text:>{width}}"
+        if with_robustness:
+            line += f"{rob[loss]['std']:>8.2f}{rob[loss]['range']:>8.1f}"
+        lines.append(line)
+    if gap:
+        for prefix, g in all_gaps(rows, x_key, series).items():
+            label = f"DCL−base {prefix}".strip()
+            lines.append(f"{label:<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
+    if any(cell["failed"] for by_x in c.values() for cell in by_x.values()):
+        lines.append("* some seeds failed (diverged or crashed) and are excluded; 'failed' = every seed failed")
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
+         series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
+         paper_label: str = "paper") -> Path:
+    """kNN top-1 vs x, one line per series in its fixed colour (:func:`~dcl_core.study.analysis.colours.series_colour`,
+    its MLflow runs' too), error bars = std over seeds.
+
+    ``paper`` (``{series: {x: value}}``, e.g. DCL Table 18) is drawn dashed in each series' colour on its own
+    y axis (right): the paper's level (88% on full CIFAR-10) and ours differ, what is compared is the shape."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    colours = {}
+    for loss, by_x in cells(rows, x_key, series).items():
+        xs = [x for x in sorted(by_x) if not math.isnan(by_x[x]["mean"])]
+        line = ax.errorbar(xs, [by_x[x]["mean"] for x in xs], yerr=[by_x[x]["std"] for x in xs], marker="o",
+                           capsize=3, label=f"{loss} (ours)" if paper else loss, color=series_colour(loss))
+        colours[loss] = line.lines[0].get_color()
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("kNN top-1 (%), ours: mean ± std over seeds")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    drawn = {name: values for name, values in (paper or {}).items() if name in colours and values}
+    if drawn:
+        twin = ax.twinx()
+        for name, values in drawn.items():
+            xs = sorted(values)
+            (line,) = twin.plot(xs, [values[x] for x in xs], linestyle="--", marker="x", color=colours[name],
+                                alpha=0.8, label=f"{name} (paper)")
+            handles.append(line)
+            labels.append(line.get_label())
+        twin.set_ylabel(f"{paper_label} (dashed, own axis)", fontsize=7)
+        fig.text(0.01, 0.01, "Dashed: the paper, on its own axis; compare the shape (ranking, spread, gap sign), "
+                 "not the level.", fontsize=6.5)
+    ax.legend(handles, labels, fontsize=7)
+    return save_figure(fig, path, rect=(0, 0.03, 1, 1))
+
+
+def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
+    """DCL − InfoNCE gap vs InfoNCE's 1 − q_B, one point per cell: the paper's mechanism predicts the gap grows
+    with 1 − q_B (:func:`gap_vs_q_figure`)."""
+    return save_figure(gap_vs_q_figure(points, title), path)
+
+
+def gap_vs_q_figure(points: Sequence[Mapping[str, Any]], title: str) -> Any:
+    """The gap-vs-q_B figure (``gap``, ``lo``, ``hi``, ``one_minus_q``, ``label`` = the study, the legend's; a
+    ``cell`` each point is labelled with: a text, or its cell columns' values, of which the label shows those that
+    tell the study's points apart, ``τ=0.1``). Returned unsaved, so its labels can be read."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for p in points:
+        groups[str(p["label"])].append(p)
+    labelled = []
+    for label, members in sorted(groups.items()):
+        xs = [p["one_minus_q"] for p in members]
+        ys = [p["gap"] for p in members]
+        err = [[p["gap"] - p["lo"] if math.isfinite(p["lo"]) else 0.0 for p in members],
+               [p["hi"] - p["gap"] if math.isfinite(p["hi"]) else 0.0 for p in members]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=label)
+        labelled += [((p["one_minus_q"], p["gap"]), text) for p, text in zip(members, point_labels(members, points),
+                                                                             strict=True) if text]
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("1 − q_B of the InfoNCE cell (last epoch)")
+    ax.set_ylabel("DCL − InfoNCE kNN top-1 (points), 95% CI")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if groups:
+        ax.legend(fontsize=7)
+    fig.tight_layout()  # the labels are placed where the saved figure will draw them
+    _annotate(ax, labelled)
+    return fig
+
+
+def point_labels(members: Sequence[Mapping[str, Any]], everyone: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each point's cell in a few characters: a text ``cell`` as it is; cell values (column -> value) by the
+    columns that differ between ``members`` (one study's points), else between ``everyone``; ``""`` without a
+    ``cell`` or when nothing differs (a lone point: the legend names it)."""
+    def varying(group: Sequence[Mapping[str, Any]]) -> list[str]:
+        cells = [p["cell"] for p in group if isinstance(p.get("cell"), Mapping)]
+        columns = list(dict.fromkeys(c for cell in cells for c in cell))
+        return [c for c in columns if len({repr(cell.get(c)) for cell in cells}) > 1]
+
+    shown = varying(members) or varying(everyone)
+    out = []
+    for p in members:
+        cell = p.get("cell")
+        out.append(cell_label({c: cell.get(c) for c in shown}) if isinstance(cell, Mapping) else str(cell or ""))
+    return out
+
+
+# Where a point's label goes, tried in turn: (dx, dy) in points, horizontal and vertical alignment.
+_OFFSETS = ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"),
+            (-5, -4, "right", "top"), (0, 9, "center", "bottom"), (0, -9, "center", "top"))
+
+
+def _annotate(ax: Any, labelled: Sequence[tuple[tuple[float, float], str]]) -> None:
+    """Small labels beside their points, each at the first offset where it overlaps no label placed before and
+    no other point, inside the axes (else at the first offset)."""
+    renderer = ax.figure.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    marks = [ax.transData.transform(xy) for xy, _ in labelled]
+
+    def note(xy: tuple[float, float], text: str, offset: tuple[float, float, str, str]) -> Any:
+        dx, dy, ha, va = offset
+        return ax.annotate(text, xy, xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=6.5,
+                           color="0.2", bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.7})
+
+    placed: list[Any] = []
+    for i, (xy, text) in enumerate(labelled):
+        others = marks[:i] + marks[i + 1:]
+        chosen = _OFFSETS[0]
+        for offset in _OFFSETS:
+            trial = note(xy, text, offset)
+            box = trial.get_window_extent(renderer)
+            trial.remove()
+            if (not any(box.overlaps(b) for b in placed) and not any(box.contains(*m) for m in others)
+                    and inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)):
+                chosen = offset
+                break
+        placed.append(note(xy, text, chosen).get_window_extent(renderer))
+
+
+def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
+    """Any list of flat dicts as Parquet + CSV (columns from the first row)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _write(pa.Table.from_pylist(list(rows)), out_dir, stem)
+
+
+def q_hist_edges(bins: int) -> list[float]:
+    return [i / bins for i in range(bins + 1)]
+
+
+def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str) -> Path:
+    """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
+    plt = pyplot()
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    epochs = sorted(hists)
+    shown = epochs if len(epochs) <= 6 else [epochs[round(i * (len(epochs) - 1) / 5)] for i in range(6)]
+    for epoch in shown:
+        h = list(hists[epoch])
+        centers = [(i + 0.5) / len(h) for i in range(len(h))]
+        ax.plot(centers, h, marker=".", label=f"epoch {epoch}")
+    ax.set_xlabel("NPC multiplier q_B")
+    ax.set_ylabel("fraction of anchors")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, series: str = "loss") -> Path | None:
+    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged).
+
+    Returns ``None`` when no row carries a histogram (``q_hist``)."""
+    groups: dict[str, dict[Any, list[Sequence[float]]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        if r.get("q_hist") and r[STATUS] == Status.OK:
+            groups[r[series]][r[x_key]].append(r["q_hist"])
+    if not groups:
+        return None
+    plt = pyplot()
+
+    names = sorted(groups)
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), dpi=120, sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for x in sorted(groups[name]):
+            hs = groups[name][x]
+            mean = [statistics.fmean(col) for col in zip(*hs, strict=True)]
+            centers = [(i + 0.5) / len(mean) for i in range(len(mean))]
+            ax.plot(centers, mean, marker=".", label=f"{x_label} {_fmt_x(x)}")
+        ax.set_title(str(name))
+        ax.set_xlabel("NPC multiplier q_B")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("fraction of anchors (last epoch)")
+    return save_figure(fig, path)

@@ -1,0 +1,415 @@
+"""Confidence intervals and verdicts for a study's trials: t-intervals over seeds, differences paired by seed id,
+intervals for the headline statistics of the cell means, and the verdict those intervals give.
+
+Two kinds of headline statistic, two intervals, both calibrated by simulating studies with a known truth
+(``tests/study/test_calibration.py``, :mod:`dcl_core.study.analysis.calibration`):
+
+- smooth ones (a std difference across x, a gap at one x, a slope): computed on each seed's own cells, then a
+  t-interval over seeds (:func:`seed_interval`);
+- "best" ones (the best σ against DCL, tuned against tuned): a max/min of paired contrasts with t bounds
+  corrected for the selection (:func:`max_min_interval`).
+
+Data is ``{series: {x: {seed: value}}}`` (:func:`collect`). Everything here is pure (numpy and scipy only) and
+deterministic.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy import stats as sps
+
+from dcl_core.study.analysis.columns import KNN_TOP1, SEED, SERIES, STATUS, Status
+
+log = logging.getLogger(__name__)
+
+Data = dict[str, dict[Any, dict[int, float]]]  # {series: {x: {seed: value}}}
+Means = dict[str, dict[Any, float]]  # {series: {x: mean over seeds}}
+Verdict = Literal["supports the paper", "contradicts the paper", "not resolved"]
+nan = math.nan
+# Values closer than this (relative to max(100, |value|): 1e-4 on a percentage scale) are one value. A metric
+# computed in float32 carries ~1e-7 relative rounding per value, a statistic of several such values a few times
+# that: two seeds' Δstd from identical kNN counts came out 3.5355347 and 3.5355369, and their "interval" was
+# [+3.54, +3.54]. No seed-to-seed spread of a real measurement is that small: a kNN accuracy moves in steps of
+# 100/n_test ≥ 0.002 points (50,000 test images).
+SAME_VALUE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate, its 95% CI (``nan`` bounds when there is none) and the observations behind it."""
+
+    estimate: float
+    lo: float
+    hi: float
+    n: int
+    std: float = nan
+    tail: float = 0.025  # each side's tail probability of the interval (Bonferroni's when simultaneous)
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.lo) and math.isfinite(self.hi)
+
+    @property
+    def half_width(self) -> float:
+        return (self.hi - self.lo) / 2 if self.has_interval else nan
+
+
+def _finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SERIES,
+            value_key: str = KNN_TOP1) -> Data:
+    """``{series: {x: {seed: value}}}`` from the rows with ``status == Status.OK`` and a finite ``value_key`` (rows
+    without a seed are skipped: they cannot be paired). A second row for one (series, x, seed) raises ValueError:
+    a pairing by seed would be ambiguous."""
+    data: Data = {}
+    no_seed = 0
+    for r in rows:
+        value = _finite(r.get(value_key))
+        if r.get(STATUS) != Status.OK or value is None:
+            continue
+        if r.get(SEED) is None:
+            no_seed += 1
+            continue
+        cell = data.setdefault(r.get(series_key), {}).setdefault(r.get(x_key), {})
+        if r[SEED] in cell:
+            raise ValueError(f"two rows for {series_key}={r.get(series_key)!r}, {x_key}={r.get(x_key)!r}, "
+                             f"seed={r[SEED]!r}: pairing by seed would be ambiguous")
+        cell[r[SEED]] = value
+    if no_seed:
+        log.warning("skipped %d finished row(s) without a seed (%s)", no_seed, value_key)
+    return data
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
+    """Mean and its t-distribution CI over the finite ``values``: mean ± t_{(1+level)/2, n−1}·s/√n, s with ddof=1.
+    n = 1: no interval; n = 0: everything nan. Identical values (equal up to rounding, :data:`SAME_VALUE_RTOL`)
+    give no interval either: a measurement that moves in steps (a kNN accuracy over a few test images moves by
+    100/n_test %) can repeat exactly, and a zero-width interval would claim a certainty the seeds do not give (it
+    misses the mean whenever the mean is not on the step grid; ``tests/study/test_stats.py`` simulates it)."""
+    v = np.array([x for x in values if _finite(x) is not None], dtype=float)
+    if v.size == 0:
+        return Estimate(nan, nan, nan, 0)
+    mean = float(v.mean())
+    if v.size == 1:
+        return Estimate(mean, nan, nan, 1, tail=(1 - level) / 2)
+    if float(np.ptp(v)) <= SAME_VALUE_RTOL * max(100.0, float(np.abs(v).max())):
+        return Estimate(mean, nan, nan, int(v.size), 0.0, tail=(1 - level) / 2)
+    s = float(v.std(ddof=1))
+    h = float(sps.t.ppf((1 + level) / 2, v.size - 1)) * s / math.sqrt(v.size)
+    return Estimate(mean, mean - h, mean + h, int(v.size), s, tail=(1 - level) / 2)
+
+
+def paired_difference(better: Mapping[int, float], base: Mapping[int, float], level: float = 0.95) -> Estimate:
+    """``better − base`` paired by seed id over the seeds present in both (never by position): t-interval of the
+    per-seed differences."""
+    common = sorted(set(better) & set(base))
+    return t_interval([better[s] - base[s] for s in common], level)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _changes(statistic: Callable[[Means], float], means: Means, point: float) -> bool:
+    try:
+        return not _same(float(statistic({s: by_x for s, by_x in means.items() if by_x})), point)
+    except KeyError:  # a statistic that indexes the cell directly needs it
+        return True
+
+
+def used_cells(means: Means, statistic: Callable[[Means], float]) -> list[tuple[str, Any]]:
+    """The cells a statistic of cell means depends on: those whose removal or a ±1 change of their mean changes
+    its value (e.g. only the two cells at the smallest x for a gap at the smallest x)."""
+    point = float(statistic(means))
+    used = []
+    for s, by_x in means.items():
+        for x in by_x:
+            without = {**means, s: {y: m for y, m in by_x.items() if y != x}}
+            shifted = [{**means, s: {**by_x, x: by_x[x] + d}} for d in (1.0, -1.0)]
+            if any(_changes(statistic, m, point) for m in (without, *shifted)):
+                used.append((s, x))
+    return used
+
+
+def cell_means(data: Data) -> Means:
+    """``{series: {x: mean over its seeds}}`` of the cells that have at least one value."""
+    means = {s: {x: float(np.mean(list(v.values()))) for x, v in by_x.items() if v} for s, by_x in data.items()}
+    return {s: by_x for s, by_x in means.items() if by_x}
+
+
+def per_seed(data: Data, statistic: Callable[[Means], float]) -> dict[int, float]:
+    """The statistic computed on each seed's own cells: ``{seed: statistic({series: {x: that seed's value}})}``
+    over the seeds present in every cell the statistic uses (:func:`used_cells`, found on the cell means), each
+    seed's cells restricted to those, so every seed's value is the same function of the same cells."""
+    means = cell_means(data)
+    if not means or math.isnan(float(statistic(means))):
+        return {}
+    used = used_cells(means, statistic)
+    if not used:
+        return {}
+    seeds = set.intersection(*(set(data[s][x]) for s, x in used))
+    out = {}
+    for seed in sorted(seeds):
+        own: Means = {}
+        for s, x in used:
+            own.setdefault(s, {})[x] = data[s][x][seed]
+        out[seed] = float(statistic(own))
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def seed_interval(data: Data, statistic: Callable[[Means], float], level: float = 0.95) -> Estimate:
+    """The statistic's mean over seeds with a t-interval over seeds (:func:`per_seed`, then :func:`t_interval`).
+
+    A seed is the study's replication unit: it fixes the images, the initial weights, the data order and the views
+    of every cell (``tests/training/test_trainer.py`` checks it), so each seed's statistic (its Δstd across τ, its
+    gap, its slope) is one independent draw, and a seed's offset shared by all its cells cancels inside it. For a
+    statistic linear in the cells (a gap, a slope) the estimate equals the statistic of the cell means over the
+    same seeds and this is the paired t-interval; for a nonlinear one (a std across x) the estimand is the
+    expected statistic of one run per cell, which is how a paper computes it from its single runs. Seeds missing a
+    cell the statistic uses are left out (n counts the rest); fewer than 2 seeds: no interval. Its coverage is
+    checked by simulation (``tests/study/test_calibration.py``)."""
+    values = per_seed(data, statistic)
+    if not values:
+        means = cell_means(data)
+        point = float(statistic(means)) if means else nan
+        return Estimate(point, nan, nan, 0)
+    return t_interval(list(values.values()), level)
+
+
+Cell = tuple[str, Any]  # (series, x)
+
+
+def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], level: float = 0.95,
+                     adjust: Callable[[float], float] | None = None) -> Estimate:
+    """θ = max over groups of (min over the group's contrasts of E[a − b]), with an interval valid for any truth.
+
+    A "best" statistic has this form: the best σ's margin over σ = 1000 is max_σ (μ_σ − μ_1000) (one contrast a
+    group), tuned-vs-tuned is max_a μ_a − max_b ν_b = max_a min_b (μ_a − ν_b). Each contrast ``(a, b)`` (cells
+    ``(series, x)``) gets paired t bounds over the seeds both cells have; the interval is
+    [max_g min_c lo_c, max_g min_c hi_c], monotone in every contrast. Its error on each side is a union over few
+    events, whatever cell the data make look best:
+
+    - L > θ needs, in some group g, lo_c > E[c] at that group's true minimising contrast c (one fixed contrast
+      per group): each lower bound is one-sided at α/(2·G), G = the number of groups;
+    - U < θ needs, in the true best group g*, hi_c < E[c] for some c of g*: each upper bound is one-sided at
+      α/(2·S), S = the size of the largest group.
+
+    So P(θ outside) ≤ α (Bonferroni over G events below and S above, not over all G·S contrasts). The estimate is
+    max_g min_c of the contrasts' mean differences. No interval when a contrast has fewer than 2 common seeds or
+    identical differences on all of them (:func:`t_interval`); nan when a cell is missing. ``tail`` is the
+    smaller of the two one-sided tails (for :func:`seeds_needed`). ``adjust`` maps each one-sided tail to the one
+    a look of a sequential design uses (:meth:`Sequential.tail`)."""
+    groups = [list(g) for g in groups if g]
+    contrasts = list(dict.fromkeys(c for g in groups for c in g))
+    if not contrasts:
+        return Estimate(nan, nan, nan, 0)
+    tail_lo = (1 - level) / (2 * len(groups))
+    tail_hi = (1 - level) / (2 * max(len(g) for g in groups))
+    if adjust is not None:  # a look of a sequential design: each bound's tail as that design spends it
+        tail_lo, tail_hi = adjust(tail_lo), adjust(tail_hi)
+    lo: dict[tuple[Cell, Cell], float] = {}
+    hi: dict[tuple[Cell, Cell], float] = {}
+    mean: dict[tuple[Cell, Cell], float] = {}
+    n = math.inf
+    for c in contrasts:
+        (sa, xa), (sb, xb) = c
+        a, b = data.get(sa, {}).get(xa), data.get(sb, {}).get(xb)
+        if not a or not b:
+            return Estimate(nan, nan, nan, 0)
+        d = paired_difference(a, b)
+        mean[c], n = d.estimate, min(n, d.n)
+        if d.has_interval:  # 2 or more common seeds whose differences are not all equal
+            se = d.std / math.sqrt(d.n)
+            lo[c] = d.estimate - float(sps.t.ppf(1 - tail_lo, d.n - 1)) * se
+            hi[c] = d.estimate + float(sps.t.ppf(1 - tail_hi, d.n - 1)) * se
+    point = max(min(mean[c] for c in g) for g in groups)
+    tail = min(tail_lo, tail_hi)
+    if n < 2 or len(lo) < len(contrasts):  # a contrast without an interval leaves the statistic without one
+        return Estimate(point, nan, nan, int(n), tail=tail)
+    return Estimate(point, max(min(lo[c] for c in g) for g in groups), max(min(hi[c] for c in g) for g in groups),
+                    int(n), tail=tail)
+
+
+SEQUENTIAL_SIMULATIONS = 200_000  # null studies simulated per design to place its boundary (deterministic)
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """A group-sequential design for seeds added in rounds: the verdict is looked at with ``first`` seeds per
+    cell, then every ``step`` more, up to ``max_seeds``, and the study stops at the first look that resolves.
+
+    Looking after every round must not resolve more null studies than one look does. Each look here is the
+    fixed design's t-interval (or the "best" statistics' bounds) at one constant nominal one-sided tail p*
+    (:meth:`tail`; Pocock's boundary on the p-value scale), chosen so that under the null the chance that ANY
+    look's t statistic crosses it is the fixed design's tail (0.025 a side). A t statistic over i.i.d. normal
+    per-seed values is pivotal (its law does not depend on the mean's scale or the spread), so the sequence of
+    t statistics at the looks has one law under every null; p* is its quantile, found by simulating
+    :data:`SEQUENTIAL_SIMULATIONS` null studies of this design (seeded: the same p* on every machine, to Monte
+    Carlo precision ~2% of p*). Stopping before ``max_seeds`` (a time cap) only removes looks, so the overall
+    rate can only fall. Checked on simulated studies with a known truth, through the studies' own code, in
+    ``tests/study/test_calibration.py``."""
+
+    first: int
+    max_seeds: int
+    step: int = 1
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.first <= self.max_seeds or self.step < 1:
+            raise ValueError(f"a sequential design needs 2 <= first <= max_seeds and step >= 1, got first "
+                             f"{self.first}, max_seeds {self.max_seeds}, step {self.step}")
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        """Seeds per cell at each look: first, first + step, …, and max_seeds."""
+        return tuple(dict.fromkeys([*range(self.first, self.max_seeds, self.step), self.max_seeds]))
+
+    def tail(self, tail: float) -> float:
+        """The nominal one-sided tail each look uses so that the design's overall one-sided tail is ``tail``."""
+        return _nominal_tail(self.looks, tail)
+
+    def describe(self) -> str:
+        """``looks at 5, 6, …, 45 seeds per cell, each interval at a nominal two-sided 0.62% so that all 41 looks
+        together resolve ≤ 5% of null studies`` (what the answer and ``--dry-run`` print of it)."""
+        looks = self.looks
+        shown = ", ".join(map(str, looks)) if len(looks) <= 5 else f"{looks[0]}, {looks[1]}, …, {looks[-1]}"
+        return (f"looks at {shown} seeds per cell, each interval at a nominal two-sided {200 * self.tail(0.025):.2g}% "
+                f"so that all {len(looks)} looks together resolve ≤ 5% of null studies")
+
+
+@functools.lru_cache(maxsize=128)
+def _nominal_tail(looks: tuple[int, ...], tail: float) -> float:
+    if len(looks) == 1:
+        return tail
+    rng = np.random.default_rng(20261125)
+    chunk, smallest = 20_000, []
+    for _ in range(SEQUENTIAL_SIMULATIONS // chunk):
+        x = rng.standard_normal((chunk, looks[-1]))  # per-seed statistics of null studies, in SD units
+        total, squares = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+        p = np.ones(chunk)
+        for n in looks:
+            mean = total[:, n - 1] / n
+            var = np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1)
+            p = np.minimum(p, sps.t.sf(mean / np.sqrt(var / n), n - 1))  # one-sided p-value at this look
+        smallest.append(p)
+    return float(np.quantile(np.concatenate(smallest), tail))
+
+
+def verdict(est: Estimate, paper_sign: int) -> Verdict:
+    """``paper_sign`` +1: the paper claims the statistic > 0; −1: < 0. Supports when the CI lies strictly on the
+    paper's side of 0, contradicts when strictly on the other side; otherwise (or no interval) not resolved."""
+    if paper_sign not in (1, -1):
+        raise ValueError(f"paper_sign must be +1 or -1, not {paper_sign!r}")
+    if not est.has_interval:
+        return "not resolved"
+    if est.lo > 0 or est.hi < 0:
+        return "supports the paper" if (est.lo > 0) == (paper_sign > 0) else "contradicts the paper"
+    return "not resolved"
+
+
+# The most seeds per cell a projection names: the most `--until-resolved` plans (rounds.MAX_SEEDS_PLANNED). An
+# effect that needs more (hundreds or thousands of seeds) is "not resolvable at this spread", not advice to run them.
+MAX_SEEDS_PROJECTED = 200
+
+
+def seeds_needed(est: Estimate, n: int) -> int | None:
+    """Seeds per cell at which the interval, at the observed spread, would just exclude 0 for an effect of the
+    observed size: the smallest n' > n with q(n')/√n' < |estimate|/(s_d), where the interval's half-width is
+    q(n)·s_d/√n and q the t quantile at the interval's tail (Bonferroni's for a "best" statistic) with n' − 1
+    degrees of freedom. ``n`` if the interval already excludes 0; None without an interval, with an estimate of 0
+    or nan, or beyond :data:`MAX_SEEDS_PROJECTED`. A projection that assumes the effect and spread stay as
+    observed, not a promise."""
+    if not est.has_interval or math.isnan(est.estimate) or est.estimate == 0:
+        return None
+    if est.lo > 0 or est.hi < 0:
+        return n
+    if n < 2:
+        return None
+    spread = est.half_width * math.sqrt(n) / float(sps.t.ppf(1 - est.tail, n - 1))  # s_d of the statistic
+    if spread <= 0:
+        return n
+    target = abs(est.estimate) / spread
+    m = n + 1
+    while m <= MAX_SEEDS_PROJECTED:
+        if float(sps.t.ppf(1 - est.tail, m - 1)) / math.sqrt(m) < target:
+            return m
+        m = m + 1 if m < 200 else int(m * 1.05) + 1
+    return None
+
+
+# ---------------------------------------------------------------- headline statistics: functions of cell means
+
+
+def std_across(means: Mapping[Any, float], ddof: int = 1) -> float:
+    """The std over x of one series' cell means (nan with ddof or fewer finite means)."""
+    v = [m for m in means.values() if math.isfinite(m)]
+    return float(np.std(v, ddof=ddof)) if len(v) > ddof else nan
+
+
+def std_difference(cell_means: Mapping[str, Mapping[Any, float]], worse: str, better: str, ddof: int = 1) -> float:
+    """``std_across(worse) − std_across(better)`` over the x present in both series."""
+    if worse not in cell_means or better not in cell_means:
+        return nan
+    common = set(cell_means[worse]) & set(cell_means[better])
+    return (std_across({x: cell_means[worse][x] for x in common}, ddof)
+            - std_across({x: cell_means[better][x] for x in common}, ddof))
+
+
+def gap_at(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str, x: Any) -> float:
+    """``better[x] − base[x]``; nan when either cell is missing."""
+    a, b = cell_means.get(better, {}).get(x), cell_means.get(base, {}).get(x)
+    return nan if a is None or b is None else a - b
+
+
+def gap_at_smallest(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
+    """``better − base`` at the smallest x both series have; nan when they share none."""
+    common = sorted(set(cell_means.get(better, {})) & set(cell_means.get(base, {})))
+    return gap_at(cell_means, better, base, common[0]) if common else nan
+
+
+def best_gap(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
+    """The best cell of ``better`` minus the best cell of ``base`` (tuned against tuned, DCL Table 3)."""
+    if not cell_means.get(better) or not cell_means.get(base):
+        return nan
+    return max(cell_means[better].values()) - max(cell_means[base].values())
+
+
+def gap_slope(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str, log2_x: bool = True) -> float:
+    """Least-squares slope of ``better − base`` against log2(x) (or x), over the x in both series (x > 0 for
+    log2); nan with fewer than 2 distinct x."""
+    pts = []
+    for x in set(cell_means.get(better, {})) & set(cell_means.get(base, {})):
+        g = gap_at(cell_means, better, base, x)
+        if math.isfinite(g) and (not log2_x or x > 0):
+            pts.append((math.log2(x) if log2_x else float(x), g))
+    if len({p for p, _ in pts}) < 2:
+        return nan
+    u, g = np.array(pts).T
+    return float(np.sum((u - u.mean()) * (g - g.mean())) / np.sum((u - u.mean()) ** 2))
+
+
+def best_margin(cell_means: Mapping[str, Mapping[Any, float]], series: str, baseline_x: Any) -> float:
+    """``max over x != baseline_x of means[series][x] − means[series][baseline_x]``; nan when missing."""
+    means = cell_means.get(series, {})
+    others = [m for x, m in means.items() if x != baseline_x]
+    return max(others) - means[baseline_x] if others and baseline_x in means else nan
+
+
+def format_estimate(est: Estimate, digits: int = 1, signed: bool = True) -> str:
+    """``+0.6 [-0.9, +2.1]``, or ``+0.6 (n=1, no interval)``; ``nan (n=0, no interval)`` when undefined."""
+    spec = f"{'+' if signed else ''}.{digits}f"
+    if not est.has_interval:
+        return f"{est.estimate:{spec}} (n={est.n}, no interval)"
+    return f"{est.estimate:{spec}} [{est.lo:{spec}}, {est.hi:{spec}}]"

@@ -1,0 +1,88 @@
+"""What a study sets in Ray's environment: token authentication for a local instance, Tune's slow-operation
+threshold on a quiet console, and what every Ray worker process of a study runs before its first task (Ray's
+``worker_process_setup_hook``).
+
+Ray 2.60 turns token authentication on for a new local instance whatever the environment says (and writes
+``~/.ray/auth_token``), then warns on the console's first line that ``RAY_AUTH_MODE=disabled`` opts out, which
+the README says never to do on a shared network. A study asks for token mode explicitly instead
+(:func:`request_token_auth`): the same security, no such advice. Ray reads the mode when it is first imported,
+so this is set before the runner imports Ray; a cluster's mode is the cluster's (``--address``, ``ray job
+submit``): a study attaching to one leaves it to Ray, which uses a token when it finds one.
+
+Two things a worker prints are noise on the study's console (and in a ``ray job submit`` log, which forwards
+every worker's output): Ray Train's "Checkpoint successfully created at ..." (INFO) for every epoch's report,
+and, when the study ends, the "Exception ignored in ..." traceback of a ``SystemExit: 1``. Ray stops its idle
+workers with SIGTERM, whose handler raises SystemExit wherever the process is; inside a garbage-collection
+callback Python cannot raise it and prints it instead, although nothing failed. Any worker can be there (a trial,
+a Ray Train worker, one of Tune's helpers), so the hook is installed in all of them, by
+:func:`dcl_core.study.execution.tuning.init_ray`. No torch or Ray import here: every worker imports this module first.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+HOOK = f"{__name__}.setup_worker"  # the import path Ray's runtime_env takes
+AUTH_MODE = "RAY_AUTH_MODE"  # Ray's switch for token authentication (token / disabled), in Ray's security docs
+AUTH_TOKEN, AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"  # the token itself / its file (same docs)
+# Ray Tune's threshold for "The `process_trial_result` operation took 0.545 s, which may be a performance
+# bottleneck" (default 0.5 s), in Tune's environment variables; read when ray.tune is first imported.
+WARN_THRESHOLD = "TUNE_WARN_THRESHOLD_S"
+QUIET_WARN_THRESHOLD_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+def request_token_auth() -> None:
+    """Ask a local Ray instance for token authentication (a mode the user set is kept). Only before Ray is
+    imported: Ray caches the mode at import, and a changed environment afterwards would make the driver and the
+    servers it starts disagree (the servers would refuse the driver)."""
+    if "ray" not in sys.modules:
+        os.environ.setdefault(AUTH_MODE, "token")
+
+
+def quiet_slow_loop_warnings() -> None:
+    """Raise Tune's slow-operation threshold to 30 s for a study's default console (a threshold the user set is
+    kept). On a busy machine the driver's per-epoch MLflow logging passes 0.5 s, and Tune then prints four
+    warnings at a time that suggest reporting less often, although every epoch's report is wanted. The console's
+    progress line shows the study's pace; ``-v`` keeps Tune's own threshold. Only before ray.tune is imported."""
+    if "ray.tune" not in sys.modules:
+        os.environ.setdefault(WARN_THRESHOLD, str(QUIET_WARN_THRESHOLD_S))
+
+
+def protect_token_file() -> None:
+    """Make the token file Ray uses readable by its owner only. Ray 2.60 writes ``~/.ray/auth_token`` with mode
+    0644 (``ray.init`` and ``ray get-auth-token --generate`` alike): on a shared machine with a readable home
+    folder any other user could read the cluster's password. Only a file of this user is touched."""
+    if os.environ.get(AUTH_TOKEN):
+        return
+    path = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    try:
+        info = path.stat()
+        if info.st_uid == os.getuid() and stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+            path.chmod(0o600)
+            log.info("%s: readable by its owner only now (Ray wrote it readable by every user)", path)
+    except OSError:  # no token file (auth disabled, or the token in the environment), or not ours to change
+        return
+
+
+def setup_worker() -> None:
+    """Quiet Ray Train's per-checkpoint INFO line and drop an unraisable SystemExit; idempotent (a reused
+    actor's trainable calls it once per trial as well)."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+    if getattr(sys.unraisablehook, "func", None) is not quiet_exit_hook:
+        sys.unraisablehook = functools.partial(quiet_exit_hook, sys.unraisablehook)
+
+
+def quiet_exit_hook(previous: Any, unraisable: Any) -> None:
+    """A ``sys.unraisablehook`` that drops a SystemExit (the process is exiting anyway) and hands every other
+    exception Python cannot raise to ``previous``."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        return
+    previous(unraisable)

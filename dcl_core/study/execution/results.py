@@ -1,0 +1,161 @@
+"""A finished study's results: one row per trial (columns from :mod:`dcl_core.study.analysis.columns`), then the
+summary: the results table on disk, the paper-shaped text table, the plots, and the MLflow summary on the
+study's parent run."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dcl_core import metric_names as M
+from dcl_core.study.analysis import answer, answer_output, report
+from dcl_core.study.analysis.columns import (
+    SEED,
+    SERIES,
+    STATUS,
+    Row,
+    Status,
+    x_column,
+)
+from dcl_core.study.analysis.rows import trial_row
+from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
+from dcl_core.study.plan.spec import StudySpec
+from dcl_core.study.plan.storage import atomic_write_text, redact_uri, summary_dir
+from dcl_core.study.tracking import StudyTracker, local_ui_port, metric_name
+from dcl_core.study.tracking.mlflow_view import view_query
+from search_spaces import keys_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StudyOutcome:
+    rows: list[Row]
+    table: str
+    summary: dict[str, dict[str, float]]
+    files: list[Path] = field(default_factory=list)
+    experiment: str = ""
+    tracking_uri: str = ""
+    verdicts: list[str] = field(default_factory=list)
+    runs_url: str = ""
+    compare_url: str = ""  # the runs page in the study's saved view (cells grouped, kNN and q_B charts)
+    answer: str = ""  # the per-cell CIs, the paper, the regime and the verdicts (what -q prints)
+    resolved: bool = False  # every question has a verdict other than "not resolved"
+    power: list[str] = field(default_factory=list)  # the unresolved questions' projected seeds
+
+
+def tune_rows(results: Any) -> list[Row]:
+    """Rows of a Tune ``ResultGrid``."""
+    rows = []
+    for result in results:
+        df = result.metrics_dataframe
+        history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
+        rows.append(trial_row(result.config or {}, result.metrics or {}, result.error, history))
+    return rows
+
+
+def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker,
+              reanalysis: bool = False) -> StudyOutcome:
+    """Write the table, the text summary (the answer and its verdicts last) and the plots under
+    ``summary/<study>/`` and log them on the study's parent MLflow run. ``reanalysis``: the rows come from the
+    stored table (:mod:`.reanalysis`), which holds no q_B histograms: the study's q_B plot is kept
+    as it was drawn."""
+    x = x_column(spec.x_key)
+    for r in rows:
+        r[SERIES] = "+".join(str(r.get(c)) for c in spec.series)
+    out_dir = summary_dir(output_dir, spec.name)
+    parquet, csv = report.write_table(rows, out_dir)
+    table, shown = _table(spec, rows, x)
+    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
+    claim = found.claim
+    paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
+    png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
+                      log_x=spec.log_x, series=SERIES, paper=paper_curves,
+                      paper_label=f"paper: {claim.source}" if claim else "paper")
+    files = [parquet, csv, png, out_dir / "table.txt"]
+    q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
+    if q_png is None and reanalysis and (out_dir / "npc_q_hist.png").is_file():
+        q_png = out_dir / "npc_q_hist.png"
+    if q_png is not None:
+        files.append(q_png)
+    points = answer.gap_points({spec.name: rows, **_other_studies(output_dir, spec.name)})
+    files.append(report.plot_gap_vs_q(points, out_dir / "gap_vs_npc.png",
+                                      "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"))
+    if spec.search:
+        table += "\n\n" + format_best(rows, spec.search)
+        files += write_search_plots(rows, spec.search, out_dir)
+    answer_text = answer_output.format_answer(found)
+    table += "\n\n" + answer_text
+    atomic_write_text(out_dir / "table.txt", table + "\n")
+    rob = report.robustness(shown, x, series=SERIES)
+    metrics = _summary_metrics(spec, shown, rows, x, rob) | {
+        metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
+    tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found))
+    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
+                        verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs_url(),
+                        compare_url=tracker.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
+                        power=[p.strip() for v in found.verdicts if (p := v.power_line())])
+
+
+def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
+    """The results tables of the other studies summarized in the same output folder (for the gap-vs-q_B figure);
+    a table that cannot be read is skipped with a warning."""
+    out = {}
+    for path in sorted(summary_dir(output_dir, name).parent.glob("*/results.parquet")):
+        if path.parent.name == name:
+            continue
+        try:
+            out[path.parent.name] = report.read_table(path)
+        except Exception as exc:
+            log.warning("skipping %s in the gap-vs-q_B figure: %s", path, exc)
+    return out
+
+
+def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
+    """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
+    if not spec.search:
+        return _caption(rows) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
+    searched = {x_column(k) for k in keys_of(spec.search)}
+    if x in searched:  # every trial has its own x: list the trials instead of a cell table
+        return format_trials(rows, spec.search), rows
+    shown = best_per_cell(rows, x)  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
+    return report.format_table(shown, x, spec.x_label, gap=spec.gap, series=SERIES), shown
+
+
+def _caption(rows: list[Row]) -> str:
+    seeds = sorted({r.get(SEED) for r in rows if r.get(SEED) is not None})
+    return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
+            "means\n")
+
+
+def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
+                     rob: dict[str, dict[str, float]]) -> dict[str, float]:
+    metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
+    if spec.gap:
+        for prefix, g in report.all_gaps(shown, x, series=SERIES).items():
+            metrics |= {f"gap_dcl_minus_infonce/{prefix + '_' if prefix else ''}{x}_{k}": v for k, v in g.items()}
+    metrics["trials"] = len(rows)
+    metrics["trials_failed"] = sum(r[STATUS] != Status.OK for r in rows)
+    return {metric_name(k): v for k, v in metrics.items()}
+
+
+def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
+    """Where everything is, then the table and the answer: the verdict lines are the last thing printed."""
+    uri = redact_uri(outcome.tracking_uri)
+    if uri.startswith(("http://", "https://")):
+        browse = f"browse: open {uri} in a browser"
+    else:
+        browse = f"browse: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port {local_ui_port()}"
+    return [
+        f"results: {outcome.files[0]} (+ .csv)",
+        f"plot:    {outcome.files[2]}",
+        f"MLflow:  experiment {outcome.experiment!r} at {uri}",
+        f"         {browse}",
+        f"         runs:    {outcome.runs_url}",
+        f"         compare: {outcome.compare_url}",
+        "",
+        outcome.table,
+    ]

@@ -1,0 +1,168 @@
+"""``--until-resolved``: seeds in rounds until every question is resolved or a cap is hit.
+
+The verdicts are looked at after every round, so each look uses the sequential design's interval
+(:class:`~dcl_core.study.analysis.stats.Sequential`,
+Pocock's constant boundary): all looks together resolve at most 5% of
+null studies. The design (first look, last look, seeds per round) is fixed before the first look and recorded with
+the study, so a resume continues it and a re-analysis reproduces its intervals. ``--max-minutes`` only stops
+early, which removes looks and can only lower the null rate; without ``--max-seeds`` the last look is planned from
+the cost estimate (what ``--dry-run`` prints).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from dcl_core.config import ConfigError
+from dcl_core.study.analysis.stats import MAX_SEEDS_PROJECTED, Sequential
+from dcl_core.study.plan.spec import StudySpec, grid_seeds
+
+if TYPE_CHECKING:
+    from dcl_core.study.execution.results import StudyOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_MINUTES = 60 * 24 * 365  # a year: more is a typo
+# looks of a design: the boundary is simulated once per design, over this many seeds; also the most seeds per cell a
+# power line projects, so it never advises more than this can run
+MAX_SEEDS_PLANNED = MAX_SEEDS_PROJECTED
+# What a round costs beyond its trials: a new Tune experiment, the summary, the MLflow summary run (measured:
+# 5-6 s per round of the smoke study on 2 cores).
+ROUND_OVERHEAD_S = 8.0
+
+
+def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float | None,
+               seeds_per_round: int | None, reanalyze: bool, search: str) -> None:
+    """One-line errors for the round options, before anything runs."""
+    caps = {"--max-seeds": max_seeds, "--max-minutes": max_minutes, "--seeds-per-round": seeds_per_round}
+    if not until_resolved:
+        given = [k for k, v in caps.items() if v is not None]
+        if given:
+            raise ConfigError(f"{given[0]} caps --until-resolved; add --until-resolved (or drop {given[0]})")
+        return
+    if reanalyze or search != "grid":
+        raise ConfigError("--until-resolved adds seeds to a grid study's cells: "
+                          + ("--reanalyze trains nothing (it re-uses a study's recorded design by itself)"
+                             if reanalyze else "an Optuna search has no seed grid"))
+    if max_seeds is None and max_minutes is None:
+        raise ConfigError("--until-resolved needs a cap: --max-seeds N and/or --max-minutes M")
+    if max_minutes is not None and not 0 < max_minutes <= MAX_MINUTES:
+        raise ConfigError(f"--max-minutes must be in (0, {MAX_MINUTES}], got {max_minutes:g}")
+    if seeds_per_round is not None and seeds_per_round < 1:
+        raise ConfigError(f"--seeds-per-round must be >= 1, got {seeds_per_round}")
+
+
+def from_record(value: Any) -> Sequential | None:
+    """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one."""
+    if value is None:
+        return None
+    try:
+        return Sequential(**value)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"the study's recorded sequential design {value!r} is damaged ({err}); --overwrite "
+                          "starts the study afresh") from None
+
+
+def to_record(design: Sequential | None) -> dict[str, int] | None:
+    return None if design is None else asdict(design)
+
+
+def check_within(design: Sequential | None, seeds: int | None) -> None:
+    """A study run under a sequential design cannot be extended past its last look: that look's boundary was set
+    for no more looks."""
+    if design is not None and seeds is not None and seeds > design.max_seeds:
+        raise ConfigError(f"this study adds seeds under a sequential design that ends at {design.max_seeds} seeds "
+                          f"per cell; --seeds {seeds} would look beyond it and void its 5% guarantee (--overwrite "
+                          "to start a new design)")
+
+
+def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minutes: float | None,
+         seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None]) -> Sequential:
+    """The design of this ``--until-resolved`` run: the recorded one when it continues one (a changed
+    ``--max-seeds`` or ``--seeds-per-round`` refused), else first look at the study's seeds, rounds of
+    ``--seeds-per-round``, last look at ``--max-seeds`` or at the seeds the cost estimate fits in
+    ``--max-minutes``."""
+    seeds = grid_seeds(spec)
+    if not seeds:
+        raise ConfigError("--until-resolved adds seeds to a grid study's cells, and this study has no seed grid")
+    recorded = from_record(recorded_design)
+    if recorded is not None:
+        for flag, mine, theirs in (("--max-seeds", max_seeds, recorded.max_seeds),
+                                   ("--seeds-per-round", seeds_per_round, recorded.step)):
+            if mine is not None and mine != theirs:
+                raise ConfigError(f"--resume continues the study's sequential design ({flag} {theirs}); its looks "
+                                  f"were fixed before the first one, so {flag} {mine} is refused")
+        return recorded
+    first = len(seeds)
+    if first < 2:
+        raise ConfigError("--until-resolved needs an interval at its first look: start with --seeds 2 or more")
+    last = max_seeds
+    if last is None:
+        per_seed = seconds_per_seed()
+        if per_seed is None:
+            raise ConfigError("--max-minutes alone needs a cost estimate, and one trial does not fit this machine; "
+                              "give --max-seeds")
+        step = seeds_per_round or 1
+        per_seed += ROUND_OVERHEAD_S / step
+        last = max(first, min(MAX_SEEDS_PLANNED, math.floor((max_minutes or 0) * 60 / per_seed)))
+        log.info("sequential design: last look at %d seeds per cell, what ~%.1f min per seed (estimated) fits in "
+                 "--max-minutes %g; --max-seeds fixes it", last, per_seed / 60, max_minutes)
+    if last < first:
+        raise ConfigError(f"--max-seeds {last} is below the first look's {first} seeds per cell")
+    if last > MAX_SEEDS_PLANNED:
+        raise ConfigError(f"--max-seeds must be at most {MAX_SEEDS_PLANNED}, got {last}")
+    return Sequential(first, last, seeds_per_round or 1)
+
+
+def dry_run_lines(design: Sequential, max_minutes: float | None, wall_seconds_at: Callable[[int], float | None]
+                  ) -> list[str]:
+    """What ``--dry-run --until-resolved`` adds: the looks, the nominal level, and the worst case (every look
+    unresolved) in seeds per cell and estimated minutes, and where ``--max-minutes`` cuts it."""
+    looks = design.looks
+    worst = wall_seconds_at(design.max_seeds)
+    worst = None if worst is None else worst + ROUND_OVERHEAD_S * (len(looks) - 1)
+    cost = "no wall-clock estimate" if worst is None else f"~{worst / 60:,.1f} min on this machine (estimated)"
+    out = ["", f"until resolved: {design.describe()} ({design.step} seed(s) per round)",
+           f"  worst case (no look resolves): {design.max_seeds} seeds per cell, {cost}"]
+    if max_minutes is not None:
+        out.append(f"  --max-minutes {max_minutes:g} stops it before any round that would end later")
+    return out
+
+
+def until_resolved(outcome: StudyOutcome, design: Sequential, seeds: int, first_seconds: float,
+                   max_minutes: float | None,
+        next_round: Callable[[int], StudyOutcome], say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic) -> tuple[StudyOutcome, str]:
+    """Run rounds after the first look (``outcome``, at ``seeds`` per cell, which took ``first_seconds``) until
+    resolved or capped; returns the last outcome and why it stopped. ``next_round(n)`` runs the study with ``n``
+    seeds per cell (a resume that adds the new seeds); ``say`` prints a look's lines. The time cap counts from
+    the first round's start: a round is not started when, at the last round's pace per seed, it would end later."""
+    started = clock() - first_seconds
+    round_seconds, round_seeds = first_seconds, seeds
+    looks = design.looks
+    while True:
+        spent = (clock() - started) / 60
+        look = sum(n <= seeds for n in looks)
+        say("")
+        say(f"look {look} of {len(looks)}: {seeds} seeds per cell, {spent:.1f} min"
+            + (f" of {max_minutes:g}" if max_minutes is not None else "") + " spent")
+        for line in [*outcome.verdicts, *outcome.power]:
+            say(f"  {line}")
+        if outcome.resolved:
+            return outcome, f"stopped: every question resolved at {seeds} seeds per cell (look {look})"
+        if seeds >= design.max_seeds:
+            return outcome, f"stopped: not resolved at the last look ({design.max_seeds} seeds per cell, --max-seeds)"
+        add = min(design.step, design.max_seeds - seeds)
+        pace = round_seconds / max(round_seeds, 1) * add
+        if max_minutes is not None and spent * 60 + pace > max_minutes * 60:
+            return outcome, (f"stopped: not resolved at {seeds} seeds per cell; the next round (~{pace / 60:.1f} min) "
+                             f"would end after --max-minutes {max_minutes:g} ({spent:.1f} min spent)")
+        begun = clock()
+        outcome = next_round(seeds + add)
+        round_seconds, round_seeds, seeds = clock() - begun, add, seeds + add
+

@@ -1,0 +1,160 @@
+"""The Tune trainable: one study trial is one configuration of :func:`dcl_core.training.train`, run
+in-process (one worker) or as a Ray Train ``TorchTrainer`` with N DDP workers (gloo on CPU, NCCL on GPU),
+reached from the Tune trial through ``TuneReportCallback``, as Ray's Train V2 expects. Reporting goes through
+the epoch callbacks of :mod:`dcl_core.study.tracking`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
+from dcl_core.files import open_append
+from dcl_core.study import tracking
+from dcl_core.study.analysis.rows import error_text
+from dcl_core.study.execution.ray_env import setup_worker
+from dcl_core.study.plan.spec import Resources
+from dcl_core.training import NonFiniteLossError, train
+from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError
+
+# Fault injection for tests: every trial crashes once at this epoch / every attempt fails before training.
+CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"
+FAIL_ENV = "DCL_FAIL_EVERY_ATTEMPT"
+FAILURES_FILE = ".failures"  # in the trial directory: the cause of each failed attempt, one per line
+
+log = logging.getLogger(__name__)
+
+
+def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
+    flat = {k: v for k, v in config.items() if k in CONFIG_KEYS}
+    flat["output_dir"] = str(output_dir)
+    flat["threads"] = threads
+    return from_flat_dict(flat)
+
+
+def trainable(config: dict[str, Any], resources: Resources | None = None, train_storage: str | None = None) -> None:
+    """One study trial: one configuration of the core trainer, reporting every epoch to Tune.
+
+    ``train_storage`` (a path or URI every node reaches, e.g. under the study's Ray storage) holds a DDP
+    trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes.
+    """
+    resources = resources or Resources()
+    setup_worker()
+    trial_id, trial_dir, work_dir = tracking.trial_context()
+    if resources.num_workers > 1:
+        try:
+            _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"))
+        except Exception as err:
+            _fail_or_retry(trial_dir, err, {})
+        return
+    cfg = _run_config(config, work_dir / "run", resources.threads)
+    resume = tracking.restore_latest_checkpoint(Path(cfg.output_dir) / CHECKPOINT_NAME)
+    last = _LastMetrics(crash_marker=trial_dir)
+    try:
+        if os.environ.get(FAIL_ENV):
+            raise RuntimeError(f"injected failure at every attempt ({FAIL_ENV})")
+        _train_or_restart(cfg, [tracking.TuneReporter(), last], resume)
+    except NonFiniteLossError as err:
+        tracking.report_diverged(last.metrics, str(err))
+    except Exception as err:
+        _fail_or_retry(trial_dir, err, last.metrics)
+
+
+def _train_or_restart(cfg: Config, callbacks: list[Any], resume: bool) -> None:
+    """Train, resuming from the restored checkpoint; if that checkpoint is unreadable (a damaged file on shared
+    storage), restart the trial from scratch instead of failing every retry on the same file."""
+    try:
+        train(cfg, callbacks=callbacks, resume=resume)
+    except CheckpointError as err:
+        if not resume:
+            raise
+        log.warning("restarting the trial from scratch: its latest checkpoint is unreadable (%s)", err)
+        (Path(cfg.output_dir) / CHECKPOINT_NAME).unlink(missing_ok=True)
+        train(cfg, callbacks=callbacks, resume=False)
+
+
+def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -> None:
+    """Re-raise (Tune retries the trial from its checkpoint, up to --max-failures), unless this trial already
+    failed the same way once: then a retry would only repeat it (bad data, bad config), so the trial ends as
+    failed, with the cause in plain text."""
+    cause = error_text(err)
+    log_file = trial_dir / FAILURES_FILE
+    seen = log_file.read_text().splitlines() if log_file.exists() else []
+    with open_append(log_file) as f:
+        f.write(cause.replace("\n", " ") + "\n")
+    if cause.replace("\n", " ") not in seen:
+        raise err
+    log.error("trial failed twice with %s: not retried", cause)
+    tracking.report_failed(metrics, cause)
+
+
+def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str) -> None:
+    per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
+    if resources.gpus_per_worker:
+        per_worker["GPU"] = resources.gpus_per_worker
+    trainer = TorchTrainer(
+        _worker_loop,
+        train_loop_config={"config": config, "work_dir": str(work_dir), "threads": resources.threads},
+        scaling_config=ScalingConfig(
+            num_workers=resources.num_workers,
+            use_gpu=resources.gpus_per_worker > 0,
+            resources_per_worker=per_worker,
+        ),
+        # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2).
+        run_config=RunConfig(
+            name=f"train-{trial_id}", storage_path=storage,
+            callbacks=[TuneReportCallback()],
+            # Train V2 keeps every checkpoint by default (Tune's num_to_keep does not reach it); resuming needs
+            # only the latest.
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    trainer.fit()
+
+
+def _worker_loop(loop_config: dict[str, Any]) -> None:
+    """Runs on every Ray Train worker; the process group (gloo/NCCL) is already initialized."""
+    setup_worker()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes
+    # checkpoints, which reach the Train run's storage through the report; other ranks only need a place to
+    # receive one when resuming.
+    work_dir = Path(loop_config["work_dir"])
+    out = work_dir / "run" if rank == 0 else work_dir / "run" / f"rank{rank}"
+    cfg = _run_config(loop_config["config"], out, loop_config["threads"])
+    resume = tracking.restore_latest_checkpoint(out / CHECKPOINT_NAME, in_train_worker=True)
+    last = _LastMetrics()
+    try:
+        train(cfg, callbacks=[tracking.TrainReporter(), last], resume=resume)
+    except NonFiniteLossError as err:  # raised on every rank at once (the trainer agrees on it first)
+        tracking.report_diverged(last.metrics, str(err), in_train_worker=True)
+
+
+class _LastMetrics:
+    """Epoch callback keeping the last metrics (a diverged trial's final report carries them), and the hook
+    of the crash-injection test (:data:`CRASH_ENV`) when given the trial directory to mark."""
+
+    def __init__(self, crash_marker: Path | None = None) -> None:
+        self.metrics: dict[str, float] = {}
+        self.crash_marker = crash_marker
+
+    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        self.metrics = dict(metrics)
+        if self.crash_marker is not None:
+            _maybe_crash(self.crash_marker, epoch)
+
+
+def _maybe_crash(trial_dir: Path, epoch: int) -> None:
+    at = os.environ.get(CRASH_ENV)
+    marker = trial_dir / ".crashed_once"
+    if at and epoch == int(at) and not marker.exists():
+        marker.write_text("injected")
+        raise RuntimeError(f"injected crash at epoch {epoch} ({CRASH_ENV})")
+

@@ -1,0 +1,389 @@
+"""Run a study: validate, start (or attach to) Ray, run one Tune experiment per search group with MLflow
+logging from the driver, then summarize. Resume (``Tuner.restore``), overwrite and DDP concurrency live here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import ray
+from optuna.samplers import TPESampler
+from ray import tune
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.optuna import OptunaSearch
+
+from dcl_core import metric_names as M
+from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.study import tracking
+from dcl_core.study.analysis.columns import short_name
+from dcl_core.study.analysis.report import Row
+from dcl_core.study.execution import console, ray_env
+from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
+from dcl_core.study.execution.trainable import trainable
+from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
+from dcl_core.study.plan.spec import (
+    DDP_TRIAL_CPU,
+    Resources,
+    StudyInterruptedError,
+    StudyOptions,
+    StudySpec,
+    TuneExperiment,
+    grid_points,
+    grid_seeds,
+    num_grid_points,
+    round_experiments,
+    trial_tags,
+    tune_experiments,
+    validate_spec,
+    varied_keys,
+    with_asha,
+)
+from dcl_core.study.plan.storage import (
+    OPTIONS_FILE,
+    OPTUNA_DB,
+    atomic_write_text,
+    check_no_links,
+    check_output_dir,
+    check_storage,
+    storage_delete,
+    storage_exists,
+    storage_join,
+    study_entries,
+    study_lock,
+    summary_dir,
+)
+from dcl_core.study.tracking import mlflow_view
+from search_spaces import keys_of, to_optuna, to_tune
+
+log = logging.getLogger(__name__)
+
+
+
+
+
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None, quiet: bool = False) -> None:
+    """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
+    The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages."""
+    levels = {"logging_level": logging.WARNING} if quiet else {}
+    # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    if ray.is_initialized():
+        return
+    # Every worker of the study (trials, Ray Train workers, Tune's helpers) quiets its exit first; under `ray job
+    # submit` this merges with the job's runtime_env (its working_dir).
+    setup = {"log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels}
+    with _own_sigterm():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or None, **setup)
+            return
+        # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
+        # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
+        ray.init(
+            address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
+            _node_ip_address="127.0.0.1", **setup,
+        )
+        ray_env.protect_token_file()  # the token a new local instance may just have written
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """Keep this process's SIGTERM handling through ``ray.init``: Ray's core worker installs a C++ handler that
+    answers SIGTERM with a stack dump and SIGABRT (exit 134), so the study's own handler (stop like Ctrl-C, exit
+    143 with the resume line) would never run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+
+def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
+    """How many DDP trials fit ``cluster`` (``ray.cluster_resources()``) at once, at least 1. A DDP trial
+    reserves almost nothing itself (its TorchTrainer's workers hold the resources), so without this cap Tune
+    would start every trial, each TorchTrainer would wait for workers, and an Optuna search would suggest all
+    its trials blind."""
+    fits = cluster.get("CPU", 0.0) // (resources.num_workers * resources.cpus_per_worker)
+    if resources.gpus_per_worker:
+        fits = min(fits, cluster.get("GPU", 0.0) // (resources.num_workers * resources.gpus_per_worker))
+    return max(1, int(fits))
+
+
+def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
+    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts.
+
+    Raises:
+        ConfigError: bad input (one line), before Ray starts.
+        StudyInterruptedError: Ctrl-C stopped it; the finished trials and every checkpoint are kept for --resume.
+    """
+    validate_spec(spec)
+    knn_every = spec.base.eval.knn_every
+    spec = with_asha(spec, options.asha)
+    if spec.base.eval.knn_every != knn_every:
+        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
+    options = options.resolved()
+    assert options.storage is not None and options.tracking_uri is not None
+    check_output_dir(options.output_dir)
+    exps = tune_experiments(spec)
+    check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
+    check_storage(options.storage)
+    local = not (options.address or os.environ.get("RAY_ADDRESS"))
+    if local:
+        check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
+    with study_lock(options.output_dir, spec.name):
+        existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
+        rounds = _prepare_output(spec, options, exps, existing)
+        exps = round_experiments(exps, rounds)
+        check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
+        if options.resume:
+            _check_restorable([u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)])
+
+        init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
+        if options.verbosity < console.VERBOSE:
+            logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
+        if not local:
+            _warn_if_cluster_too_small(options.resources, ray.cluster_resources())
+        if options.workers > 1 and options.max_concurrent is None:
+            options = replace(options, max_concurrent=ddp_concurrency(options.resources, ray.cluster_resources()))
+            log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)",
+                     options.max_concurrent, options.workers)
+        tracker = tracking.StudyTracker(options.tracking_uri, spec.name,
+                                        artifact_root=options.output_dir / "mlartifacts",
+                                        tags={"study": spec.name, "git_commit": tracking.git_commit()},
+                                        journal_dir=summary_dir(options.output_dir, spec.name),
+                                        description=spec.description,
+                                        experiment_tags=dict([mlflow_view.compare_view(spec).tag()]))
+        tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
+        rows: list[Row] = []
+        progress = {"total": sum(_trials_of(spec, e) for e in exps), "done": 0, "started": time.time()}
+        for experiment in exps:
+            results = _run_tune_experiment(spec, experiment, options, tracker, progress)
+            progress["done"] += _trials_of(spec, experiment)
+            _raise_if_interrupted(storage_join(options.storage, experiment.name))
+            rows.extend(tune_rows(results))
+        return summarize(spec, rows, options.output_dir, tracker)
+
+
+def _check_restorable(exp_uris: list[str]) -> None:
+    """ConfigError (one line) unless Tune's saved state of each experiment reads back with every trial's config: a
+    damaged ``experiment_state-*.json`` otherwise restores as a trial with an empty config, which trains the
+    defaults (full CIFAR-10, 200 epochs) with a traceback first."""
+    for uri in exp_uris:
+        if not tune.Tuner.can_restore(uri):
+            continue
+        damaged = f"cannot resume: Tune's saved state in {uri} is damaged ({{}}); --overwrite starts the study afresh"
+        try:
+            trials = tune.ExperimentAnalysis(uri).trials
+        except Exception as err:  # whatever Tune's reader raises on a truncated or foreign file
+            raise ConfigError(damaged.format(str(err).strip().splitlines()[0][:120] if str(err).strip()
+                                             else type(err).__name__)) from None
+        for t in trials:
+            missing = [k for k in ("loss.name", "seed", "optim.epochs") if k not in (t.config or {})]
+            if missing:
+                raise ConfigError(damaged.format(f"trial {t.trial_id} has no {missing[0]}"))
+
+
+def _raise_if_interrupted(exp_uri: str) -> None:
+    """Ctrl-C: Tune stops gracefully, saves its state and returns from ``fit`` as if done, and its results
+    then count the interrupted trials as terminated. The saved state tells them apart (PENDING/RUNNING/PAUSED);
+    they must not be summarized as finished."""
+    done = (Trial.TERMINATED, Trial.ERROR)
+    unfinished = [t for t in tune.ExperimentAnalysis(exp_uri).trials if t.status not in done]
+    if unfinished:
+        raise StudyInterruptedError(f"{len(unfinished)} trial(s) of {Path(exp_uri).name} did not finish")
+
+
+def check_fits(resources: Resources, cpus: float) -> None:
+    """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
+    own = DDP_TRIAL_CPU if resources.num_workers > 1 else 0.0
+    need = resources.num_workers * resources.cpus_per_worker + own
+    if need > cpus + 1e-9:
+        fit = math.floor((cpus - own) / resources.num_workers * 100) / 100
+        hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
+        raise ConfigError(
+            f"one trial needs {need:g} CPUs ({resources.num_workers} worker(s) x {resources.cpus_per_worker:g}"
+            f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
+            f"use {hint}")
+
+
+def _warn_if_cluster_too_small(resources: Resources, cluster: dict[str, float]) -> None:
+    need = resources.num_workers * resources.cpus_per_worker
+    if cluster.get("CPU", 0.0) < need or cluster.get("GPU", 0.0) < resources.num_workers * resources.gpus_per_worker:
+        log.warning("the cluster has %s now; one trial needs %g CPUs and %g GPUs: trials wait until the "
+                    "autoscaler adds nodes", cluster, need, resources.num_workers * resources.gpus_per_worker)
+
+
+def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExperiment],
+                    existing: list[str]) -> list[list[int]] | None:
+    """Refuse to mix a new study into an old one's results; check a resume's options; clear for --overwrite;
+    record the options. Returns the study's seed rounds (:func:`~dcl_core.study.plan.spec.round_experiments`): the
+    recorded ones, plus a round of the seeds a ``--seeds N --resume`` adds; None for a study without a seed grid."""
+    if existing and not (options.resume or options.overwrite):
+        raise ConfigError(f"study output exists at {existing[0]}; pass --resume to continue it or --overwrite")
+    if options.resume and not existing:
+        raise ConfigError(f"nothing to resume at {storage_join(str(options.storage), exps[0].name)}")
+    seeds = grid_seeds(spec)
+    rounds = [list(seeds)] if seeds else None
+    options_file = summary_dir(options.output_dir, spec.name) / OPTIONS_FILE
+    recorded = options_file.exists() or options_file.is_symlink()
+    if options.resume and recorded:
+        before = read_options(options_file)
+        ran = (before.get("command") or {}).get("script") if isinstance(before.get("command"), dict) else None
+        now = (options.command or {}).get("script")
+        if ran and now and ran != now:
+            raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by studies/{ran}.py, not "
+                              f"studies/{now}.py; resume it with that script, or give this one another --name")
+        options.check_resume(before)
+        added = check_same_study(spec, before.get("spec", {}))
+        if seeds:
+            old = before.get("spec", {}).get("seeds") or list(seeds)
+            rounds = recorded_rounds(before, old) + ([list(added)] if added else [])
+            if added:
+                log.info("adding seeds %s to every cell (%d finished seeds kept)", span(added), len(old))
+    options.output_dir.mkdir(parents=True, exist_ok=True)
+    if options.overwrite:
+        earlier: list[list[int]] = []
+        with contextlib.suppress(ConfigError):  # a damaged record: --overwrite clears what it can name
+            earlier = recorded_rounds(read_options(options_file), []) if recorded else []
+        for uri in dict.fromkeys([*existing, *(storage_join(str(options.storage), e.name)
+                                               for e in round_experiments(exps, earlier))]):
+            if storage_exists(uri):
+                storage_delete(uri, root=str(options.storage))
+    if spec.search is not None and not options.resume:  # a new search, not one continued from an old Optuna study
+        _delete_optuna_studies(options.output_dir, [e.name for e in exps])
+    options_file.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec),
+                                                "seed_rounds": rounds}, indent=1))
+    return rounds
+
+
+def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:
+    """``dcl_t0.1_b32_s0_<id>``: the values of the keys the study varies (and the trial id)."""
+    c = trial.config
+    parts = [f"{short_name(k)}{c.get(k):g}" if isinstance(c.get(k), float) else f"{short_name(k)}{c.get(k)}"
+             for k in keys]
+    return "_".join(parts) + f"_{trial.trial_id}"
+
+
+def _search(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions) -> tuple[dict, Any, int]:
+    """(param_space, search algorithm, samples): the whole sub-grid for a grid experiment; a seeded Optuna TPE
+    search pinned to the experiment's grid point otherwise."""
+    base_flat = to_flat_dict(spec.base)
+    if spec.search is None:
+        return {**base_flat, **to_tune(experiment.grid)}, None, 1
+    searched = keys_of(spec.search)
+    constants = {k: v for k, v in {**base_flat, **grid_points(experiment.grid)[0], **experiment.point}.items()
+                 if k not in searched}
+    # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up phase
+    # (Optuna's default: 10) would be the whole search.
+    sampler = TPESampler(seed=options.seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
+    # The Optuna study persists in OUTPUT_DIR/optuna.db under the experiment's name, for optuna-dashboard and
+    # optuna.load_study (Tune still checkpoints the searcher itself for --resume).
+    search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=M.KNN_TOP1, mode="max",
+                              sampler=sampler, study_name=experiment.name, storage=optuna_storage(options.output_dir))
+    return {}, search_alg, spec.num_samples
+
+
+
+
+def optuna_storage(output_dir: Path) -> Any:
+    """The study folder's Optuna RDB storage (SQLite): ``optuna.load_study(study_name=<experiment>,
+    storage="sqlite:///<output_dir>/optuna.db")`` reads a search back, ``optuna-dashboard`` shows it."""
+    return optuna.storages.RDBStorage(f"sqlite:///{Path(output_dir) / OPTUNA_DB}")
+
+
+def _delete_optuna_studies(output_dir: Path, names: list[str]) -> None:
+    """A new search (not ``--resume``) starts a new Optuna study: an old one of the same name (``--overwrite``, or
+    left behind by a deleted study) would otherwise be continued."""
+    if not (Path(output_dir) / OPTUNA_DB).exists():
+        return
+    storage = optuna_storage(output_dir)
+    for name in names:
+        with contextlib.suppress(KeyError):
+            optuna.delete_study(study_name=name, storage=storage)
+
+
+def _trials_of(spec: StudySpec, experiment: TuneExperiment) -> int:
+    return spec.num_samples if spec.search is not None else num_grid_points(experiment.grid)
+
+
+def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions,
+                    tracker: tracking.StudyTracker, progress: dict[str, Any] | None = None) -> Any:
+    """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``."""
+    storage = str(options.storage)
+    exp_uri = storage_join(storage, experiment.name)
+    fn = tune.with_resources(
+        tune.with_parameters(trainable, resources=options.resources, train_storage=storage_join(exp_uri, "_train")),
+        options.resources.trial_resources(),
+    )
+    # A study of several experiments may have been killed before its later ones started: those start afresh.
+    if options.resume and tune.Tuner.can_restore(exp_uri):
+        restored = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True)
+        with _tune_output(verbose=options.verbosity >= console.VERBOSE):  # restored: quiet as a first run
+            return restored.fit()
+    param_space, search_alg, num_samples = _search(spec, experiment, options)
+    scheduler = None
+    if options.asha:
+        scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
+                                  grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
+    callback = tracking.MLflowTrialCallback(tracker, tag_keys=trial_tags(spec),
+                                            save_checkpoint=options.save_checkpoints, storage=storage)
+    progress = progress or {"total": _trials_of(spec, experiment), "done": 0, "started": time.time()}
+    console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,
+                                           progress["started"])
+    name = functools.partial(_trial_name, keys=varied_keys(spec))
+    tuner = tune.Tuner(
+        fn,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=M.KNN_TOP1, mode="max", search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+            max_concurrent_trials=options.max_concurrent, trial_name_creator=name, trial_dirname_creator=name,
+            # A new trial runs in the finished one's process: no new Python importing torch, Ray Train and
+            # MLflow per trial (measured: worker start-up was the largest platform overhead). Safe because a trial
+            # keeps no state in its process: the trainer seeds everything and sets its threads itself.
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=experiment.name, storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=options.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            callbacks=[callback, console_line], verbose=2 if options.verbosity >= console.VERBOSE else 0,
+        ),
+    )
+    with _tune_output(verbose=options.verbosity >= console.VERBOSE):
+        return tuner.fit()
+
+
+@contextlib.contextmanager
+def _tune_output(verbose: bool) -> Iterator[None]:
+    """Tune's console output: its status tables with ``-v``; otherwise none at all (its newer output engine prints
+    a configuration box and result paths even at verbosity 0; the classic one prints nothing). The switch is
+    ``RAY_AIR_NEW_OUTPUT=0``, which Ray documents for users among its AIR environment variables."""
+    if verbose:
+        yield
+        return
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before

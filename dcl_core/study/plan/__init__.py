@@ -1,0 +1,4 @@
+"""What a study is and what it would cost, all checked before Ray starts: the spec and options (:mod:`.spec`),
+the study scripts' presets (:mod:`.study_presets`), storage URIs, locks and the summary folder (:mod:`.storage`),
+what a study records to be resumed (:mod:`.record`), the checks of data and options (:mod:`.checks`), the cost
+estimate (:mod:`.cost`, :mod:`.flops`) and ``--dry-run`` (:mod:`.dry_run`). No Ray, MLflow or Optuna."""

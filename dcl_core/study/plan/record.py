@@ -1,0 +1,100 @@
+"""What a study records next to its summary (``study_options.json``) and how a ``--resume`` is held to it: the
+spec's fingerprint (base config, grids, search, seeds), the seed rounds run so far, and the one change a resume
+takes (more seeds of a grid study). No Ray: re-analysis reads the same record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.study.plan.spec import StudySpec, grid_seeds, unseeded
+from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
+
+
+def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
+    """What a resumed study must still run: the base config, the grids and the search space (and, for a grid
+    study, its seeds and the grids without them, so that a resume may add seeds and change nothing else)."""
+    seeds = grid_seeds(spec)
+    return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
+            "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec)}
+
+
+def check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
+    """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
+    silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
+    (``()`` when there are none to add)."""
+    now = spec_fingerprint(spec)
+    for key, value in now["base"].items():
+        old = before.get("base", {}).get(key, value)
+        if old != value:
+            raise ConfigError(f"--resume must run the study it continues: {key} was {old!r}, now {value!r} "
+                              "(a changed --set, --preset or --data-root)")
+    added: tuple[int, ...] = ()
+    old_seeds, new_seeds = before.get("seeds"), now["seeds"]
+    if "grids" in before and before["grids"] != now["grids"] and old_seeds and new_seeds \
+            and before.get("unseeded") == now["unseeded"]:
+        if new_seeds[:len(old_seeds)] != old_seeds or len(new_seeds) < len(old_seeds):
+            raise ConfigError(f"--resume can add seeds, not drop them: the study has {len(old_seeds)} seeds per "
+                              f"cell, --seeds {len(new_seeds)} would leave some out")
+        added = tuple(new_seeds[len(old_seeds):])
+    elif "grids" in before and before["grids"] != now["grids"]:
+        raise ConfigError("--resume must run the study it continues: its grids changed (a changed --losses, "
+                          "--search or --preset; more --seeds is the one change a resume takes)")
+    for part in ("search", "num_samples"):
+        if part in before and before[part] != now[part]:
+            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed "
+                              "--search, --num-samples or --preset)")
+    return added
+
+
+def recorded_rounds(before: dict[str, Any], seeds: list[int]) -> list[list[int]]:
+    """The seed rounds a study recorded (one round of ``seeds`` for a study recorded before rounds existed)."""
+    rounds = before.get("seed_rounds")
+    if isinstance(rounds, list) and all(isinstance(r, list) and r and all(isinstance(s, int) for s in r)
+                                        for r in rounds):
+        return [list(r) for r in rounds]
+    return [list(seeds)] if seeds else []
+
+
+def span(seeds: Sequence[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
+
+
+def read_options(path: Path) -> dict[str, Any]:
+    """A study's recorded options, or ConfigError (one line) when the file is not what the study wrote."""
+    damaged = (f"cannot resume: {path} is damaged ({{}}); --overwrite starts the study afresh, or restore the "
+               "file")
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(damaged.format("not a regular file"))
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(damaged.format(f"not JSON: {str(err).splitlines()[0][:80]}")) from None
+    spec = before.get("spec", {}) if isinstance(before, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("base", {}), dict):
+        raise ConfigError(damaged.format("not the options of a study"))
+    return before
+
+
+def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
+    """The options a study in ``output_dir`` last ran with (its recorded command: ``--seeds``, the sequential
+    ``design``, …), so that a ``--resume`` or ``--reanalyze`` continues it. Empty when nothing readable is
+    recorded (the resume itself then says what is wrong)."""
+    path = summary_dir(output_dir, study) / OPTIONS_FILE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    try:
+        command = read_options(path).get("command")
+    except ConfigError:
+        return {}
+    return command if isinstance(command, dict) else {}
+
+
+def recorded_seeds(command: dict[str, Any]) -> int | None:
+    """The ``--seeds`` of a recorded command (:func:`recorded_command`), None when it holds none."""
+    seeds = command.get("seeds")
+    return seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0 else None

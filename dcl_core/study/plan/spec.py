@@ -1,0 +1,373 @@
+"""What a study runs and how: the :class:`StudySpec` (base config, grids, optional search space), the
+:class:`StudyOptions` of one invocation, and their validation, all before Ray starts.
+
+A study runs as one or more Tune experiments (:func:`experiments`): one per sub-grid, or, with a search, one
+Optuna search per grid point.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.analysis.columns import x_column
+from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
+from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
+
+
+class StudyInterruptedError(Exception):
+    """The study stopped before every trial finished (Ctrl-C): nothing is summarized; ``--resume`` continues."""
+
+
+DDP_TRIAL_CPU = 0.01  # what a DDP trial reserves itself: it only drives a TorchTrainer, whose workers hold CPUs
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one trial uses: ``num_workers`` DDP workers, each with these CPUs/GPUs."""
+
+    num_workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+
+    @property
+    def threads(self) -> int:
+        """Torch intra-op threads of each worker: its whole CPUs (at least one)."""
+        return max(1, math.floor(self.cpus_per_worker))
+
+    def trial_resources(self) -> dict[str, float]:
+        if self.num_workers <= 1:
+            return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
+        return {"cpu": DDP_TRIAL_CPU}
+
+
+MAX_FAILURES = 20  # retries of a crashed trial; more is a loop, not resilience
+MAX_TRIALS = 100_000  # a grid larger than this is a typo (e.g. --seeds 1000000), refused before validating it
+QUIET, PROGRESS, VERBOSE = 0, 1, 2  # a study's console (-q, default, -v): dcl_core.study.execution.console
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(name: str) -> None:
+    """A study name is a folder and an MLflow experiment: a plain identifier (letters, digits, ``_ . -``, not
+    starting with ``.`` or ``-``), so it can never point outside the output folder (``..``, ``/``, ``""``)."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ConfigError(f"study name {name!r} must be 1-100 letters, digits, '_', '.' or '-', start with a letter "
+                          "or digit and not contain '..'")
+
+
+def _fixed(default: Any) -> Any:
+    """An option a resumed study must keep (Tune pickles the callbacks and scheduler it was started with)."""
+    return field(default=default, metadata={"fixed_on_resume": True})
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """How one invocation of a study runs: where results go, resources, resume. Field names are the study
+    command line's option names (``--max-failures`` -> ``max_failures``); :meth:`resolved` fills in the
+    defaults that depend on ``output_dir``. ``asdict`` of it is written next to the summary, and a
+    ``--resume`` must match it in every field marked ``fixed_on_resume``."""
+
+    output_dir: Path = Path("outputs")
+    tracking_uri: str | None = _fixed(None)
+    storage: str | None = _fixed(None)
+    resume: bool = False
+    overwrite: bool = False
+    workers: int = _fixed(1)
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    max_concurrent: int | None = None
+    asha: bool = _fixed(False)
+    max_failures: int = 2
+    seed: int = 0
+    address: str | None = None
+    num_cpus: int | None = None
+    save_checkpoints: bool = _fixed(False)
+    verbosity: int = PROGRESS  # QUIET: only the answer (-q); PROGRESS: a progress line and a line per trial;
+    # VERBOSE: Ray Tune's tables and Ray's own messages (-v)
+    command: dict[str, Any] | None = None  # the study script and the options that built its spec (re-analysis)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or not 0 < self.cpus_per_worker < math.inf or not 0 <= self.gpus_per_worker < math.inf:
+            raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite exclude each other")
+        if not 0 <= self.max_failures <= MAX_FAILURES:
+            raise ConfigError(f"--max-failures must be in [0, {MAX_FAILURES}], got {self.max_failures}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"--num-cpus must be >= 1, got {self.num_cpus}")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ConfigError(f"--max-concurrent must be >= 1, got {self.max_concurrent}")
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(self.workers, self.cpus_per_worker, self.gpus_per_worker)
+
+    def resolved(self) -> StudyOptions:
+        """Absolute output folder; Ray storage and MLflow store defaulting to folders inside it."""
+        out = self.output_dir.expanduser().resolve()
+        return replace(
+            self, output_dir=out,
+            storage=absolute_storage(self.storage) if self.storage else str(out / "ray_results"),
+            tracking_uri=self.tracking_uri or default_tracking_uri(out),
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The options as stored next to the summary; credentials in a tracking URI are redacted."""
+        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
+        if out["tracking_uri"]:
+            out["tracking_uri"] = redact_uri(out["tracking_uri"])
+        return out
+
+    def check_resume(self, before: dict[str, Any]) -> None:
+        """ConfigError naming the first ``fixed_on_resume`` option that differs from ``before`` (the
+        :meth:`to_json_dict` the study started with)."""
+        now = self.to_json_dict()
+        for f in fields(self):
+            if f.metadata.get("fixed_on_resume") and f.name in before and before[f.name] != now[f.name]:
+                raise ConfigError(f"--resume must use the options the study started with: {f.name} was "
+                                  f"{before[f.name]!r}, now {now[f.name]!r}")
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What to run.
+
+    Attributes:
+        name: study (and MLflow experiment) name.
+        base: the configuration every trial starts from.
+        grid: keys run exhaustively (``Grid``) or fixed. A sequence of such spaces runs each as its own
+            Tune experiment (e.g. SimCLR's and SiMo's K live in different keys). With a search, one Optuna
+            search per grid point.
+        search: an Optuna space (``None`` = pure grid).
+        num_samples: trials per Optuna search.
+        x_key / x_label: the swept quantity for tables and plots: a config key (``loss.temperature``) or a
+            results-table column (``num_negatives``, the derived K).
+        series: results-table columns whose values name one line of the table/plot (``framework`` +
+            ``method`` gives e.g. ``simo+eqco(α=256)``).
+        gap: add the DCL − InfoNCE row (Table 1 style) to the table and summary.
+        questions: what the study answers (:class:`dcl_core.study.analysis.answer.Question`): each gets a headline
+            statistic with a calibrated 95% interval and a verdict.
+        pairs: ``(better, base)`` series compared cell by cell, paired by seed (``None``: every DCL/InfoNCE pair).
+        paper: the key of the paper's numbers in :mod:`dcl_core.study.analysis.paper` (a study's name can be changed
+            with ``--name``; its paper cannot).
+        design: the sequential design its seeds are added under (``--until-resolved``), which widens every
+            verdict's interval so that looking after each round keeps the null rate at 5%; ``None``: one look.
+    """
+
+    name: str
+    base: Config
+    grid: Space | Sequence[Space]
+    x_key: str
+    x_label: str
+    search: Space | None = None
+    num_samples: int = 1
+    log_x: bool = False
+    gap: bool = False
+    title: str = ""
+    series: tuple[str, ...] = ("loss",)
+    questions: tuple[Any, ...] = ()
+    pairs: tuple[tuple[str, str], ...] | None = None
+    paper: str | None = None
+    description: str = ""  # the MLflow experiment's description (the study's question and paper table)
+    design: Sequential | None = None
+
+    @property
+    def grids(self) -> list[Space]:
+        return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
+
+
+def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
+    """The same study with overrides applied to its base config (validated)."""
+    return replace(spec, base=apply_overrides(spec.base, overrides))
+
+
+def with_asha(spec: StudySpec, asha: bool) -> StudySpec:
+    """The study as ``--asha`` runs it: kNN every epoch (ASHA compares trials at intermediate epochs, so each
+    needs a fresh accuracy every epoch). ConfigError for ``--asha`` on a grid sweep, whose cells it would cut
+    short."""
+    if not asha:
+        return spec
+    if spec.search is None:
+        raise ConfigError("--asha stops trials early, which would cut cells of a grid sweep short; use it with "
+                          "--search optuna")
+    return with_base(spec, {"eval.knn_every": 1})
+
+
+def grid_points(grid: Space) -> list[dict[str, Any]]:
+    """Every combination of the grid's ``Grid`` values (constants included in each)."""
+    points: list[dict[str, Any]] = [{}]
+    for key, value in grid.items():
+        values = value.values if isinstance(value, Grid) else (value,)
+        points = [{**p, key: v} for p in points for v in values]
+    return points
+
+
+def num_grid_points(grid: Space) -> int:
+    return math.prod(len(v.values) for v in grid.values() if isinstance(v, Grid))
+
+
+def validate_spec(spec: StudySpec) -> None:
+    """Apply every grid point, and at each point both ends of every range its search can sample, to the base
+    config; ConfigError (one line) if any trial the study could run is invalid."""
+    check_name(spec.name)
+    trials = sum(map(num_grid_points, spec.grids)) * (spec.num_samples if spec.search else 1)
+    if trials > MAX_TRIALS:
+        raise ConfigError(f"study {spec.name} would run {trials} trials (more than {MAX_TRIALS}); check --seeds, "
+                          "--num-samples and the grid")
+    for key in set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set()):
+        if key not in CONFIG_KEYS:
+            raise ConfigError(f"study {spec.name}: unknown config key {key!r} in its space")
+    # A seed interacts with no other key: its extremes stand for all of them (a 1000-seed grid stays cheap).
+    grids = [{k: Grid((min(v.values), max(v.values))) if k == "seed" and isinstance(v, Grid) else v
+              for k, v in grid.items()} for grid in spec.grids]
+    points = [apply_overrides(spec.base, point) for grid in grids for point in grid_points(grid)]
+    if spec.search:
+        for cfg in points:
+            _validate_search(cfg, spec.search, sampled=keys_of(spec.search))
+
+
+def _validate_search(cfg: Config, space: Space, sampled: set[str]) -> None:
+    """Every extreme value ``space`` can give a trial starting from ``cfg``. A conditional branch is checked
+    where a trial can enter it: its key is fixed to a matching value, or sampled (then for each match)."""
+    for key, dist in space.items():
+        if isinstance(dist, LogUniform):
+            for value in (dist.low, dist.high):
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Choice | Grid):
+            for value in dist.values:
+                apply_overrides(cfg, {key: value})
+        elif isinstance(dist, Conditional):
+            if dist.key in sampled:
+                for value in dist.equals:
+                    _validate_search(apply_overrides(cfg, {dist.key: value}), dist.params, sampled)
+            elif to_flat_dict(cfg)[dist.key] in dist.equals:
+                _validate_search(cfg, dist.params, sampled)
+
+
+def varied_keys(spec: StudySpec) -> tuple[str, ...]:
+    """The config keys whose values tell the study's trials apart (they name trials and their folders)."""
+    keys = ["loss.name"]
+    for grid in spec.grids:
+        keys += [k for k, v in grid.items() if isinstance(v, Grid) or k == "framework.name"]
+    keys += sorted(keys_of(spec.search)) if spec.search else []
+    return tuple(dict.fromkeys(keys))
+
+
+class TrialTags(Mapping[str, str]):
+    """The MLflow tags every trial run carries, tag -> the config key it holds, and which of them place a trial in
+    the study (its run's ``cell`` tag and colour, :class:`~dcl_core.study.tracking.MLflowTrialCallback`).
+
+    Attributes:
+        cell: the tags naming the trial's cell: each grid key's (the swept quantity first), then ``loss``; the seed
+            and searched keys are left out, since a cell's trials differ in them.
+        series: the results columns naming the trial's line in the study's plot (:attr:`StudySpec.series`).
+    """
+
+    def __init__(self, keys: Mapping[str, str], cell: Sequence[str], series: Sequence[str]) -> None:
+        self.config_keys, self.cell, self.series = dict(keys), tuple(cell), tuple(series)
+
+    def __getitem__(self, tag: str) -> str:
+        return self.config_keys[tag]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.config_keys)
+
+    def __len__(self) -> int:
+        return len(self.config_keys)
+
+    def __repr__(self) -> str:
+        return f"TrialTags({self.config_keys!r}, cell={self.cell!r}, series={self.series!r})"
+
+
+def trial_tags(spec: StudySpec) -> TrialTags:
+    """The MLflow tags every trial run carries, by name: the config key each holds (``loss``, ``seed``, and each
+    varied key by its results column, e.g. ``temperature``). The runs table groups, filters and colours by them
+    without 48 params to pick from; the study's saved view groups by the cell they name."""
+    keys = {"loss": "loss.name", "seed": "seed"} | {x_column(k): k for k in varied_keys(spec)}
+    searched = keys_of(spec.search) if spec.search else set()
+    cell = [t for t, key in keys.items() if t not in ("loss", "seed") and key not in searched]
+    cell.sort(key=lambda t: t != x_column(spec.x_key))
+    return TrialTags(keys, [*cell, "loss"], spec.series)
+
+
+# Joins a study's name to an experiment's suffix: a character study names cannot contain (NAME), so experiment
+# folders are prefix-free. With "-", study "temperature_sweep"'s search folder "temperature_sweep-dcl" was also
+# study "temperature_sweep-dcl"'s own folder, and that study's --overwrite deleted it.
+EXPERIMENT_SEP = "+"
+
+
+@dataclass(frozen=True)
+class TuneExperiment:
+    """One Tune experiment of a study: a sub-grid, the grid point an Optuna search is pinned to (``{}`` for a
+    grid experiment, which runs the whole sub-grid), and its name."""
+
+    grid: Space
+    point: dict[str, Any]
+    name: str
+
+
+def tune_experiments(spec: StudySpec) -> list[TuneExperiment]:
+    """Grid mode: one experiment per sub-grid. Search mode: one Optuna search per grid point. With several
+    sub-grids, each name carries the constants that tell its sub-grid apart (e.g. ``simclr`` / ``simo``):
+    ``eqco_negatives_sweep+simclr``, ``batch_size_sweep+dcl-16`` (:data:`EXPERIMENT_SEP`), never another study's
+    name."""
+    grids = spec.grids
+    labels = []
+    for i, g in enumerate(grids):
+        constants = {k: v for k, v in g.items() if not isinstance(v, Grid)}
+        distinct = {k: v for k, v in constants.items() if any(o.get(k) != v for o in grids if o is not g)}
+        labels.append(distinct or ({"part": i} if len(grids) > 1 else {}))
+    out = []
+    for g, label in zip(grids, labels, strict=True):
+        points = [{}] if spec.search is None else [
+            {k: v for k, v in p.items() if isinstance(g.get(k), Grid)} for p in grid_points(g)]
+        for point in points:
+            suffix = "-".join(str(v) for v in {**label, **point}.values())
+            out.append(TuneExperiment(g, point, f"{spec.name}{EXPERIMENT_SEP}{suffix}" if suffix else spec.name))
+    names = [e.name for e in out]
+    if len(set(names)) != len(names):  # two Tuners in one directory would restore each other's trials
+        raise ConfigError(f"study {spec.name}: experiments share a name ({', '.join(names)}); make sub-grids differ")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ seed rounds
+# A grid study's seeds may be run in rounds: the seeds it started with, then the seeds `--seeds N --resume` (or
+# `--until-resolved`) adds. A round is its own Tune experiment per sub-grid (a finished Tuner cannot grow its
+# grid): the first keeps the sub-grid's name, a later one adds "+s<first>-<last>" (EXPERIMENT_SEP: no study name
+# can end so). Rows of every round make one table, so the answer counts every seed.
+SEED = "seed"
+
+
+def grid_seeds(spec: StudySpec) -> tuple[int, ...] | None:
+    """The seeds every sub-grid of a grid study runs (its ``seed`` grid), or None: a search, or a study whose
+    sub-grids do not all sweep the same seeds, cannot be extended by seed."""
+    if spec.search is not None:
+        return None
+    found = {g[SEED].values if isinstance(g.get(SEED), Grid) else None for g in spec.grids}
+    seeds = found.pop() if len(found) == 1 else None
+    return tuple(seeds) if seeds else None
+
+
+def round_experiments(experiments: Sequence[TuneExperiment],
+                      rounds: Sequence[Sequence[int]] | None) -> list[TuneExperiment]:
+    """The Tune experiments of a grid study run in seed ``rounds`` (None or one round: ``experiments`` as they
+    are): every sub-grid once per round, its seed grid that round's seeds, round by round."""
+    if not rounds or len(rounds) == 1:
+        return list(experiments)
+    out = []
+    for i, seeds in enumerate(rounds):
+        for e in experiments:
+            name = e.name if i == 0 else f"{e.name}{EXPERIMENT_SEP}s{seeds[0]}-{seeds[-1]}"
+            out.append(TuneExperiment({**e.grid, SEED: Grid(tuple(seeds))}, e.point, name))
+    return out
+
+
+def unseeded(spec: StudySpec) -> str:
+    """The grids without their seeds: what an extension by seeds must leave unchanged."""
+    return repr([{k: v for k, v in g.items() if k != SEED} for g in spec.grids])
