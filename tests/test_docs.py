@@ -86,7 +86,7 @@ def target_exists(target: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def help_text(target: str, subcommand: str | None) -> tuple[int, str]:
     """`--help` of a script or module (and subcommand), run from the repository's root on this checkout."""
     argv = [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
@@ -204,7 +204,7 @@ def test_relative_link_resolves(page, target):
 
 
 def test_slugs_follow_github():
-    assert github_slug("The NPC regime on 2 cores: `--preset cpu_long`") == "the-npc-regime-on-2-cores---preset-cpu_long"
+    assert github_slug("Into the NPC regime: `--preset cpu_long`") == "into-the-npc-regime---preset-cpu_long"
     assert github_slug("Answers: verdicts, the paper beside us") == "answers-verdicts-the-paper-beside-us"
     assert github_slug("τ/lr search (Table 3)") == "τlr-search-table-3"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
