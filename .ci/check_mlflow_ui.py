@@ -1,4 +1,4 @@
-"""Click through a study's MLflow UI in a real headless browser, as the README tells a researcher to.
+"""Click through a study's MLflow UI in a real headless browser, as docs/outputs.md tells a researcher to.
 
     python .ci/check_mlflow_ui.py OUTPUT_DIR STUDY        # e.g. outputs temperature_sweep
 
@@ -16,7 +16,7 @@ downloaded). It checks, each in a fresh browser profile unless said otherwise:
    (per series where a study's series split a loss, EqCo's framework × α; no colour shared between losses);
    clicking the study's run in the runs table opens its page, with the verdict and the study's plot (embedded in
    its description, loaded from its artifacts);
-3. the README's clicks from the experiment list: click the experiment (MLflow 3.17 opens it in GenAI mode in a
+3. docs/outputs.md's clicks from the experiment list: click the experiment (MLflow 3.17 opens it in GenAI mode in a
    new browser profile, whatever the experiment's kind), click "Model training" in the sidebar (the browser
    remembers it), which shows the runs; back to the list and into the experiment again, which now opens on the
    runs; then "Views" → the study's view, which groups the trials into cells.
@@ -260,7 +260,7 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
                 timeout=TIMEOUT_MS)
             page.get_by_text(view_name, exact=True).first.click(timeout=TIMEOUT_MS)
             steps.check(page, f"Views → {view_name!r} groups the trials into cells", "Group:", "Runs")
-        except Exception as exc:  # a click that found nothing to click: the UI is not what the README says
+        except Exception as exc:  # a click that found nothing to click: the UI is not what docs/outputs.md says
             print(f"FAIL {steps.n + 1}. {type(exc).__name__}: {str(exc).splitlines()[0]}")
             steps.ok = False
         finally:

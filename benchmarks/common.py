@@ -1,7 +1,7 @@
 """What every benchmark section shares: a result row, A/B interleaving, and the Markdown/JSON report.
 
 A comparison is measured in one run with its two sides interleaved (A B A B …) so that a noisy machine slows
-both alike; each side's median is reported and the ratio of the medians is what the README quotes.
+both alike; each side's median is reported and the ratio of the medians is what docs/performance.md quotes.
 """
 
 from __future__ import annotations

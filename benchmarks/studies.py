@@ -58,8 +58,8 @@ study's, fixed) and the same number of samples per loss. ``epochs trained``: Σ 
 the study's ``summary/<study>/results.csv`` (``ours`` with ASHA, ``baseline`` without, ``ratio`` ASHA/full;
 goal ≤ 0.40 with every loss's best within the seed spread). ``best kNN``: per loss, the best final kNN top-1
 of any trial (``ratio`` = ASHA − full, in points; goal ≥ −1.5: the seed spread is taken as 1.5 points, the
-README's CPU-default temperature sweep having cells ±1-2 over 3 seeds; ``--study-dir`` on a several-seed study
-prints its measured spread). Quick: ``--smoke`` at one loss and 2 samples (plumbing only; the run without ASHA
+CPU-default temperature sweep (docs/results.md) having cells ±1-2 over 3 seeds; ``--study-dir`` on a several-seed
+study prints its measured spread). Quick: ``--smoke`` at one loss and 2 samples (plumbing only; the run without ASHA
 is the one the quick overhead and CPU-busy rows measure); full: the CPU preset with 5 samples per loss instead
 of 10.
 """
@@ -98,7 +98,7 @@ STUDIES = REPO / "studies"
 OVERHEAD_GOAL = 0.10  # platform overhead at most 10% of a CPU-default study's wall time
 BUSY_GOAL = 0.90  # both cores at least 90% busy while trials run
 ASHA_EPOCHS_GOAL = 0.40  # ASHA trains at most 40% of the epochs …
-SEED_SPREAD = 1.5  # … for a best kNN within this many points of the full search's (README: cells ±1-2)
+SEED_SPREAD = 1.5  # … for a best kNN within this many points of the full search's (docs/results.md: cells ±1-2)
 SAMPLE_EVERY = 0.5  # seconds between /proc/stat samples
 STUDY_TIMEOUT = 1800  # seconds: a study that takes longer is stuck
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -617,7 +617,7 @@ def asha_rows(quick: bool, full_run: Launch, asha_run: Launch) -> list[Row]:
         rows.append(Row(
             SECTION, f"tau_lr_search ASHA vs full budget: best kNN top-1, {loss}", asha.best[loss], full.best[loss],
             delta, f">= -{SEED_SPREAD} pp" if goal else "", delta >= -SEED_SPREAD if goal else None, "%",
-            f"ratio = ASHA − full in points; seed spread {SEED_SPREAD} pp (README: CPU-default cells ±1-2)"))
+            f"ratio = ASHA − full in points; seed spread {SEED_SPREAD} pp (docs/results.md: CPU-default cells ±1-2)"))
     return rows
 
 

@@ -7,9 +7,9 @@ points at batch 32 and +2.2 at 512. This study runs that grid with several seeds
 one MLflow run per trial plus a summary run. Every batch size sees the same images per epoch, so trials cost the
 same; the learning rate follows the linear scaling rule in dcl_core.config.derive.
 
-    python studies/batch_size_sweep.py                  # CPU default: 2 cores, 7-13 min
-    python studies/batch_size_sweep.py --smoke          # ~1 min, for tests
-    python studies/batch_size_sweep.py --preset cpu_long  # 39 min: tau 0.07, 40 epochs, batch 16-128
+    python studies/batch_size_sweep.py                  # CPU default, 2 cores
+    python studies/batch_size_sweep.py --smoke          # for tests
+    python studies/batch_size_sweep.py --preset cpu_long  # tau 0.07, 40 epochs, batch 16-128
     python studies/batch_size_sweep.py --dry-run        # the trials and their estimated cost, nothing run
     ray job submit --working-dir . -- python studies/batch_size_sweep.py --preset paper --gpus-per-worker 1
 
@@ -17,9 +17,9 @@ It ends with the answer: per-cell 95% CIs, the gap paired by seed, Table 1 besid
 and verdicts on the gap at the smallest batch and its slope per doubling of the batch (t-intervals over seeds of
 each seed's gap and slope), each beside Table 1's value over the batch sizes both grids share.
 
-Cost: cpu 6.5-13 min on 2 cores (measured on two days; 40 trials: 2 losses × batch 32-256 × 5 seeds); cpu_long
-38.7 min (measured; 24 trials: 2 losses × batch 16-128 × 3 seeds); paper = 2 losses × 5 batch sizes × 200 epochs
-of ResNet-18 on CIFAR-10.
+Work: cpu 40 trials (2 losses × batch 32-256 × 5 seeds); cpu_long 24 trials (2 losses × batch 16-128 × 3
+seeds); paper = 2 losses × 5 batch sizes × 200 epochs of ResNet-18 on CIFAR-10. Measured times: the README's
+studies table; --dry-run estimates them on this machine.
 """
 
 import sys
@@ -35,7 +35,7 @@ from search_spaces import LR, PAPER_BATCH_SIZES, TAU, Grid
 
 PRESETS = {
     "smoke": smoke({"optim.epochs": 1}, axis=(16, 32), samples=2),  # axis: batch size
-    # 5 seeds per cell within 15 minutes on 2 cores (measured): every trial sees the same 2,500 images per epoch, so
+    # 5 seeds per cell in minutes on 2 cores (README, Studies): every trial sees the same 2,500 images per epoch, so
     # each costs about the same. Batch 512 is left to the paper preset: on 2,500 images it is 4 steps an epoch,
     # too few for any loss to learn in a CPU budget.
     "cpu": cpu({"optim.epochs": 5, "loss.temperature": 0.1, "eval.knn_every": 5}, axis=(32, 64, 128, 256), seeds=5),

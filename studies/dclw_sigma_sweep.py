@@ -7,13 +7,13 @@ hard positives strongly, σ → ∞ gives w = 1, i.e. DCL (σ = 1000 is in the g
 claim at its σ (DCLW σ = 0.5 beats DCL), then whether the best σ of the grid does (a maximum over σ, with a
 simultaneous interval, so picking the best σ after the fact does not inflate it).
 
-    python studies/dclw_sigma_sweep.py                  # CPU default: 2 cores, 6.9 min
-    python studies/dclw_sigma_sweep.py --smoke          # ~1 min, for tests
+    python studies/dclw_sigma_sweep.py                  # CPU default, 2 cores
+    python studies/dclw_sigma_sweep.py --smoke          # for tests
     python studies/dclw_sigma_sweep.py --search optuna  # TPE over σ
     ray job submit --working-dir . -- python studies/dclw_sigma_sweep.py --preset paper --gpus-per-worker 1
 
-Cost: cpu 6.9 min = 5 σ × 3 seeds, 8 epochs each on 2,500 CIFAR-10 images; paper = 6 σ × 200 epochs of ResNet-18 on
-CIFAR-10 at batch 256 (Table 2's setting).
+Work: cpu 5 σ × 3 seeds, 8 epochs each on 2,500 CIFAR-10 images (times: README, Studies); paper = 6 σ × 200
+epochs of ResNet-18 on CIFAR-10 at batch 256 (Table 2's setting).
 """
 
 import sys

@@ -8,7 +8,7 @@ to MLflow as the study's summary run. The verdict (slope of I_NCE − I_EqCo per
 MI) trains 3 critics per cell there, from different seeds, and takes a t-interval over their slopes: the variance
 of training a critic is in it, not only that of the evaluation batches.
 
-    python studies/eqco_mi_toy.py            # the paper's full scale on CPU: 56 runs x 5000 steps, 8.1 min on 2 cores
+    python studies/eqco_mi_toy.py            # the paper's full scale on CPU: 56 runs x 5000 steps
     python studies/eqco_mi_toy.py --preset paper  # the paper's protocol exactly: one critic per cell (40 runs)
     python studies/eqco_mi_toy.py --smoke    # seconds, for tests
     python studies/eqco_mi_toy.py --dry-run  # the runs and their estimated time (times a few steps), no Ray

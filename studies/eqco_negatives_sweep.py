@@ -6,15 +6,15 @@ without it (α = K, i.e. InfoNCE over the same K negatives) accuracy drops at sm
 with α = K and with α fixed (256, the paper's value), and prints kNN top-1 per (framework, α) across K.
 ``eqco(α=K)`` is exactly InfoNCE with K negatives (tested identity). One MLflow run per trial plus a summary.
 
-    python studies/eqco_negatives_sweep.py                  # CPU default: 2 cores, 12.6 min
-    python studies/eqco_negatives_sweep.py --smoke          # ~1-2 min, for tests
+    python studies/eqco_negatives_sweep.py                  # CPU default, 2 cores
+    python studies/eqco_negatives_sweep.py --smoke          # for tests
     python studies/eqco_negatives_sweep.py --search optuna  # TPE over α per (framework, K)
     ray job submit --working-dir . -- python studies/eqco_negatives_sweep.py --preset paper \\
         --data-root /data/imagenet --gpus-per-worker 1 --workers 8
 
-Cost: cpu 12.6 min = 2 frameworks × 3 K × 2 α × 3 seeds, 6 epochs each on 2,500 CIFAR-10 images; paper =
-ImageNet, ResNet-50, batch 256, 200 epochs, K ∈ {16, 32, 64, 128, 256} (SiMo's largest K is the N−1 = 255 other
-keys).
+Work: cpu 2 frameworks × 3 K × 2 α × 3 seeds, 6 epochs each on 2,500 CIFAR-10 images (times: README,
+Studies); paper = ImageNet, ResNet-50, batch 256, 200 epochs, K ∈ {16, 32, 64, 128, 256} (SiMo's largest K is
+the N−1 = 255 other keys).
 """
 
 import sys

@@ -6,14 +6,14 @@ SimCLR + DCL at 100 epochs (64.6%) nearly matches its 200-epoch result, while th
 shorter training run is, not a truncated longer one), prints kNN top-1 per (loss, budget) with the
 DCL − InfoNCE gap, and logs every trial's per-epoch kNN curve to MLflow (compare runs for Fig. 4).
 
-    python studies/few_epochs.py                  # CPU default: 2 cores, 5.4 min
-    python studies/few_epochs.py --smoke          # ~1 min, for tests
+    python studies/few_epochs.py                  # CPU default, 2 cores
+    python studies/few_epochs.py --smoke          # for tests
     python studies/few_epochs.py --set framework.name=moco --set framework.momentum=0.99   # MoCo-v2 instead
     ray job submit --working-dir . -- python studies/few_epochs.py --preset paper --data-root /data/imagenet \\
         --gpus-per-worker 1 --workers 8
 
-Cost: cpu 5.4 min = 2 losses × budgets {2, 4, 8} × 3 seeds on 2,500 CIFAR-10 images; paper = ImageNet-1K, ResNet-50,
-batch 256, SimCLR and MoCo-v2 (queue 65536) × {100, 200} epochs.
+Work: cpu 2 losses × budgets {2, 4, 8} × 3 seeds on 2,500 CIFAR-10 images (times: README, Studies); paper =
+ImageNet-1K, ResNet-50, batch 256, SimCLR and MoCo-v2 (queue 65536) × {100, 200} epochs.
 """
 
 import sys

@@ -7,20 +7,19 @@ that cell (batch 16, τ 0.07, 40 epochs, the CPU protocol) for both losses at ba
 value) and 0.48, and compares each loss at its best lr (tuned against tuned). The paper reports no run at this
 batch and τ: its sign (DCL ahead) is what the verdict is read against.
 
-    python studies/lr_in_regime.py                   # CPU default: 2 seeds, 22 min on 2 cores
-    python studies/lr_in_regime.py --preset cpu_long  # 5 seeds, 43-48 min on 2 cores (the README's result)
+    python studies/lr_in_regime.py                   # CPU default: 2 seeds
+    python studies/lr_in_regime.py --preset cpu_long  # 5 seeds (docs/results.md)
     python studies/lr_in_regime.py --until-resolved --max-minutes 90   # seeds until resolved
-    python studies/lr_in_regime.py --smoke            # ~1 min, for tests
+    python studies/lr_in_regime.py --smoke            # for tests
     python studies/lr_in_regime.py --dry-run          # the trials and their estimated cost, nothing run
 
 It ends with the answer: per-cell 95% CIs with q_B (each loss's best lr is its highest row mean), DCL − InfoNCE
 paired by seed at each lr, and two verdicts: tuned DCL − tuned InfoNCE (best lr each; paired t bounds corrected
 for picking the best of 3 lrs, calibrated by simulated studies) and DCL − InfoNCE at the shared lr 0.24.
 
-Cost: each trial is one cpu_long cell (~3 CPU-minutes, 2 at a time on 2 cores): cpu_long 30 trials (2 losses ×
-3 lrs × 5 seeds) took 42.8 min on one otherwise idle 2-core machine and 47.6 on another; cpu 12 trials (× 2 seeds)
-21.5 min on the second (measured 2026-11-25, the study alone); the paper protocol has no such run (a ResNet-18 at
-batch 16 for 500 epochs would be the analogue; not offered).
+Work: each trial is one cpu_long cell, 2 at a time on 2 cores: cpu_long 30 trials (2 losses × 3 lrs × 5 seeds), cpu
+12 trials (× 2 seeds); measured times: the README's studies table. The paper protocol has no such run (a ResNet-18
+at batch 16 for 500 epochs would be the analogue; not offered).
 """
 
 import sys

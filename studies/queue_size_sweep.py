@@ -6,14 +6,14 @@ linear: +2.5 points at K = 32, +0.7 at 8192). This study trains MoCo-v2 with Inf
 sizes, prints kNN top-1 per (loss, K) with the DCL − InfoNCE gap per K, writes the plot and logs one MLflow
 run per trial plus a summary run.
 
-    python studies/queue_size_sweep.py                  # CPU default: 2 cores, 6.5 min
-    python studies/queue_size_sweep.py --smoke          # ~1-2 min, for tests
+    python studies/queue_size_sweep.py                  # CPU default, 2 cores
+    python studies/queue_size_sweep.py --smoke          # for tests
     python studies/queue_size_sweep.py --search optuna  # TPE over (τ, lr) per (loss, K)
     ray job submit --working-dir . -- python studies/queue_size_sweep.py --preset paper \\
         --data-root /data/imagenet100 --gpus-per-worker 1 --workers 8
 
-Cost: cpu 6.5 min = 2 losses × 3 queue sizes × 3 seeds, 5 epochs each on 2,500 CIFAR-10 images; paper = ImageNet-100,
-ResNet-50, batch 256, 200 epochs, queue ∈ {32, 64, 128, 256, 8192}, τ 0.2, lr 0.03 (MoCo-v2).
+Work: cpu 2 losses × 3 queue sizes × 3 seeds, 5 epochs each on 2,500 CIFAR-10 images (times: README, Studies);
+paper = ImageNet-100, ResNet-50, batch 256, 200 epochs, queue ∈ {32, 64, 128, 256, 8192}, τ 0.2, lr 0.03 (MoCo-v2).
 """
 
 import sys

@@ -5,14 +5,14 @@ Ray Tune; ``--asha`` stops poor trials early (the kNN monitor runs every epoch s
 Prints the best pair per loss, and logs Optuna's optimisation-history and hyperparameter-importance plots with
 the results table to the study's MLflow summary run (one MLflow run per trial as well).
 
-    python studies/tau_lr_search.py                  # CPU default: 2 cores, 7.7 min
+    python studies/tau_lr_search.py                  # CPU default, 2 cores
     python studies/tau_lr_search.py --asha           # the same budget, poor trials stopped early
-    python studies/tau_lr_search.py --smoke          # ~1-2 min, for tests
+    python studies/tau_lr_search.py --smoke          # for tests
     ray job submit --working-dir . -- python studies/tau_lr_search.py --preset paper --data-root /data/imagenet \\
         --gpus-per-worker 1 --workers 8
 
-Cost: cpu 7.7 min = 2 losses × 10 trials × 6 epochs on 2,500 CIFAR-10 images; paper = ImageNet-1K, ResNet-50, batch
-256, 200 epochs, 30 trials per loss.
+Work: cpu 2 losses × 10 trials × 6 epochs on 2,500 CIFAR-10 images (times: README, Studies); paper = ImageNet-1K,
+ResNet-50, batch 256, 200 epochs, 30 trials per loss.
 """
 
 import sys

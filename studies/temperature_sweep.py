@@ -8,9 +8,9 @@ This study runs the same grid (several seeds per cell) and prints a Table-18-sha
 with each loss's Std and range across τ, writes the plot (kNN top-1 vs τ), and logs one MLflow run per trial
 plus a summary run.
 
-    python studies/temperature_sweep.py                  # CPU default: 2 cores, 7-15 min
-    python studies/temperature_sweep.py --smoke          # ~1 min, for tests
-    python studies/temperature_sweep.py --preset cpu_long  # 38 min: 40 epochs at batch 16, into the NPC regime
+    python studies/temperature_sweep.py                  # CPU default, 2 cores
+    python studies/temperature_sweep.py --smoke          # for tests
+    python studies/temperature_sweep.py --preset cpu_long  # 40 epochs at batch 16, into the NPC regime
     python studies/temperature_sweep.py --search optuna  # TPE search for the best τ (and lr) per loss
     python studies/temperature_sweep.py --dry-run        # the trials and their estimated cost, nothing run
     ray job submit --working-dir . -- python studies/temperature_sweep.py --preset paper --gpus-per-worker 1
@@ -19,9 +19,9 @@ It ends with the answer: per-cell 95% CIs, DCL − InfoNCE paired by seed, Table
 regime, and the verdict on Std-across-τ(InfoNCE) − Std-across-τ(DCL): each seed's own Δstd (one run per τ, as
 Table 18 measures it), with a t-interval over seeds.
 
-Cost: cpu 6.7-14.4 min on 2 cores (measured on two days; 40 trials: 2 losses × 4 τ × 5 seeds, 2 at a time);
-cpu_long 37.5 min (measured; 24 trials: 2 losses × 4 τ × 3 seeds, 40 epochs at batch 16); paper = 2 losses ×
-11 τ × 500 epochs of a ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on V100-class GPUs).
+Work: cpu 40 trials (2 losses × 4 τ × 5 seeds, 2 at a time); cpu_long 24 trials (2 losses × 4 τ × 3 seeds, 40
+epochs at batch 16); paper = 2 losses × 11 τ × 500 epochs of a ResNet-18 at batch 512 (≈ 22 × 4 GPU-hours on
+V100-class GPUs). Measured times: the README's studies table; --dry-run estimates them on this machine.
 """
 
 import sys
@@ -38,7 +38,7 @@ from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 # Per preset: base config, τ grid, losses, seeds, Optuna trials per loss.
 PRESETS = {
     "smoke": smoke({"optim.epochs": 1, "optim.batch_size": 32}, axis=(0.1, 0.5), samples=2),  # axis: τ
-    # Sized so 5 seeds per cell run on 2 cores within 15 minutes (measured): the shared CPU protocol, 5 epochs
+    # Sized so 5 seeds per cell run on 2 cores in minutes (README, Studies): the shared CPU protocol, 5 epochs
     # (the batch-size study's protocol), small batches (the regime where the paper finds InfoNCE weakest), kNN
     # after the last epoch. Seeds before epochs: the effect is small next to the seed spread, so a verdict needs n
     # more than it needs a longer schedule.

@@ -118,8 +118,8 @@ def test_a_stale_map_is_detected(tmp_path):
     (tmp_path / "dcl_core" / "files.py").write_text('"""Atomic writes. More text."""\n')
     before = render(tmp_path)
     assert "| `dcl_core.files` | Atomic writes. |" in before
-    (tmp_path / "dcl_core" / "knn.py").write_text('"""The kNN monitor (Wu et al. 2018, Sec. 3.4). More."""\n')
-    assert "| `dcl_core.knn` | The kNN monitor (Wu et al. 2018, Sec. 3.4). |" in render(tmp_path)
+    (tmp_path / "dcl_core" / "distributed.py").write_text('"""The kNN monitor (Wu et al. 2018, Sec. 3.4). More."""\n')
+    assert "| `dcl_core.distributed` | The kNN monitor (Wu et al. 2018, Sec. 3.4). |" in render(tmp_path)
     (tmp_path / "dcl_core" / "files.py").write_text('"""Atomic writes and reads. More text."""\n')
     assert render(tmp_path) != before
 

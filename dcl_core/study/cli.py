@@ -453,7 +453,7 @@ def reanalyze_recorded(script: Script, recorded: Mapping[str, Any], output_dir: 
     if "set" in given:
         given["set"] = tuple(given["set"] or ())
     args = replace(spec_args_of(ns), **given)
-    options = StudyOptions(output_dir=output_dir, tracking_uri=tracking_uri,
+    options = StudyOptions(output_dir=output_dir, tracking_uri=tracking_uri, asha=args.asha,
                            verbosity=QUIET if quiet else PROGRESS)
     return run_request(script, StudyRequest(args, options, reanalyze=True))
 

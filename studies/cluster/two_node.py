@@ -1,6 +1,6 @@
 """A real two-node Ray cluster on one Linux machine, and a study submitted to it (optionally losing a node).
 
-Does a study submitted with the README's `ray job submit` line run across nodes that have their own addresses,
+Does a study submitted with docs/cluster.md's `ray job submit` line run across nodes that have their own addresses,
 under Ray's token auth, with MLflow on a server, and does it survive its worker node dying mid-study? As root,
 two network namespaces joined by a veth pair are two hosts to Ray:
 
@@ -10,11 +10,11 @@ two network namespaces joined by a veth pair are two hosts to Ray:
 1. Namespaces ``dcl<pid>h`` (head) and ``dcl<pid>w`` (worker) and a veth pair between them, addressed
    198.51.100.1 and .2 (TEST-NET-2, a documentation range) with no route anywhere else: the cluster's traffic
    stays inside the two namespaces.
-2. Token auth as the README's recipe sets it up: ``RAY_AUTH_MODE=token``, ``ray get-auth-token --generate`` in a
+2. Token auth as docs/cluster.md's recipe sets it up: ``RAY_AUTH_MODE=token``, ``ray get-auth-token --generate`` in a
    home folder of its own (the token both nodes read), mode 600.
 3. In the head namespace: ``ray start --head`` (with its dashboard, 1 CPU) and an ``mlflow server``; in the
    worker namespace: ``ray start --address 198.51.100.1:6379`` (1 CPU). It waits until Ray lists 2 alive nodes.
-4. In the head namespace, the README's line: ``ray job submit --address http://198.51.100.1:8265 --working-dir
+4. In the head namespace, docs/cluster.md's line: ``ray job submit --address http://198.51.100.1:8265 --working-dir
    <checkout> -- python studies/temperature_sweep.py --smoke --seeds 2 --set optim.epochs=10 --data-root ...
    --output-dir ... --tracking-uri http://198.51.100.1:5000`` (2 seeds: 8 trials, one per node at a time; 10
    epochs, so that a trial is killed between two of its checkpoints rather than before its first).

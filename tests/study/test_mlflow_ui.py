@@ -1,4 +1,4 @@
-"""The MLflow UI shows a study as the README says, clicked through in a real headless Chromium driven by
+"""The MLflow UI shows a study as docs/outputs.md says, clicked through in a real headless Chromium driven by
 Playwright (``.ci/check_mlflow_ui.py``; ``.ci/run`` installs Debian's chromium, the ``test`` extra Playwright):
 the printed ``runs:`` URL (its saved view: the verdict legible in the study's row, no click), the ``compare:``
 URL's saved view (the verdict in the study's row, one colour per loss in its chart), the study's run page (its
@@ -77,7 +77,7 @@ def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
 
 
 def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
-    # The README says the view is rewritten by each run: a study whose grid changed must not keep the old grouping.
+    # docs/outputs.md says the view is rewritten by each run: a study whose grid changed must not keep the old grouping.
     from mlflow.tracking import MlflowClient
     _study(tmp_path)
     spec = StudySpec(name="ui_study", base=preset("smoke"),

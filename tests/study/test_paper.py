@@ -200,8 +200,8 @@ def test_gap_slope_on_hand_made_numbers():
     assert math.isnan(gap_slope({8: 1.0}, {8: 0.0}))
 
 
-def test_mi_toy_reexports_table5_and_the_claim_matches_it():
-    from dcl_core.study.execution import mi_toy
+def test_the_mi_toy_reads_table5_and_the_claim_matches_it():
+    from dcl_core.study.analysis import mi_toy
 
     assert mi_toy.PAPER_TABLE5 is P.PAPER_TABLE5
     assert mi_toy.PAPER_KS is P.PAPER_KS == (64, 128, 256, 512)

@@ -1,4 +1,4 @@
-"""The README's cluster recipe, run as written: ``ray start --head`` with Ray's token authentication on, ``ray job
+"""docs/cluster.md's cluster recipe, run as written: ``ray start --head`` with Ray's token authentication on, ``ray job
 submit`` of the smoke study, and the head stopped by its own process; then the study's MLflow store served by a
 real ``mlflow server`` and read back through its REST API as the UI reads it."""
 
@@ -44,9 +44,9 @@ def wait_http(url: str, timeout: float = 90) -> None:
 
 
 def readme_recipe() -> str:
-    """The README's one-machine cluster recipe: the fenced block after its marker."""
-    text = (REPO / "README.md").read_text()
-    assert RECIPE_MARK in text, "the README lost its cluster recipe's marker"
+    """The one-machine cluster recipe of docs/cluster.md: the fenced block after its marker."""
+    text = (REPO / "docs" / "cluster.md").read_text()
+    assert RECIPE_MARK in text, "docs/cluster.md lost its cluster recipe's marker"
     block = re.search(r"```bash\n(.*?)```", text[text.index(RECIPE_MARK):], re.S)
     assert block is not None
     return block.group(1)
@@ -66,7 +66,7 @@ def test_readme_recipe_is_what_a_newcomer_types():
 
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="no embedded CIFAR-10")
 def test_readme_cluster_recipe_runs_as_written(tmp_path):
-    """The README's block with only its values substituted (ports, the data's path), in a fresh home folder (no
+    """The recipe's block with only its values substituted (ports, the data's path), in a fresh home folder (no
     token yet, as on a new machine) and an environment without any RAY_ variable: the job succeeds, its log
     carries no traceback and no advice to disable auth, and the head's processes are gone after its kill."""
     data_root = resolve_data_root("cifar10", None)

@@ -1,5 +1,5 @@
 """Faults injected into running studies (real Ray, real files): Ctrl-C, a corrupt checkpoint, a trial that
-fails the same way every time. Each test states the behaviour the README promises."""
+fails the same way every time. Each test states the behaviour docs/failure-behaviour.md promises."""
 
 import json
 import os
@@ -153,7 +153,7 @@ print("done")
 def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out(tmp_path):
     """The exit traceback can come from any worker (a trial, a Ray Train worker, one of Tune's helpers), so
     ``init_ray`` installs the hook in every worker process, not only in trials. And a local study's console no
-    longer starts with Ray's warning that suggests ``RAY_AUTH_MODE=disabled`` (README: never do that): the study
+    longer starts with Ray's warning that suggests ``RAY_AUTH_MODE=disabled`` (docs: never do that): the study
     asks for token authentication explicitly, which Ray 2.60 would turn on anyway."""
     code = """
 import sys

@@ -1,6 +1,6 @@
 """A real two-node Ray cluster: ``studies/cluster/two_node.sh`` builds two network namespaces joined by a veth pair
 (as root), starts a Ray head with an MLflow server in one and a Ray worker in the other, submits the smoke
-temperature study with the README's ``ray job submit`` line and kills the worker node mid-study. The results must
+temperature study with docs/cluster.md's ``ray job submit`` line and kills the worker node mid-study. The results must
 equal an uninterrupted single-machine run of the same study, MLflow must hold one finished run per trial, and
 nothing of the cluster may outlive the script, on success or on Ctrl-C.
 

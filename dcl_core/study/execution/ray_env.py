@@ -4,7 +4,7 @@ threshold on a quiet console, and what every Ray worker process of a study runs 
 
 Ray 2.60 turns token authentication on for a new local instance whatever the environment says (and writes
 ``~/.ray/auth_token``), then warns on the console's first line that ``RAY_AUTH_MODE=disabled`` opts out, which
-the README says never to do on a shared network. A study asks for token mode explicitly instead
+docs/failure-behaviour.md says never to do on a shared network. A study asks for token mode explicitly instead
 (:func:`request_token_auth`): the same security, no such advice. Ray reads the mode when it is first imported,
 so this is set before the runner imports Ray; a cluster's mode is the cluster's (``--address``, ``ray job
 submit``): a study attaching to one leaves it to Ray, which uses a token when it finds one.

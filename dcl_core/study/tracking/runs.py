@@ -195,7 +195,7 @@ class StudyRuns:
         """A model-training experiment described by the study's question, with its saved views (the runs view and
         the caller's tags, the study's compare view: :mod:`.mlflow_view`). MLflow 3.0-3.x UIs chose
         an experiment's page by its kind tag and guessed GenAI without it; 3.17's follows a per-browser mode
-        instead (README: browse the runs)."""
+        instead (docs/outputs.md)."""
         tags = {EXPERIMENT_KIND_TAG: "custom_model_development", **self._view_tags()}
         if self.description:
             tags["mlflow.note.content"] = self.description
