@@ -10,9 +10,10 @@ import pytest
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
 from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
 from dcl_core.study.analysis.paper import paper_claim
+from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
 
-FLATTER = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
-GAP = Question("DCL beats InfoNCE at the smallest τ", "gap_at_smallest", "dcl", "infonce", label="gap")
+FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
+GAP = Question("DCL beats InfoNCE at the smallest τ", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")
 
 
 def rows(effect, noise, seeds=5, taus=(0.1, 0.5, 1.0), rng_seed=0, q=0.9):
@@ -133,9 +134,9 @@ def _eqco_rows(seeds=4):
 
 
 def test_a_claimed_range_leaves_cells_below_it_out_of_the_verdict_and_labels_them():
-    inside = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+    inside = Question("EqCo beats α = K at the smallest K (SimCLR)", GAP_AT_SMALLEST, "simclr+eqco(α=256)",
                       "simclr+eqco(α=K)", label="gap at smallest K", x_min=16, range_note="K ≥ 16, EqCo Sec. 1")
-    everywhere = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+    everywhere = Question("EqCo beats α = K at the smallest K (SimCLR)", GAP_AT_SMALLEST, "simclr+eqco(α=256)",
                           "simclr+eqco(α=K)", label="gap at smallest K")
     pairs = (("simclr+eqco(α=256)", "simclr+eqco(α=K)"),)
     a = build_answer(_eqco_rows(), "num_negatives", "K", [inside, everywhere], pairs=pairs,
@@ -161,8 +162,8 @@ def test_best_of_questions_use_the_selection_corrected_interval():
         for sigma in (0.1, 0.5, 1.0, 1000.0):
             data.append({"series": "dclw", "sigma": sigma, "seed": s, "status": "ok", "q_mean": 0.9,
                          "knn_top1": 30 + offset + (2.0 if sigma == 0.5 else 0.0) + rng.gauss(0, 0.5)})
-    at = Question("DCLW (σ = 0.5) beats DCL", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
-    best = Question("DCLW (best σ) beats DCL", "best_margin", "dclw", baseline_x=1000.0, paper_key="best")
+    at = Question("DCLW (σ = 0.5) beats DCL", GAP_AT, "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
+    best = Question("DCLW (best σ) beats DCL", BEST_MARGIN, "dclw", baseline_x=1000.0, paper_key="best")
     a = build_answer(data, "sigma", "sigma", [at, best], pairs=(("dclw", "dclw", 1000.0),),
                      paper="dclw_sigma_sweep")
     v_at, v_best = a.verdicts

@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.answer import Answer, Verdict, fmt_x, paper_curves
+from dcl_core.study.analysis.answer import Answer, Verdict, paper_curves
+from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.paper import PaperClaim
 
 
@@ -139,7 +140,7 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
 def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
     """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
     ``ci_hi``, ``supports``, ``contradicts``, ``paper``, ``seeds_needed``), finite values only."""
-    key = f"verdict/{v.question.statistic}_{i}"
+    key = f"verdict/{v.question.statistic.name}_{i}"
     out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
            f"{key}/supports": float(v.words == "supports the paper"),
            f"{key}/contradicts": float(v.words == "contradicts the paper"),

@@ -17,7 +17,16 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from dcl_core.study.analysis.colours import series_colour
-from dcl_core.study.analysis.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Row, Status, cell_label
+from dcl_core.study.analysis.columns import (
+    COLUMN_NAMES,
+    FLOAT_COLUMNS,
+    KNN_TOP1,
+    STATUS,
+    Row,
+    Status,
+    cell_label,
+    fmt_x,
+)
 
 
 def pyplot() -> Any:
@@ -130,10 +139,6 @@ def all_gaps(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str,
     return {prefix: gaps(rows, x_key, better, base, series) for prefix, better, base in gap_pairs(names)}
 
 
-def _fmt_x(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
 def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness: bool = True,
                  gap: bool = False, series: str = "loss") -> str:
     """A paper-shaped text table: one row per series, one column per x, ``mean±std`` over seeds per cell."""
@@ -142,7 +147,7 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
     rob = robustness(rows, x_key, series)
     width = 12
     lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in c)])
-    header = f"{x_label:<{lw}}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
+    header = f"{x_label:<{lw}}" + "".join(f"{fmt_x(x):>{width}}" for x in xs)
     if with_robustness:
         header += f"{'Std':>8}{'Range':>8}"
     lines = [header]
@@ -343,7 +348,7 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
             hs = groups[name][x]
             mean = [statistics.fmean(col) for col in zip(*hs, strict=True)]
             centers = [(i + 0.5) / len(mean) for i in range(len(mean))]
-            ax.plot(centers, mean, marker=".", label=f"{x_label} {_fmt_x(x)}")
+            ax.plot(centers, mean, marker=".", label=f"{x_label} {fmt_x(x)}")
         ax.set_title(str(name))
         ax.set_xlabel("NPC multiplier q_B")
         ax.grid(alpha=0.3)
