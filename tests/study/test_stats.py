@@ -24,6 +24,7 @@ from dcl_core.study.analysis.statistics import (
 from dcl_core.study.analysis.stats import (
     MAX_SEEDS_PROJECTED,
     Estimate,
+    VerdictWord,
     cell_means,
     collect,
     format_estimate,
@@ -98,13 +99,13 @@ def test_identical_values_give_no_interval_and_no_verdict():
     2.5 %), and the zero-width interval [+3.54, +3.54] printed "supports the paper"."""
     same = t_interval([3.54, 3.54])
     assert (same.estimate, same.n, same.has_interval, same.std) == (3.54, 2, False, 0.0)
-    assert verdict(same, +1) == "not resolved" and seeds_needed(same, 2) is None
+    assert verdict(same, +1) is VerdictWord.NOT_RESOLVED and seeds_needed(same, 2) is None
     assert format_estimate(same) == "+3.5 (n=2, no interval)"
     # A best-of statistic with such a contrast has no interval either.
     data = {"dcl": {0.1: {0: 20.0, 1: 22.5}, 0.5: {0: 20.0, 1: 20.0}},
             "infonce": {0.1: {0: 17.5, 1: 20.0}, 0.5: {0: 15.0, 1: 15.0}}}
     best = max_min_interval(data, [[(("dcl", 0.1), ("infonce", 0.1))], [(("dcl", 0.5), ("infonce", 0.5))]])
-    assert best.n == 2 and not best.has_interval and verdict(best, +1) == "not resolved"
+    assert best.n == 2 and not best.has_interval and verdict(best, +1) is VerdictWord.NOT_RESOLVED
 
 
 def _float32_percent(correct: int, total: int) -> float:
@@ -124,7 +125,7 @@ def test_values_equal_up_to_float32_rounding_give_no_interval():
     assert values[0] != values[1] and values[0] == pytest.approx(values[1], abs=1e-5)  # rounding apart
     est = interval(data, FLATTER)
     assert (est.n, est.has_interval) == (2, False) and est.estimate == pytest.approx(5 / math.sqrt(2), abs=1e-5)
-    assert verdict(est, +1) == "not resolved"
+    assert verdict(est, +1) is VerdictWord.NOT_RESOLVED
     # Values from the float64 count are the same values exactly, and the smallest real spread is kept.
     assert not t_interval([100 * 12 / 40, 100 * 12 / 40]).has_interval
     assert t_interval([30.0, 30.002]).has_interval  # one image of 50,000 apart
@@ -180,7 +181,7 @@ def test_paired_interval_narrower_than_unpaired_with_shared_seed_offsets():
     a, b = t_interval(list(better.values())), t_interval(list(base.values()))
     unpaired_half = sps.t.ppf(0.975, 10) * math.sqrt(a.std**2 / 6 + b.std**2 / 6)
     assert paired.half_width < unpaired_half / 5
-    assert verdict(paired, +1) == "supports the paper"
+    assert verdict(paired, +1) is VerdictWord.SUPPORTS
 
 
 # ---------------------------------------------------------------------------------------------------- collect
@@ -210,7 +211,7 @@ def test_seed_interval_of_a_gap_is_the_paired_t_interval():
     e = interval(data, GAP_01)
     paired = paired_difference(data["dcl"][0.1], data["infonce"][0.1])
     assert (e.estimate, e.lo, e.hi, e.n) == pytest.approx((paired.estimate, paired.lo, paired.hi, 5))
-    assert e.half_width < 1 and verdict(e, +1) == "supports the paper" and verdict(e, -1) == "contradicts the paper"
+    assert e.half_width < 1 and verdict(e, +1) is VerdictWord.SUPPORTS and verdict(e, -1) is VerdictWord.CONTRADICTS
     assert seeds_needed(e, e.n) == 5
 
 
@@ -235,15 +236,15 @@ def test_per_seed_std_difference_is_each_seeds_own_std_across_x():
         own = {s: {x: by_x[x][seed] for x in by_x} for s, by_x in data.items()}
         assert v == pytest.approx(flatter(own))
     e = interval(data, FLATTER)
-    assert e.estimate > 3 and e.n == 5 and verdict(e, +1) == "supports the paper"
+    assert e.estimate > 3 and e.n == 5 and verdict(e, +1) is VerdictWord.SUPPORTS
     flat = interval(collect(planted(effect=0.0, noise=0.3), "temperature"), FLATTER)
-    assert verdict(flat, +1) == "not resolved"
+    assert verdict(flat, +1) is VerdictWord.NOT_RESOLVED
 
 
 def test_seed_interval_needs_two_seeds_in_the_cells_it_uses():
     e = interval(collect(planted(effect=3.0, seeds=1), "temperature"), GAP_01)
     assert e.n == 1 and not e.has_interval and e.estimate == pytest.approx(3.0, abs=1.5)
-    assert verdict(e, +1) == "not resolved" and seeds_needed(e, e.n) is None
+    assert verdict(e, +1) is VerdictWord.NOT_RESOLVED and seeds_needed(e, e.n) is None
     rows = [r for r in planted(effect=3.0) if r["temperature"] != 0.1 or r["seed"] == 0]
     e = interval(collect(rows, "temperature"), GAP_01)
     assert e.n == 1 and not e.has_interval  # other x have 5 seeds, but the gap at 0.1 rests on one each
@@ -324,15 +325,15 @@ def test_std_difference_over_common_x_with_ddof():
 
 
 @pytest.mark.parametrize(("lo", "hi", "sign", "words"), [
-    (0.1, 2.0, +1, "supports the paper"),
-    (1e-12, 2.0, +1, "supports the paper"),
-    (0.0, 2.0, +1, "not resolved"),  # touching 0
-    (-2.0, 0.0, +1, "not resolved"),
-    (-2.0, -1e-12, +1, "contradicts the paper"),
-    (-2.0, -0.1, -1, "supports the paper"),
-    (0.1, 2.0, -1, "contradicts the paper"),
-    (-0.1, 0.1, -1, "not resolved"),
-    (math.nan, math.nan, +1, "not resolved"),
+    (0.1, 2.0, +1, VerdictWord.SUPPORTS),
+    (1e-12, 2.0, +1, VerdictWord.SUPPORTS),
+    (0.0, 2.0, +1, VerdictWord.NOT_RESOLVED),  # touching 0
+    (-2.0, 0.0, +1, VerdictWord.NOT_RESOLVED),
+    (-2.0, -1e-12, +1, VerdictWord.CONTRADICTS),
+    (-2.0, -0.1, -1, VerdictWord.SUPPORTS),
+    (0.1, 2.0, -1, VerdictWord.CONTRADICTS),
+    (-0.1, 0.1, -1, VerdictWord.NOT_RESOLVED),
+    (math.nan, math.nan, +1, VerdictWord.NOT_RESOLVED),
 ])
 def test_verdict_boundaries(lo, hi, sign, words):
     est = (lo + hi) / 2 if math.isfinite(lo) else 1.0
@@ -376,3 +377,9 @@ def test_estimate_properties_and_format():
     assert format_estimate(e, digits=2, signed=False) == "0.60 [-0.90, 2.10]"
     assert format_estimate(Estimate(0.6, math.nan, math.nan, 1)) == "+0.6 (n=1, no interval)"
     assert not Estimate(0.6, -math.inf, 1.0, 3).has_interval
+
+
+def test_verdict_words_are_the_printed_strings():
+    """The enum's values are exactly the words table.txt prints and the summary run's tags hold."""
+    assert [str(w) for w in VerdictWord] == ["supports the paper", "contradicts the paper", "not resolved"]
+    assert f"{VerdictWord.NOT_RESOLVED}" == "not resolved" and VerdictWord("supports the paper") is VerdictWord.SUPPORTS

@@ -22,7 +22,7 @@ from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
 from dcl_core.study.analysis.report import gap_pairs
 from dcl_core.study.analysis.statistics import Statistic
-from dcl_core.study.analysis.stats import Means, nan
+from dcl_core.study.analysis.stats import Means, VerdictWord, nan
 
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
 
@@ -139,7 +139,7 @@ class PaperValue:
 class Verdict:
     question: Question
     estimate: stats.Estimate
-    words: str  # supports the paper / contradicts the paper / not resolved
+    words: VerdictWord
     paper: PaperValue
     seeds_needed: int | None
 
@@ -164,7 +164,7 @@ class Verdict:
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
-        if self.words != "not resolved" or math.isnan(self.estimate.estimate):
+        if self.words is not VerdictWord.NOT_RESOLVED or math.isnan(self.estimate.estimate):
             return None
         if self.seeds_needed is None:
             if self.estimate.n < 2:
@@ -198,7 +198,7 @@ class Answer:
     @property
     def resolved(self) -> bool:
         """Every question has a verdict other than "not resolved" (False for a study that asks none)."""
-        return bool(self.verdicts) and all(v.words != "not resolved" for v in self.verdicts)
+        return bool(self.verdicts) and all(v.words is not VerdictWord.NOT_RESOLVED for v in self.verdicts)
 
     def outside(self) -> list[str]:
         """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per

@@ -35,6 +35,7 @@ from scipy import stats as sps
 from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
+from dcl_core.study.analysis.stats import VerdictWord
 
 SEEDS = (2, 3, 5, 8, 20)
 EFFECT = 2.5  # planted effect, in cell-noise SDs
@@ -212,9 +213,9 @@ def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: 
         est = q.estimate(simulate(kind, setting, seeds, effect, rng))
         words = stats.verdict(est, q.paper_sign)
         out.studies += 1
-        if words != "not resolved":
+        if words is not VerdictWord.NOT_RESOLVED:
             out.resolved += 1
-            out.right += words == "supports the paper"
+            out.right += words is VerdictWord.SUPPORTS
         if est.has_interval:
             out.with_interval += 1
             if truth is not None and est.lo <= truth <= est.hi:
@@ -245,19 +246,19 @@ def run_sequential(kind: Kind, setting: Setting, design: stats.Sequential, effec
     out = SequentialCell()
     for _ in range(studies):
         data = simulate(kind, setting, design.max_seeds, effect, rng)
-        words, used = "not resolved", design.max_seeds
+        words, used = VerdictWord.NOT_RESOLVED, design.max_seeds
         for n in design.looks:
             seen = {s: {x: {k: v for k, v in cell.items() if k < n} for x, cell in by_x.items()}
                     for s, by_x in data.items()}
             words = stats.verdict(q.estimate(seen, design), q.paper_sign)
-            if words != "not resolved":
+            if words is not VerdictWord.NOT_RESOLVED:
                 used = n
                 break
         out.studies += 1
         out.seeds += used
-        if words != "not resolved":
+        if words is not VerdictWord.NOT_RESOLVED:
             out.resolved += 1
-            out.right += words == "supports the paper"
+            out.right += words is VerdictWord.SUPPORTS
     return out
 
 

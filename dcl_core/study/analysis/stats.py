@@ -20,7 +20,8 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 Data = dict[str, dict[Any, dict[int, float]]]  # {series: {x: {seed: value}}}
 Means = dict[str, dict[Any, float]]  # {series: {x: mean over seeds}}
 Cell = tuple[str, Any]  # (series, x)
-Verdict = Literal["supports the paper", "contradicts the paper", "not resolved"]
 nan = math.nan
 # Values closer than this (relative to max(100, |value|): 1e-4 on a percentage scale) are one value. A metric
 # computed in float32 carries ~1e-7 relative rounding per value, a statistic of several such values a few times
@@ -284,16 +284,24 @@ def _nominal_tail(looks: tuple[int, ...], tail: float) -> float:
     return float(np.quantile(np.concatenate(smallest), tail))
 
 
-def verdict(est: Estimate, paper_sign: int) -> Verdict:
+class VerdictWord(StrEnum):
+    """A verdict's words, as printed in ``table.txt`` and logged as the summary run's ``verdict_<i>`` tags."""
+
+    SUPPORTS = "supports the paper"
+    CONTRADICTS = "contradicts the paper"
+    NOT_RESOLVED = "not resolved"
+
+
+def verdict(est: Estimate, paper_sign: int) -> VerdictWord:
     """``paper_sign`` +1: the paper claims the statistic > 0; −1: < 0. Supports when the CI lies strictly on the
     paper's side of 0, contradicts when strictly on the other side; otherwise (or no interval) not resolved."""
     if paper_sign not in (1, -1):
         raise ValueError(f"paper_sign must be +1 or -1, not {paper_sign!r}")
     if not est.has_interval:
-        return "not resolved"
+        return VerdictWord.NOT_RESOLVED
     if est.lo > 0 or est.hi < 0:
-        return "supports the paper" if (est.lo > 0) == (paper_sign > 0) else "contradicts the paper"
-    return "not resolved"
+        return VerdictWord.SUPPORTS if (est.lo > 0) == (paper_sign > 0) else VerdictWord.CONTRADICTS
+    return VerdictWord.NOT_RESOLVED
 
 
 # The most seeds per cell a projection names: the most `--until-resolved` plans (rounds.MAX_SEEDS_PLANNED). An
