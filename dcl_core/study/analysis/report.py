@@ -27,6 +27,7 @@ from dcl_core.study.analysis.columns import (
     cell_label,
     fmt_x,
 )
+from dcl_core.study.analysis.statistics import gap_between, std_across
 
 
 def pyplot() -> Any:
@@ -99,11 +100,17 @@ def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, di
 
 
 def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[str, float]]:
-    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
+    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column).
+
+    The std is :func:`.statistics.std_across` of the row's cell means (0 for a single cell), i.e. the std of the
+    mean curve. It is not what a verdict's Δstd estimates (:data:`.statistics.STD_DIFFERENCE`: the mean over
+    seeds of each seed's own std difference); the table's caption says "across the row's cell means"."""
     out = {}
     for loss, by_x in cells(rows, x_key, series).items():
-        means = [c["mean"] for c in by_x.values() if not math.isnan(c["mean"])]
-        mean, std = _mean_std(means)
+        finite = {x: c["mean"] for x, c in by_x.items() if not math.isnan(c["mean"])}
+        means = list(finite.values())
+        mean = statistics.fmean(means) if means else math.nan
+        std = (std_across(finite) if len(means) > 1 else 0.0) if means else math.nan
         out[loss] = {
             "mean": mean, "std": std,
             "range": (max(means) - min(means)) if means else math.nan,
@@ -114,11 +121,14 @@ def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[st
 
 def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce",
          series: str = "loss") -> dict[Any, float]:
-    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size)."""
+    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size): the difference of the
+    two cells' means over all their finished seeds (:func:`.statistics.gap_between`), unpaired; the answer's
+    paired gaps (:attr:`.answer.Answer.pairs`) differ from it when a seed finished one cell and not the other."""
     c = cells(rows, x_key, series)
     if better not in c or base not in c:
         return {}
-    return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
+    means = {s: {x: cell["mean"] for x, cell in by_x.items()} for s, by_x in c.items()}
+    return {x: gap_between(means, (better, x), (base, x)) for x in c[better] if x in c[base]}
 
 
 def gap_pairs(names: Sequence[str], better: str = "dcl", base: str = "infonce") -> list[tuple[str, str, str]]:
