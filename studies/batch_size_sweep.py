@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST, GAP_SLOPE
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_BATCH_SIZES, TAU, Grid
@@ -59,9 +60,9 @@ def build_spec(args: SpecArgs) -> StudySpec:
     return StudySpec(
         name=args.name, base=base, grid=grid, x_key="optim.batch_size", x_label="batch", log_x=True, gap=True,
         paper="batch_size_sweep", questions=(
-            Question("DCL beats InfoNCE at the smallest batch", "gap_at_smallest", "dcl", "infonce",
+            Question("DCL beats InfoNCE at the smallest batch", GAP_AT_SMALLEST, "dcl", "infonce",
                      label="gap at smallest batch"),
-            Question("DCL's gain shrinks as the batch grows", "gap_slope", "dcl", "infonce",
+            Question("DCL's gain shrinks as the batch grows", GAP_SLOPE, "dcl", "infonce",
                      label="gap slope per doubling", paper_sign=-1, paper_key="gap_slope_per_log2_batch"),
         ),
         search={**TAU, **LR} if args.search == "optuna" else None,

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT
 from dcl_core.study.cli import SpecArgs, base_config, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import PAPER_SIGMA_GRID, SIGMA, Grid
@@ -50,9 +51,9 @@ def build_spec(args: SpecArgs) -> StudySpec:
         name=args.name, base=base_config(args, p.base), grid=grid, x_key="loss.sigma", x_label="sigma",
         log_x=True, paper="dclw_sigma_sweep", pairs=(("dclw", "dclw", DCL_SIGMA),),
         questions=(  # Table 2's claim at its σ first; the best σ of our grid is our extension (a max: simultaneous CI)
-            Question("DCLW (σ = 0.5) beats DCL (σ = 1000)", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=DCL_SIGMA,
+            Question("DCLW (σ = 0.5) beats DCL (σ = 1000)", GAP_AT, "dclw", "dclw", at_x=0.5, baseline_x=DCL_SIGMA,
                      label="σ 0.5 − DCL"),
-            Question("DCLW (best σ) beats DCL (σ = 1000)", "best_margin", "dclw", baseline_x=DCL_SIGMA,
+            Question("DCLW (best σ) beats DCL (σ = 1000)", BEST_MARGIN, "dclw", baseline_x=DCL_SIGMA,
                      label="best σ − DCL", paper_key="best_margin"),
         ),
         search=SIGMA if args.search == "optuna" else None, num_samples=args.num_samples or p.samples,

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
 from dcl_core.study.cli import SpecArgs, base_config, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
@@ -60,7 +61,7 @@ def build_spec(args: SpecArgs) -> StudySpec:
     # The paper's range: SimCLR/MoCo-type frameworks keep accuracy with EqCo for K >= 16 (EqCo Sec. 1, Sec. 5);
     # SiMo's claim reaches very small K (Sec. 3, Fig. 4). Cells below a range are shown, not counted.
     ranges = {"SimCLR": (16, "K ≥ 16, EqCo Sec. 1"), "SiMo": (None, "every K, EqCo Sec. 3")}
-    questions = tuple(Question(f"EqCo (α = {fixed}) beats α = K at the smallest K ({fw})", "gap_at_smallest",
+    questions = tuple(Question(f"EqCo (α = {fixed}) beats α = K at the smallest K ({fw})", GAP_AT_SMALLEST,
                                better, base, label="gap at smallest K", x_min=ranges[fw][0], range_note=ranges[fw][1])
                       for (better, base), fw in zip(pairs, ("SimCLR", "SiMo"), strict=True))
     return StudySpec(

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
@@ -48,7 +49,7 @@ def build_spec(args: SpecArgs) -> StudySpec:
             grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
         grids.append(grid)
     prefix = "simclr+" if len(grids) > 1 else ""
-    question = Question("DCL beats InfoNCE at the smallest epoch budget", "gap_at_smallest", f"{prefix}dcl",
+    question = Question("DCL beats InfoNCE at the smallest epoch budget", GAP_AT_SMALLEST, f"{prefix}dcl",
                         f"{prefix}infonce", label="gap at smallest budget")
     return StudySpec(
         questions=(question,), paper="few_epochs",

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import BEST_GAP, GAP_AT
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid
@@ -54,9 +55,9 @@ def build_spec(args: SpecArgs) -> StudySpec:
     grid = {"loss.name": Grid(losses_arg(args, p.losses)), "optim.base_lr": Grid(p.axis),
             "seed": Grid(tuple(range(args.seeds or p.seeds)))}
     questions = (
-        Question("tuned DCL beats tuned InfoNCE in the regime (best lr each)", "best_gap", "dcl", "infonce",
+        Question("tuned DCL beats tuned InfoNCE in the regime (best lr each)", BEST_GAP, "dcl", "infonce",
                  label="best gap"),
-        Question(f"DCL beats InfoNCE at the shared lr {SHARED_LR:g}", "gap_at", "dcl", "infonce", at_x=SHARED_LR,
+        Question(f"DCL beats InfoNCE at the shared lr {SHARED_LR:g}", GAP_AT, "dcl", "infonce", at_x=SHARED_LR,
                  label=f"gap at lr {SHARED_LR:g}", paper_key="gap_at"),
     )
     return StudySpec(

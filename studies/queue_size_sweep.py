@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_QUEUE_SIZES, TAU, Grid
@@ -46,7 +47,7 @@ def build_spec(args: SpecArgs) -> StudySpec:
     return StudySpec(
         name=args.name, base=base_config(args, p.base), grid=grid, x_key="framework.queue_size",
         x_label="queue", log_x=True, gap=True, paper="queue_size_sweep",
-        questions=(Question("MoCo-v2 + DCL beats MoCo-v2 at the smallest queue", "gap_at_smallest", "dcl", "infonce",
+        questions=(Question("MoCo-v2 + DCL beats MoCo-v2 at the smallest queue", GAP_AT_SMALLEST, "dcl", "infonce",
                             label="gap at smallest queue"),), search={**TAU, **LR} if args.search == "optuna" else None,
         num_samples=args.num_samples or p.samples, title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
     )

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import BEST_GAP
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
@@ -44,7 +45,7 @@ def build_spec(args: SpecArgs) -> StudySpec:
     return StudySpec(
         name=args.name, base=base_config(args, p.base), grid={"loss.name": Grid(losses_arg(args, p.losses))},
         x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR}, paper="tau_lr_search",
-        questions=(Question("tuned DCL beats tuned InfoNCE", "best_gap", "dcl", "infonce", label="best gap"),),
+        questions=(Question("tuned DCL beats tuned InfoNCE", BEST_GAP, "dcl", "infonce", label="best gap"),),
         num_samples=args.num_samples or p.samples, title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
     )
 

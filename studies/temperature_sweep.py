@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import BEST_GAP, STD_DIFFERENCE
 from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
@@ -65,9 +66,9 @@ def build_spec(args: SpecArgs) -> StudySpec:
     if args.search == "grid":  # an Optuna search runs once per loss (seed 0)
         grid |= {"seed": Grid(seeds), "loss.temperature": Grid(p.axis)}
     if args.search == "grid":
-        question = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
+        question = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
     else:  # each trial samples its own τ: compare the tuned results
-        question = Question("tuned DCL beats tuned InfoNCE", "best_gap", "dcl", "infonce", label="best gap",
+        question = Question("tuned DCL beats tuned InfoNCE", BEST_GAP, "dcl", "infonce", label="best gap",
                             paper_key="best_gap")
     return StudySpec(
         name=args.name, base=base, grid=grid, x_key="loss.temperature", x_label="tau",

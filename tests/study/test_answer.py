@@ -10,9 +10,11 @@ import pytest
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
 from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
 from dcl_core.study.analysis.paper import paper_claim
+from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
+from dcl_core.study.analysis.stats import VerdictWord
 
-FLATTER = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
-GAP = Question("DCL beats InfoNCE at the smallest τ", "gap_at_smallest", "dcl", "infonce", label="gap")
+FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
+GAP = Question("DCL beats InfoNCE at the smallest τ", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")
 
 
 def rows(effect, noise, seeds=5, taus=(0.1, 0.5, 1.0), rng_seed=0, q=0.9):
@@ -34,7 +36,7 @@ def rows(effect, noise, seeds=5, taus=(0.1, 0.5, 1.0), rng_seed=0, q=0.9):
 def test_planted_effect_supports_and_the_verdict_is_printed_last():
     a = build_answer(rows(effect=1.0, noise=0.2), "temperature", "tau", [FLATTER], paper="temperature_sweep")
     (v,) = a.verdicts
-    assert v.words == "supports the paper" and v.estimate.lo > 0
+    assert v.words is VerdictWord.SUPPORTS and v.estimate.lo > 0
     # like for like: Table 18's std difference over this study's τ (0.1, 0.5, 1.0), its reported +0.46 beside it
     t18 = paper_claim("temperature_sweep").series
     expected = (statistics.stdev(t18["infonce"].values[t] for t in (0.1, 0.5, 1.0))
@@ -50,7 +52,7 @@ def test_planted_effect_supports_and_the_verdict_is_printed_last():
 def test_planted_null_is_not_resolved_with_a_power_estimate():
     a = build_answer(rows(effect=0.0, noise=2.0), "temperature", "tau", [GAP])
     (v,) = a.verdicts
-    assert v.words == "not resolved" and v.estimate.lo < 0 < v.estimate.hi
+    assert v.words is VerdictWord.NOT_RESOLVED and v.estimate.lo < 0 < v.estimate.hi
     assert v.seeds_needed is not None and v.seeds_needed > 5
     assert v.power_line() == (f"  gap: ≈{v.seeds_needed} seeds per cell would resolve an effect of this size at "
                               "this spread (now 5; a projection, not a promise)")
@@ -63,7 +65,7 @@ def test_a_projection_past_the_cap_reads_as_not_resolvable():
     from dcl_core.study.analysis.stats import Estimate
 
     tiny = Estimate(0.01, -1.0, 1.02, 5)
-    line = Verdict(GAP, tiny, "not resolved", None, None).power_line()
+    line = Verdict(GAP, tiny, VerdictWord.NOT_RESOLVED, None, None).power_line()
     assert line == "  gap: not resolvable at this spread within 200 seeds per cell (the effect is small for its " \
                    "seed-to-seed spread)"
 
@@ -71,7 +73,7 @@ def test_a_projection_past_the_cap_reads_as_not_resolvable():
 def test_one_seed_per_cell_has_no_interval_and_says_so():
     a = build_answer(rows(effect=1.0, noise=0.2, seeds=1), "temperature", "tau", [FLATTER])
     (v,) = a.verdicts
-    assert v.words == "not resolved" and "no interval" in v.line()
+    assert v.words is VerdictWord.NOT_RESOLVED and "no interval" in v.line()
     assert all(not e.has_interval for by_x in a.cells.values() for e in by_x.values())
 
 
@@ -101,6 +103,7 @@ def test_metrics_and_tags_for_the_summary_run():
     assert "cell/dcl/0.1/ci_lo" in m and "paired_gap/dcl-infonce/0.1/mean" in m and "cell/infonce/0.1/q_b" in m
     assert all(math.isfinite(v) for v in m.values())
     tags = answer_tags(a)
+    assert type(tags["verdict_0"]) is str  # a plain string for MLflow, not the enum
     assert tags["verdict_0"] == "supports the paper" and tags["verdict_0_line"].startswith(FLATTER.claim)
 
 
@@ -133,16 +136,16 @@ def _eqco_rows(seeds=4):
 
 
 def test_a_claimed_range_leaves_cells_below_it_out_of_the_verdict_and_labels_them():
-    inside = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+    inside = Question("EqCo beats α = K at the smallest K (SimCLR)", GAP_AT_SMALLEST, "simclr+eqco(α=256)",
                       "simclr+eqco(α=K)", label="gap at smallest K", x_min=16, range_note="K ≥ 16, EqCo Sec. 1")
-    everywhere = Question("EqCo beats α = K at the smallest K (SimCLR)", "gap_at_smallest", "simclr+eqco(α=256)",
+    everywhere = Question("EqCo beats α = K at the smallest K (SimCLR)", GAP_AT_SMALLEST, "simclr+eqco(α=256)",
                           "simclr+eqco(α=K)", label="gap at smallest K")
     pairs = (("simclr+eqco(α=256)", "simclr+eqco(α=K)"),)
     a = build_answer(_eqco_rows(), "num_negatives", "K", [inside, everywhere], pairs=pairs,
                      paper="eqco_negatives_sweep")
     within, outside = a.verdicts
-    assert within.words == "not resolved" and abs(within.estimate.estimate) < 1  # the gap at K = 16
-    assert outside.words == "contradicts the paper" and outside.estimate.estimate == pytest.approx(-3.0, abs=0.5)
+    assert within.words is VerdictWord.NOT_RESOLVED and abs(within.estimate.estimate) < 1  # the gap at K = 16
+    assert outside.words is VerdictWord.CONTRADICTS and outside.estimate.estimate == pytest.approx(-3.0, abs=0.5)
     assert within.line().startswith("EqCo beats α = K at the smallest K (SimCLR) [K ≥ 16, EqCo Sec. 1]: ")
     assert within.line().endswith("(paper: no number in the paper)")
     text = format_answer(a)
@@ -161,8 +164,8 @@ def test_best_of_questions_use_the_selection_corrected_interval():
         for sigma in (0.1, 0.5, 1.0, 1000.0):
             data.append({"series": "dclw", "sigma": sigma, "seed": s, "status": "ok", "q_mean": 0.9,
                          "knn_top1": 30 + offset + (2.0 if sigma == 0.5 else 0.0) + rng.gauss(0, 0.5)})
-    at = Question("DCLW (σ = 0.5) beats DCL", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
-    best = Question("DCLW (best σ) beats DCL", "best_margin", "dclw", baseline_x=1000.0, paper_key="best")
+    at = Question("DCLW (σ = 0.5) beats DCL", GAP_AT, "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
+    best = Question("DCLW (best σ) beats DCL", BEST_MARGIN, "dclw", baseline_x=1000.0, paper_key="best")
     a = build_answer(data, "sigma", "sigma", [at, best], pairs=(("dclw", "dclw", 1000.0),),
                      paper="dclw_sigma_sweep")
     v_at, v_best = a.verdicts
@@ -170,5 +173,5 @@ def test_best_of_questions_use_the_selection_corrected_interval():
     assert (v_at.estimate.lo, v_at.estimate.hi) == pytest.approx((paired.lo, paired.hi))
     assert v_best.estimate.estimate == pytest.approx(paired.estimate)  # σ = 0.5 is the best cell
     assert v_best.estimate.lo < paired.lo  # corrected for picking the best of three σ
-    assert v_at.words == v_best.words == "supports the paper"
+    assert v_at.words == v_best.words is VerdictWord.SUPPORTS
     assert "(paper: +0.60 over sigma 0.5, 1000; it has no sigma 0.1, 1)" in v_at.line()

@@ -16,6 +16,7 @@ import pytest
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.execution.results import summarize
 from dcl_core.study.plan.spec import trial_tags
 from dcl_core.study.plan.storage import default_tracking_uri
@@ -33,7 +34,7 @@ def _study(tmp_path: Path):
                      grid={"loss.name": Grid(("infonce", "dcl")), "seed": Grid((0, 1)),
                            "loss.temperature": Grid((0.1, 0.5))},
                      x_key="loss.temperature", x_label="tau", description="Is the UI on the runs?",
-                     questions=(Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce",
+                     questions=(Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce",
                                          label="Δstd"),))
     tracker = StudyTracker(default_tracking_uri(tmp_path), "ui_study", tmp_path / "mlartifacts", {},
                            description=spec.description, experiment_tags=dict([compare_view(spec).tag()])).open()

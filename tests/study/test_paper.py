@@ -22,6 +22,7 @@ from dcl_core.study.analysis.paper import (
     paper_claim,
     std_across,
 )
+from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 
 STUDIES = {p.stem for p in (Path(__file__).resolve().parents[2] / "studies").glob("*.py")}
 
@@ -92,7 +93,7 @@ def test_table18_std_over_all_eleven_taus_reproduces_dcl_but_not_simclr():
     assert _std(all_dcl, 0) == pytest.approx(0.94, abs=0.01)
     for ddof in (0, 1):
         assert abs(_std(all_nce, ddof) - TABLE18_REPORTED_STD["infonce"]) > 0.3
-    flatter = Question("DCL flatter", "std_difference", "dcl", "infonce")
+    flatter = Question("DCL flatter", STD_DIFFERENCE, "dcl", "infonce")
     value = flatter.paper(PAPER["temperature_sweep"], TABLE18_TAUS, "tau")
     assert value.value == pytest.approx(_std(all_nce, 1) - _std(all_dcl, 1))
 
@@ -102,7 +103,7 @@ def test_temperature_headlines():
     assert claim.headline == pytest.approx(1.44 - 0.98)
     assert claim.headline == pytest.approx(TABLE18_REPORTED_STD["infonce"] - TABLE18_REPORTED_STD["dcl"])
     s = claim.series
-    tuned = Question("tuned", "best_gap", "dcl", "infonce", paper_key="best_gap").paper(claim, [0.123], "tau")
+    tuned = Question("tuned", BEST_GAP, "dcl", "infonce", paper_key="best_gap").paper(claim, [0.123], "tau")
     assert tuned.value == pytest.approx(max(s["dcl"].values.values()) - max(s["infonce"].values.values()))
     assert "over its own tau" in tuned.text and "none shared" in tuned.text and "reports" not in tuned.text
 
@@ -116,11 +117,11 @@ def test_temperature_paper_value_is_table18s_statistic_over_the_studys_own_taus(
     nce = _std([s["infonce"].values[t] for t in ours], 1)
     dcl = _std([s["dcl"].values[t] for t in ours], 1)
     assert (round(nce, 2), round(dcl, 2)) == (2.89, 1.51)
-    v = Question("DCL flatter", "std_difference", "dcl", "infonce").paper(claim, ours, "tau")
+    v = Question("DCL flatter", STD_DIFFERENCE, "dcl", "infonce").paper(claim, ours, "tau")
     assert v.value == pytest.approx(nce - dcl) and round(v.value, 2) == 1.38
     assert v.text.startswith("+1.38 over tau 0.07, 0.2, 0.5, 1") and "reports +0.46" in v.text
     # a grid beyond the paper's τ: the value over the shared τ, and the others named
-    v = Question("DCL flatter", "std_difference", "dcl", "infonce").paper(claim, (0.05, 0.1, 0.5, 1.0), "tau")
+    v = Question("DCL flatter", STD_DIFFERENCE, "dcl", "infonce").paper(claim, (0.05, 0.1, 0.5, 1.0), "tau")
     assert "over tau 0.1, 0.5, 1; it has no tau 0.05" in v.text
 
 
@@ -144,12 +145,12 @@ def test_gap_at_smallest_headlines(study, better, base, expected):
 def test_batch_size_paper_values_over_the_shared_batches():
     claim = PAPER["batch_size_sweep"]
     assert tuple(claim.series["dcl"].values) == (32, 64, 128, 256, 512)
-    smallest = Question("gap", "gap_at_smallest", "dcl", "infonce")
+    smallest = Question("gap", GAP_AT_SMALLEST, "dcl", "infonce")
     cpu = smallest.paper(claim, (32, 64, 128, 256), "batch")
     assert cpu.value == pytest.approx(claim.headline) and cpu.text == "+4.80 over batch 32, 64, 128, 256"
     long = smallest.paper(claim, (16, 32, 64, 128), "batch")  # cpu_long: batch 16 is below Table 1's grid
     assert long.value == pytest.approx(4.8) and long.text == "+4.80 over batch 32, 64, 128; it has no batch 16"
-    slope = Question("slope", "gap_slope", "dcl", "infonce", paper_sign=-1, paper_key="slope")
+    slope = Question("slope", GAP_SLOPE, "dcl", "infonce", paper_sign=-1, paper_key="slope")
     b, a = claim.series["dcl"].values, claim.series["infonce"].values
     xs = [math.log2(x) for x in b]
     ys = [b[x] - a[x] for x in b]
@@ -171,17 +172,17 @@ def test_dclw_tau_lr_and_eqco_headlines():
     assert tau.headline == pytest.approx(6.0)  # Table 9: "67.8 (+6.0)"
     assert PAPER["eqco_negatives_sweep"].headline is None
     assert PAPER["eqco_mi_toy"].headline is None
-    tuned = Question("tuned", "best_gap", "dcl", "infonce").paper(tau, [0.13, 0.31], "tau")
+    tuned = Question("tuned", BEST_GAP, "dcl", "infonce").paper(tau, [0.13, 0.31], "tau")
     assert tuned.value == pytest.approx(6.0)
     assert "tuned DCL (Table 3) against untuned SimCLR (Table 2" in tuned.text
-    eqco = Question("EqCo", "gap_at_smallest", "simclr+eqco(α=256)", "simclr+eqco(α=K)", x_min=16)
+    eqco = Question("EqCo", GAP_AT_SMALLEST, "simclr+eqco(α=256)", "simclr+eqco(α=K)", x_min=16)
     assert eqco.paper(PAPER["eqco_negatives_sweep"], (4, 16, 63), "K").text == "no number in the paper"
-    sigma = Question("σ 0.5", "gap_at", "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
+    sigma = Question("σ 0.5", GAP_AT, "dclw", "dclw", at_x=0.5, baseline_x=1000.0)
     v = sigma.paper(dclw, (0.1, 0.25, 0.5, 1.0, 1000.0), "sigma")
     assert v.value == pytest.approx(0.6) and v.text == "+0.60 over sigma 0.5, 1000; it has no sigma 0.1, 0.25, 1"
-    best = Question("best σ", "best_margin", "dclw", baseline_x=1000.0, paper_key="best")
+    best = Question("best σ", BEST_MARGIN, "dclw", baseline_x=1000.0, paper_key="best")
     assert best.paper(dclw, (0.1, 0.25, 0.5, 1.0, 1000.0), "sigma").value == pytest.approx(0.6)
-    few = Question("gap", "gap_at_smallest", "dcl", "infonce").paper(PAPER["few_epochs"], (2, 4, 8), "epochs")
+    few = Question("gap", GAP_AT_SMALLEST, "dcl", "infonce").paper(PAPER["few_epochs"], (2, 4, 8), "epochs")
     assert few.value == pytest.approx(7.1) and few.text == "+7.10 over its own epochs 100, 200, none shared with ours"
 
 

@@ -1,7 +1,8 @@
 """dcl_core.study.analysis.stats: t-intervals against hand computations, pairing by seed id (never by position), each
 seed's own statistic with a t-interval over seeds, the selection-corrected intervals of best-of statistics, the
-headline statistics on hand-made means, verdict boundaries, the power projection and formatting. Pure and
-deterministic (fixed rng seeds); their calibration is tests/study/test_calibration.py."""
+headline statistics on hand-made means (dcl_core.study.analysis.statistics), verdict boundaries, the power
+projection and formatting. Pure and deterministic (fixed rng seeds); their calibration is
+tests/study/test_calibration.py."""
 
 import math
 import random
@@ -10,24 +11,29 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import (
+    GAP_AT,
+    STD_DIFFERENCE,
+    best_margin,
+    gap_at,
+    gap_slope,
+    std_across,
+    std_difference,
+)
 from dcl_core.study.analysis.stats import (
     MAX_SEEDS_PROJECTED,
     Estimate,
-    best_margin,
+    VerdictWord,
     cell_means,
     collect,
     format_estimate,
-    gap_at,
-    gap_slope,
     max_min_interval,
     paired_difference,
     per_seed,
     seed_interval,
     seeds_needed,
-    std_across,
-    std_difference,
     t_interval,
-    used_cells,
     verdict,
 )
 
@@ -49,8 +55,17 @@ def planted(effect, noise=0.3, seeds=5, xs=TAUS, rng_seed=0, slope=0.0, offset=0
     return rows
 
 
+GAP_01 = Question("DCL beats InfoNCE at τ 0.1", GAP_AT, "dcl", "infonce", at_x=0.1)
+FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce")
+
+
 def gap_01(means):
     return gap_at(means, "dcl", "infonce", 0.1)
+
+
+def interval(data, q):
+    """The seed interval of a question's statistic over the cells it declares it reads."""
+    return seed_interval(data, q.function(), q.inputs)
 
 
 # ------------------------------------------------------------------------------------------------- t-interval
@@ -84,13 +99,13 @@ def test_identical_values_give_no_interval_and_no_verdict():
     2.5 %), and the zero-width interval [+3.54, +3.54] printed "supports the paper"."""
     same = t_interval([3.54, 3.54])
     assert (same.estimate, same.n, same.has_interval, same.std) == (3.54, 2, False, 0.0)
-    assert verdict(same, +1) == "not resolved" and seeds_needed(same, 2) is None
+    assert verdict(same, +1) is VerdictWord.NOT_RESOLVED and seeds_needed(same, 2) is None
     assert format_estimate(same) == "+3.5 (n=2, no interval)"
     # A best-of statistic with such a contrast has no interval either.
     data = {"dcl": {0.1: {0: 20.0, 1: 22.5}, 0.5: {0: 20.0, 1: 20.0}},
             "infonce": {0.1: {0: 17.5, 1: 20.0}, 0.5: {0: 15.0, 1: 15.0}}}
     best = max_min_interval(data, [[(("dcl", 0.1), ("infonce", 0.1))], [(("dcl", 0.5), ("infonce", 0.5))]])
-    assert best.n == 2 and not best.has_interval and verdict(best, +1) == "not resolved"
+    assert best.n == 2 and not best.has_interval and verdict(best, +1) is VerdictWord.NOT_RESOLVED
 
 
 def _float32_percent(correct: int, total: int) -> float:
@@ -106,11 +121,11 @@ def test_values_equal_up_to_float32_rounding_give_no_interval():
     rows = [row(loss, tau, seed, _float32_percent(k, 40)) for seed, cells in counts.items()
             for (loss, tau), k in cells.items()]
     data = collect(rows, "temperature")
-    values = per_seed(data, lambda m: std_difference(m, "infonce", "dcl"))
+    values = per_seed(data, FLATTER.function(), FLATTER.inputs)
     assert values[0] != values[1] and values[0] == pytest.approx(values[1], abs=1e-5)  # rounding apart
-    est = seed_interval(data, lambda m: std_difference(m, "infonce", "dcl"))
+    est = interval(data, FLATTER)
     assert (est.n, est.has_interval) == (2, False) and est.estimate == pytest.approx(5 / math.sqrt(2), abs=1e-5)
-    assert verdict(est, +1) == "not resolved"
+    assert verdict(est, +1) is VerdictWord.NOT_RESOLVED
     # Values from the float64 count are the same values exactly, and the smallest real spread is kept.
     assert not t_interval([100 * 12 / 40, 100 * 12 / 40]).has_interval
     assert t_interval([30.0, 30.002]).has_interval  # one image of 50,000 apart
@@ -166,7 +181,7 @@ def test_paired_interval_narrower_than_unpaired_with_shared_seed_offsets():
     a, b = t_interval(list(better.values())), t_interval(list(base.values()))
     unpaired_half = sps.t.ppf(0.975, 10) * math.sqrt(a.std**2 / 6 + b.std**2 / 6)
     assert paired.half_width < unpaired_half / 5
-    assert verdict(paired, +1) == "supports the paper"
+    assert verdict(paired, +1) is VerdictWord.SUPPORTS
 
 
 # ---------------------------------------------------------------------------------------------------- collect
@@ -193,10 +208,10 @@ def test_collect_raises_on_duplicate_cell_seed_but_not_on_a_failed_duplicate():
 
 def test_seed_interval_of_a_gap_is_the_paired_t_interval():
     data = collect(planted(effect=3.0, offset=10.0), "temperature")  # seed s adds 10·s to every cell
-    e = seed_interval(data, gap_01)
+    e = interval(data, GAP_01)
     paired = paired_difference(data["dcl"][0.1], data["infonce"][0.1])
     assert (e.estimate, e.lo, e.hi, e.n) == pytest.approx((paired.estimate, paired.lo, paired.hi, 5))
-    assert e.half_width < 1 and verdict(e, +1) == "supports the paper" and verdict(e, -1) == "contradicts the paper"
+    assert e.half_width < 1 and verdict(e, +1) is VerdictWord.SUPPORTS and verdict(e, -1) is VerdictWord.CONTRADICTS
     assert seeds_needed(e, e.n) == 5
 
 
@@ -204,10 +219,10 @@ def test_per_seed_values_use_only_the_cells_the_statistic_needs_and_the_seeds_th
     data = collect(planted(effect=1.0), "temperature")
     del data["infonce"][0.1][4]  # seed 4 lacks a cell the gap at 0.1 uses
     del data["dcl"][1.0][0]  # ... and seed 0 one it does not use
-    values = per_seed(data, gap_01)
+    values = per_seed(data, gap_01, GAP_01.inputs)
     assert sorted(values) == [0, 1, 2, 3]
     assert values[2] == pytest.approx(data["dcl"][0.1][2] - data["infonce"][0.1][2])
-    assert used_cells(cell_means(data), gap_01) == [("infonce", 0.1), ("dcl", 0.1)]
+    assert GAP_01.inputs(cell_means(data)) == {("infonce", 0.1), ("dcl", 0.1)}
 
 
 def test_per_seed_std_difference_is_each_seeds_own_std_across_x():
@@ -216,31 +231,31 @@ def test_per_seed_std_difference_is_each_seeds_own_std_across_x():
     def flatter(m):
         return std_difference(m, worse="infonce", better="dcl")
 
-    values = per_seed(data, flatter)
+    values = per_seed(data, flatter, FLATTER.inputs)
     for seed, v in values.items():
         own = {s: {x: by_x[x][seed] for x in by_x} for s, by_x in data.items()}
         assert v == pytest.approx(flatter(own))
-    e = seed_interval(data, flatter)
-    assert e.estimate > 3 and e.n == 5 and verdict(e, +1) == "supports the paper"
-    flat = seed_interval(collect(planted(effect=0.0, noise=0.3), "temperature"), flatter)
-    assert verdict(flat, +1) == "not resolved"
+    e = interval(data, FLATTER)
+    assert e.estimate > 3 and e.n == 5 and verdict(e, +1) is VerdictWord.SUPPORTS
+    flat = interval(collect(planted(effect=0.0, noise=0.3), "temperature"), FLATTER)
+    assert verdict(flat, +1) is VerdictWord.NOT_RESOLVED
 
 
 def test_seed_interval_needs_two_seeds_in_the_cells_it_uses():
-    e = seed_interval(collect(planted(effect=3.0, seeds=1), "temperature"), gap_01)
+    e = interval(collect(planted(effect=3.0, seeds=1), "temperature"), GAP_01)
     assert e.n == 1 and not e.has_interval and e.estimate == pytest.approx(3.0, abs=1.5)
-    assert verdict(e, +1) == "not resolved" and seeds_needed(e, e.n) is None
+    assert verdict(e, +1) is VerdictWord.NOT_RESOLVED and seeds_needed(e, e.n) is None
     rows = [r for r in planted(effect=3.0) if r["temperature"] != 0.1 or r["seed"] == 0]
-    e = seed_interval(collect(rows, "temperature"), gap_01)
+    e = interval(collect(rows, "temperature"), GAP_01)
     assert e.n == 1 and not e.has_interval  # other x have 5 seeds, but the gap at 0.1 rests on one each
-    e5 = seed_interval(collect(rows, "temperature"), lambda m: gap_at(m, "dcl", "infonce", 0.5))
+    e5 = interval(collect(rows, "temperature"), Question("gap at 0.5", GAP_AT, "dcl", "infonce", at_x=0.5))
     assert e5.n == 5 and e5.has_interval
 
 
 def test_seed_interval_of_an_undefined_statistic():
-    e = seed_interval(collect(planted(effect=1.0), "temperature"), lambda m: gap_at(m, "dcl", "missing", 0.1))
+    e = interval(collect(planted(effect=1.0), "temperature"), Question("?", GAP_AT, "dcl", "missing", at_x=0.1))
     assert math.isnan(e.estimate) and not e.has_interval
-    assert math.isnan(seed_interval({}, gap_01).estimate)
+    assert math.isnan(interval({}, GAP_01).estimate)
 
 
 def test_max_min_interval_corrects_each_side_for_the_events_it_can_fail_by():
@@ -310,15 +325,15 @@ def test_std_difference_over_common_x_with_ddof():
 
 
 @pytest.mark.parametrize(("lo", "hi", "sign", "words"), [
-    (0.1, 2.0, +1, "supports the paper"),
-    (1e-12, 2.0, +1, "supports the paper"),
-    (0.0, 2.0, +1, "not resolved"),  # touching 0
-    (-2.0, 0.0, +1, "not resolved"),
-    (-2.0, -1e-12, +1, "contradicts the paper"),
-    (-2.0, -0.1, -1, "supports the paper"),
-    (0.1, 2.0, -1, "contradicts the paper"),
-    (-0.1, 0.1, -1, "not resolved"),
-    (math.nan, math.nan, +1, "not resolved"),
+    (0.1, 2.0, +1, VerdictWord.SUPPORTS),
+    (1e-12, 2.0, +1, VerdictWord.SUPPORTS),
+    (0.0, 2.0, +1, VerdictWord.NOT_RESOLVED),  # touching 0
+    (-2.0, 0.0, +1, VerdictWord.NOT_RESOLVED),
+    (-2.0, -1e-12, +1, VerdictWord.CONTRADICTS),
+    (-2.0, -0.1, -1, VerdictWord.SUPPORTS),
+    (0.1, 2.0, -1, VerdictWord.CONTRADICTS),
+    (-0.1, 0.1, -1, VerdictWord.NOT_RESOLVED),
+    (math.nan, math.nan, +1, VerdictWord.NOT_RESOLVED),
 ])
 def test_verdict_boundaries(lo, hi, sign, words):
     est = (lo + hi) / 2 if math.isfinite(lo) else 1.0
@@ -362,3 +377,9 @@ def test_estimate_properties_and_format():
     assert format_estimate(e, digits=2, signed=False) == "0.60 [-0.90, 2.10]"
     assert format_estimate(Estimate(0.6, math.nan, math.nan, 1)) == "+0.6 (n=1, no interval)"
     assert not Estimate(0.6, -math.inf, 1.0, 3).has_interval
+
+
+def test_verdict_words_are_the_printed_strings():
+    """The enum's values are exactly the words table.txt prints and the summary run's tags hold."""
+    assert [str(w) for w in VerdictWord] == ["supports the paper", "contradicts the paper", "not resolved"]
+    assert f"{VerdictWord.NOT_RESOLVED}" == "not resolved" and VerdictWord("supports the paper") is VerdictWord.SUPPORTS

@@ -22,6 +22,7 @@ from dcl_core.study import summary_dir
 from dcl_core.study.analysis.answer import Question, build_answer
 from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.report import read_table
+from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.analysis.stats import Sequential
 from dcl_core.study.tracking.mlflow_view import read_tag
 from dcl_core.study.tracking.tracker import rounded
@@ -450,7 +451,7 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path)
     table = (summary / "table.txt").read_text()
     assert "Sequential design (--until-resolved): looks at 2, 3 seeds per cell" in table
 
-    question = Question("DCL flatter across τ than InfoNCE", "std_difference", "dcl", "infonce", label="Δstd")
+    question = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
     x = x_column("loss.temperature")
     sequential = build_answer(rows, x, "tau", [question], design=Sequential(2, 3)).verdicts[0].estimate
     fixed = build_answer(rows, x, "tau", [question]).verdicts[0].estimate

@@ -12,6 +12,7 @@ import pytest
 from dcl_core import metric_names as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_dict
 from dcl_core.study.analysis.paper import PAPER
+from dcl_core.study.analysis.statistics import BEST_MARGIN
 from dcl_core.study.cli import build_parser, spec_args_of
 from dcl_core.study.execution.results import trial_row
 from dcl_core.study.plan.spec import grid_points, trial_tags, tune_experiments, validate_spec
@@ -61,7 +62,7 @@ def test_questions_and_pairs_name_series_the_grid_produces(name, preset):
     names = series_names(spec)
     assert spec.questions and spec.paper in PAPER
     for q in spec.questions:
-        assert q.better in names and (q.base in names or q.statistic == "best_margin"), (q, names)
+        assert q.better in names and (q.base in names or q.statistic is BEST_MARGIN), (q, names)
     for better, base, *_ in spec.pairs or ():
         assert better in names and base in names
 

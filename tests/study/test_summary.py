@@ -51,9 +51,10 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and
     # metrics), per-cell CIs, the regime, and the plots (paper curve, gap vs 1 − q_B over both studies).
     from dcl_core.study.analysis.answer import Question
+    from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
 
     uri = default_tracking_uri(tmp_path)
-    gap = Question("DCL beats InfoNCE at the smallest batch", "gap_at_smallest", "dcl", "infonce", label="gap")
+    gap = Question("DCL beats InfoNCE at the smallest batch", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")
     spec = StudySpec(name="batch_study", base=preset("smoke"), grid={"optim.batch_size": Grid((16, 32, 64))},
                      x_key="optim.batch_size", x_label="batch", gap=True, questions=(gap,), paper="batch_size_sweep")
     rows = [{"trial_id": f"{loss}{b}{s}", "status": "ok", "loss": loss, "batch_size": b, "seed": s,

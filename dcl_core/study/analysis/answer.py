@@ -15,20 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
-from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status
+from dcl_core.study.analysis import statistics, stats
+from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status, fmt_x
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
 from dcl_core.study.analysis.report import gap_pairs
+from dcl_core.study.analysis.statistics import Statistic
+from dcl_core.study.analysis.stats import Means, VerdictWord, nan
 
-Means = dict[str, dict[Any, float]]
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
-
-
-SMOOTH = ("std_difference", "gap_at", "gap_at_smallest", "gap_slope")  # t over each seed's own statistic
-BEST = ("best_margin", "best_gap")  # a max over cells: paired t bounds corrected for the selection
 
 
 @dataclass(frozen=True)
@@ -37,12 +33,14 @@ class Question:
 
     Attributes:
         claim: the claim in words, e.g. ``"DCL flatter across τ than InfoNCE"``.
-        statistic: ``std_difference`` (std across x of ``base`` minus that of ``better``), ``gap_at``
-            (``better`` at ``at_x`` minus ``base`` at ``baseline_x``, or at ``at_x`` when that is None),
-            ``gap_at_smallest`` (``better − base`` at the smallest x both have), ``gap_slope`` (slope of
-            ``better − base`` vs log2 x), ``best_margin`` (the best x of series ``better`` minus its
-            ``baseline_x``) or ``best_gap`` (the best cell of ``better`` minus the best of ``base``: tuned against
-            tuned). The first four get a t-interval over seeds of each seed's own statistic, the "best" ones
+        statistic: a :class:`~dcl_core.study.analysis.statistics.Statistic` (or its registered name, looked up
+            in :data:`~dcl_core.study.analysis.statistics.STATISTICS`): ``STD_DIFFERENCE`` (std across x of
+            ``base`` minus that of ``better``), ``GAP_AT`` (``better`` at ``at_x`` minus ``base`` at
+            ``baseline_x``, or at ``at_x`` when that is None), ``GAP_AT_SMALLEST`` (``better − base`` at the
+            smallest x both have), ``GAP_SLOPE`` (slope of ``better − base`` vs log2 x), ``BEST_MARGIN`` (the
+            best x of series ``better`` minus its ``baseline_x``) or ``BEST_GAP`` (the best cell of ``better``
+            minus the best of ``base``: tuned against tuned). The first four (:class:`.statistics.Smooth`) get a
+            t-interval over seeds of each seed's own statistic, the "best" ones (:class:`.statistics.Best`)
             paired t bounds corrected for picking the best cell (:func:`.stats.max_min_interval`).
         better, base: the series compared (``base`` unused by ``best_margin``).
         label: the statistic's short name in the verdict line (``Δstd``).
@@ -56,7 +54,7 @@ class Question:
     """
 
     claim: str
-    statistic: str
+    statistic: Statistic
     better: str
     base: str = ""
     label: str = "gap"
@@ -68,8 +66,7 @@ class Question:
     range_note: str = ""
 
     def __post_init__(self) -> None:
-        if self.statistic not in (*SMOOTH, *BEST):
-            raise ValueError(f"unknown statistic {self.statistic!r}")
+        object.__setattr__(self, "statistic", statistics.statistic(self.statistic))
 
     def in_range(self, x: Any) -> bool:
         return self.x_min is None or x >= self.x_min
@@ -81,39 +78,17 @@ class Question:
 
     def function(self) -> Callable[[Means], float]:
         """The statistic as a function of cell means (cells outside the claimed range left out)."""
-        if self.statistic == "std_difference":
-            f = partial(stats.std_difference, worse=self.base, better=self.better)
-        elif self.statistic == "gap_at":
-            f = partial(_gap_between, better=(self.better, self.at_x),
-                        base=(self.base or self.better, self.at_x if self.baseline_x is None else self.baseline_x))
-        elif self.statistic == "gap_at_smallest":
-            f = partial(stats.gap_at_smallest, better=self.better, base=self.base)
-        elif self.statistic == "gap_slope":
-            f = partial(stats.gap_slope, better=self.better, base=self.base)
-        elif self.statistic == "best_margin":
-            f = partial(stats.best_margin, series=self.better, baseline_x=self.baseline_x)
-        else:
-            f = partial(stats.best_gap, better=self.better, base=self.base)
-        return lambda means: f(self._restrict(means))
+        return lambda means: self.statistic.of(self, self._restrict(means))
+
+    def inputs(self, means: Mapping[str, Mapping[Any, float]]) -> set[stats.Cell]:
+        """The cells of ``means`` the statistic reads (within the claimed range)."""
+        return self.statistic.inputs(self, self._restrict(means))
 
     def estimate(self, data: stats.Data, design: stats.Sequential | None = None) -> stats.Estimate:
-        """The statistic on the study's cells with its 95% interval (:data:`SMOOTH`: t over seeds of each seed's
-        own statistic; :data:`BEST`: paired t bounds corrected for the selection). With a sequential ``design``
-        the interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`)."""
-        if self.statistic in SMOOTH:
-            level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
-            return stats.seed_interval(data, self.function(), level)
-        cells = {s: {x: v for x, v in by_x.items() if self.in_range(x) and v} for s, by_x in data.items()}
-        if self.statistic == "best_margin":
-            xs = [x for x in cells.get(self.better, {}) if x != self.baseline_x]
-            if self.baseline_x not in cells.get(self.better, {}):
-                xs = []
-            groups = [[((self.better, x), (self.better, self.baseline_x))] for x in xs]
-        else:
-            groups = [[((self.better, a), (self.base, b)) for b in cells.get(self.base, {})]
-                      for a in cells.get(self.better, {})]
-            groups = [g for g in groups if g]
-        return stats.max_min_interval(cells, groups, adjust=design.tail if design is not None else None)
+        """The statistic on the study's cells with its 95% interval (smooth: t over seeds of each seed's own
+        statistic; best-of: paired t bounds corrected for the selection). With a sequential ``design`` the
+        interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`)."""
+        return self.statistic.estimate(self, data, self.function(), self.inputs, design)
 
     def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
         """The paper's value of this statistic, like for like: computed from its table over the x values both
@@ -148,17 +123,8 @@ class Question:
         return PaperValue(value, text)
 
 
-nan = math.nan
-
-
 def _xs(xs: Sequence[Any]) -> str:
     return ", ".join(fmt_x(x) for x in xs)
-
-
-def _gap_between(means: Mapping[str, Mapping[Any, float]], better: tuple[str, Any], base: tuple[str, Any]) -> float:
-    """``means[better] − means[base]`` for two cells ``(series, x)``; nan when either is missing."""
-    a, b = means.get(better[0], {}).get(better[1]), means.get(base[0], {}).get(base[1])
-    return nan if a is None or b is None else a - b
 
 
 @dataclass(frozen=True)
@@ -173,7 +139,7 @@ class PaperValue:
 class Verdict:
     question: Question
     estimate: stats.Estimate
-    words: str  # supports the paper / contradicts the paper / not resolved
+    words: VerdictWord
     paper: PaperValue
     seeds_needed: int | None
 
@@ -198,7 +164,7 @@ class Verdict:
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
-        if self.words != "not resolved" or math.isnan(self.estimate.estimate):
+        if self.words is not VerdictWord.NOT_RESOLVED or math.isnan(self.estimate.estimate):
             return None
         if self.seeds_needed is None:
             if self.estimate.n < 2:
@@ -232,7 +198,7 @@ class Answer:
     @property
     def resolved(self) -> bool:
         """Every question has a verdict other than "not resolved" (False for a study that asks none)."""
-        return bool(self.verdicts) and all(v.words != "not resolved" for v in self.verdicts)
+        return bool(self.verdicts) and all(v.words is not VerdictWord.NOT_RESOLVED for v in self.verdicts)
 
     def outside(self) -> list[str]:
         """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per
@@ -344,11 +310,6 @@ def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -
               else f"{100 * (1 - hi):.0f}–{100 * (1 - lo):.0f}")
     return (f"NPC regime: {who}: mean q_B {q_range} → InfoNCE's gradients are {weaker}% weaker than DCL's; "
             f"{where}; the paper's effect is predicted where q_B ≪ 1 (DCL Eq. 4, Fig. 1)")
-
-
-def fmt_x(x: Any) -> str:
-    """An x value as tables and metric names show it (``0.1``, ``32``, ``dcl``)."""
-    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:

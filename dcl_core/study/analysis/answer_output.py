@@ -8,8 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.answer import Answer, Verdict, fmt_x, paper_curves
+from dcl_core.study.analysis.answer import Answer, Verdict, paper_curves
+from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.paper import PaperClaim
+from dcl_core.study.analysis.stats import VerdictWord
 
 
 def _ci(e: stats.Estimate, signed: bool = False) -> str:
@@ -139,10 +141,10 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
 def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
     """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
     ``ci_hi``, ``supports``, ``contradicts``, ``paper``, ``seeds_needed``), finite values only."""
-    key = f"verdict/{v.question.statistic}_{i}"
+    key = f"verdict/{v.question.statistic.name}_{i}"
     out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
-           f"{key}/supports": float(v.words == "supports the paper"),
-           f"{key}/contradicts": float(v.words == "contradicts the paper"),
+           f"{key}/supports": float(v.words is VerdictWord.SUPPORTS),
+           f"{key}/contradicts": float(v.words is VerdictWord.CONTRADICTS),
            f"{key}/paper": v.paper_value, f"{key}/seeds_needed": v.seeds_needed}
     return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
 
@@ -151,7 +153,7 @@ def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
     """The summary run's tags of the verdicts: each one's words and line, and all the words together."""
     tags = {}
     for i, v in enumerate(verdicts):
-        tags[f"verdict_{i}"] = v.words
+        tags[f"verdict_{i}"] = str(v.words)
         tags[f"verdict_{i}_line"] = v.line()
     if verdicts:
         tags["verdict"] = "; ".join(v.words for v in verdicts)

@@ -34,6 +34,8 @@ from scipy import stats as sps
 
 from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
+from dcl_core.study.analysis.stats import VerdictWord
 
 SEEDS = (2, 3, 5, 8, 20)
 EFFECT = 2.5  # planted effect, in cell-noise SDs
@@ -88,7 +90,7 @@ class Kind:
     """A question kind as the studies ask it, on the simulated grid: the question, and the truth under the null
     and with an effect planted (``{series: array over x}``)."""
 
-    name: str
+    name: str  # the statistic's label (:attr:`.statistics.Statistic.label`)
     question: Any  # Setting -> Question
     truth: Any  # (Setting, effect) -> {series: np.ndarray}
     per_seed_truth: bool = False  # true value = E[statistic of one seed] (Monte Carlo), not statistic(truth)
@@ -147,16 +149,16 @@ def _best_gap_truth(s: Setting, effect: float) -> dict[str, np.ndarray]:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("Δstd across x", lambda s: Question("flatter", "std_difference", "dcl", "infonce"), _std_truth,
+    Kind(STD_DIFFERENCE.label, lambda s: Question("flatter", STD_DIFFERENCE, "dcl", "infonce"), _std_truth,
          per_seed_truth=True, series_noise=False),
-    Kind("gap at smallest x", lambda s: Question("gap", "gap_at_smallest", "dcl", "infonce"), _gap_smallest_truth),
-    Kind("gap slope per doubling", lambda s: Question("slope", "gap_slope", "dcl", "infonce", paper_sign=-1),
+    Kind(GAP_AT_SMALLEST.label, lambda s: Question("gap", GAP_AT_SMALLEST, "dcl", "infonce"), _gap_smallest_truth),
+    Kind(GAP_SLOPE.label, lambda s: Question("slope", GAP_SLOPE, "dcl", "infonce", paper_sign=-1),
          _slope_truth),
-    Kind("gap at one x vs baseline x", lambda s: Question("at", "gap_at", "dclw", "dclw", at_x=s.xs[1],
-                                                           baseline_x=s.xs[-1]), _gap_at_truth),
-    Kind("best margin (max over x)", lambda s: Question("best σ", "best_margin", "dclw", baseline_x=s.xs[-1]),
+    Kind(GAP_AT.label, lambda s: Question("at", GAP_AT, "dclw", "dclw", at_x=s.xs[1], baseline_x=s.xs[-1]),
+         _gap_at_truth),
+    Kind(BEST_MARGIN.label, lambda s: Question("best σ", BEST_MARGIN, "dclw", baseline_x=s.xs[-1]),
          _best_margin_truth),
-    Kind("best gap (tuned vs tuned)", lambda s: Question("tuned", "best_gap", "dcl", "infonce"), _best_gap_truth),
+    Kind(BEST_GAP.label, lambda s: Question("tuned", BEST_GAP, "dcl", "infonce"), _best_gap_truth),
 )
 
 
@@ -188,7 +190,7 @@ def true_value(kind: Kind, setting: Setting, effect: float, draws: int = 20_000)
     rng = np.random.default_rng(12345)
     one = replace(setting, missing=False)
     data = simulate(kind, one, draws, effect, rng)
-    return float(np.mean(list(stats.per_seed(data, q.function()).values())))
+    return float(np.mean(list(stats.per_seed(data, q.function(), q.inputs).values())))
 
 
 @dataclass
@@ -211,9 +213,9 @@ def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: 
         est = q.estimate(simulate(kind, setting, seeds, effect, rng))
         words = stats.verdict(est, q.paper_sign)
         out.studies += 1
-        if words != "not resolved":
+        if words is not VerdictWord.NOT_RESOLVED:
             out.resolved += 1
-            out.right += words == "supports the paper"
+            out.right += words is VerdictWord.SUPPORTS
         if est.has_interval:
             out.with_interval += 1
             if truth is not None and est.lo <= truth <= est.hi:
@@ -244,19 +246,19 @@ def run_sequential(kind: Kind, setting: Setting, design: stats.Sequential, effec
     out = SequentialCell()
     for _ in range(studies):
         data = simulate(kind, setting, design.max_seeds, effect, rng)
-        words, used = "not resolved", design.max_seeds
+        words, used = VerdictWord.NOT_RESOLVED, design.max_seeds
         for n in design.looks:
             seen = {s: {x: {k: v for k, v in cell.items() if k < n} for x, cell in by_x.items()}
                     for s, by_x in data.items()}
             words = stats.verdict(q.estimate(seen, design), q.paper_sign)
-            if words != "not resolved":
+            if words is not VerdictWord.NOT_RESOLVED:
                 used = n
                 break
         out.studies += 1
         out.seeds += used
-        if words != "not resolved":
+        if words is not VerdictWord.NOT_RESOLVED:
             out.resolved += 1
-            out.right += words == "supports the paper"
+            out.right += words is VerdictWord.SUPPORTS
     return out
 
 

@@ -114,6 +114,11 @@ def x_column(key: str) -> str:
     return X_COLUMN.get(key, key)
 
 
+def fmt_x(x: Any) -> str:
+    """An x value as tables, labels and metric names show it (``0.1``, ``32``, ``dcl``)."""
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
 def cell_label(values: Mapping[str, Any]) -> str:
     """A cell in a few characters, from its columns' values in the order given (the swept one first): the
     loss/framework values first, then ``τ=0.1``, ``batch=16`` (:attr:`Column.label`); ``dcl τ=0.1``. MLflow's
@@ -121,7 +126,7 @@ def cell_label(values: Mapping[str, Any]) -> str:
     columns = {c.name: c for c in COLUMNS}
     named, valued = [], []
     for name, value in values.items():
-        text = format(value, "g") if isinstance(value, float) else str(value)
+        text = fmt_x(value)
         label = columns[name].label if name in columns else None
         if label == "":
             named.append(text)

@@ -14,6 +14,7 @@ from dcl_core.study.analysis.answer import Question, Verdict
 from dcl_core.study.analysis.answer_output import verdict_metrics, verdict_tags
 from dcl_core.study.analysis.paper import PAPER_KS, PAPER_TABLE5, paper_claim
 from dcl_core.study.analysis.report import pyplot, save_figure
+from dcl_core.study.analysis.statistics import GAP_SLOPE
 
 TOY = "eqco_mi_toy"  # the study's name: its summary folder and MLflow experiment
 TABLE_STEM = "mi_toy"  # summary/eqco_mi_toy/mi_toy.parquet (.csv)
@@ -75,7 +76,7 @@ def toy_verdict(rows: list[dict]) -> Any:
     for r in rows:
         if r["true_mi"] == mi and r.get("mi_estimate") is not None:
             data[series[r["method"]]].setdefault(r["k"], {})[int(r.get("seed") or 0)] = r["mi_estimate"]
-    q = Question(f"InfoNCE's MI bound grows with K, EqCo's does not (true MI {mi:g})", "gap_slope",
+    q = Question(f"InfoNCE's MI bound grows with K, EqCo's does not (true MI {mi:g})", GAP_SLOPE,
                  series["infonce"], series["eqco"], label="slope of I_NCE − I_EqCo per doubling of K (nats)")
     est = q.estimate(data)
     ks = sorted({k for by_k in data.values() for k in by_k})

@@ -17,7 +17,17 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from dcl_core.study.analysis.colours import series_colour
-from dcl_core.study.analysis.columns import COLUMN_NAMES, FLOAT_COLUMNS, KNN_TOP1, STATUS, Row, Status, cell_label
+from dcl_core.study.analysis.columns import (
+    COLUMN_NAMES,
+    FLOAT_COLUMNS,
+    KNN_TOP1,
+    STATUS,
+    Row,
+    Status,
+    cell_label,
+    fmt_x,
+)
+from dcl_core.study.analysis.statistics import gap_between, std_across
 
 
 def pyplot() -> Any:
@@ -90,11 +100,17 @@ def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, di
 
 
 def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[str, float]]:
-    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column)."""
+    """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column).
+
+    The std is :func:`.statistics.std_across` of the row's cell means (0 for a single cell), i.e. the std of the
+    mean curve. It is not what a verdict's Δstd estimates (:data:`.statistics.STD_DIFFERENCE`: the mean over
+    seeds of each seed's own std difference); the table's caption says "across the row's cell means"."""
     out = {}
     for loss, by_x in cells(rows, x_key, series).items():
-        means = [c["mean"] for c in by_x.values() if not math.isnan(c["mean"])]
-        mean, std = _mean_std(means)
+        finite = {x: c["mean"] for x, c in by_x.items() if not math.isnan(c["mean"])}
+        means = list(finite.values())
+        mean = statistics.fmean(means) if means else math.nan
+        std = (std_across(finite) if len(means) > 1 else 0.0) if means else math.nan
         out[loss] = {
             "mean": mean, "std": std,
             "range": (max(means) - min(means)) if means else math.nan,
@@ -105,11 +121,14 @@ def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[st
 
 def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce",
          series: str = "loss") -> dict[Any, float]:
-    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size)."""
+    """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size): the difference of the
+    two cells' means over all their finished seeds (:func:`.statistics.gap_between`), unpaired; the answer's
+    paired gaps (:attr:`.answer.Answer.pairs`) differ from it when a seed finished one cell and not the other."""
     c = cells(rows, x_key, series)
     if better not in c or base not in c:
         return {}
-    return {x: c[better][x]["mean"] - c[base][x]["mean"] for x in c[better] if x in c[base]}
+    means = {s: {x: cell["mean"] for x, cell in by_x.items()} for s, by_x in c.items()}
+    return {x: gap_between(means, (better, x), (base, x)) for x in c[better] if x in c[base]}
 
 
 def gap_pairs(names: Sequence[str], better: str = "dcl", base: str = "infonce") -> list[tuple[str, str, str]]:
@@ -130,10 +149,6 @@ def all_gaps(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str,
     return {prefix: gaps(rows, x_key, better, base, series) for prefix, better, base in gap_pairs(names)}
 
 
-def _fmt_x(x: Any) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
 def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness: bool = True,
                  gap: bool = False, series: str = "loss") -> str:
     """A paper-shaped text table: one row per series, one column per x, ``mean±std`` over seeds per cell."""
@@ -142,7 +157,7 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
     rob = robustness(rows, x_key, series)
     width = 12
     lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in c)])
-    header = f"{x_label:<{lw}}" + "".join(f"{_fmt_x(x):>{width}}" for x in xs)
+    header = f"{x_label:<{lw}}" + "".join(f"{fmt_x(x):>{width}}" for x in xs)
     if with_robustness:
         header += f"{'Std':>8}{'Range':>8}"
     lines = [header]
@@ -343,7 +358,7 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
             hs = groups[name][x]
             mean = [statistics.fmean(col) for col in zip(*hs, strict=True)]
             centers = [(i + 0.5) / len(mean) for i in range(len(mean))]
-            ax.plot(centers, mean, marker=".", label=f"{x_label} {_fmt_x(x)}")
+            ax.plot(centers, mean, marker=".", label=f"{x_label} {fmt_x(x)}")
         ax.set_title(str(name))
         ax.set_xlabel("NPC multiplier q_B")
         ax.grid(alpha=0.3)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 Data = dict[str, dict[Any, dict[int, float]]]  # {series: {x: {seed: value}}}
 Means = dict[str, dict[Any, float]]  # {series: {x: mean over seeds}}
-Verdict = Literal["supports the paper", "contradicts the paper", "not resolved"]
+Cell = tuple[str, Any]  # (series, x)
 nan = math.nan
 # Values closer than this (relative to max(100, |value|): 1e-4 on a percentage scale) are one value. A metric
 # computed in float32 carries ~1e-7 relative rounding per value, a statistic of several such values a few times
@@ -119,45 +120,23 @@ def paired_difference(better: Mapping[int, float], base: Mapping[int, float], le
     return t_interval([better[s] - base[s] for s in common], level)
 
 
-def _same(a: float, b: float) -> bool:
-    return (math.isnan(a) and math.isnan(b)) or a == b
-
-
-def _changes(statistic: Callable[[Means], float], means: Means, point: float) -> bool:
-    try:
-        return not _same(float(statistic({s: by_x for s, by_x in means.items() if by_x})), point)
-    except KeyError:  # a statistic that indexes the cell directly needs it
-        return True
-
-
-def used_cells(means: Means, statistic: Callable[[Means], float]) -> list[tuple[str, Any]]:
-    """The cells a statistic of cell means depends on: those whose removal or a ±1 change of their mean changes
-    its value (e.g. only the two cells at the smallest x for a gap at the smallest x)."""
-    point = float(statistic(means))
-    used = []
-    for s, by_x in means.items():
-        for x in by_x:
-            without = {**means, s: {y: m for y, m in by_x.items() if y != x}}
-            shifted = [{**means, s: {**by_x, x: by_x[x] + d}} for d in (1.0, -1.0)]
-            if any(_changes(statistic, m, point) for m in (without, *shifted)):
-                used.append((s, x))
-    return used
-
-
 def cell_means(data: Data) -> Means:
     """``{series: {x: mean over its seeds}}`` of the cells that have at least one value."""
     means = {s: {x: float(np.mean(list(v.values()))) for x, v in by_x.items() if v} for s, by_x in data.items()}
     return {s: by_x for s, by_x in means.items() if by_x}
 
 
-def per_seed(data: Data, statistic: Callable[[Means], float]) -> dict[int, float]:
+def per_seed(data: Data, statistic: Callable[[Means], float], inputs: Callable[[Means], Iterable[Cell]]
+             ) -> dict[int, float]:
     """The statistic computed on each seed's own cells: ``{seed: statistic({series: {x: that seed's value}})}``
-    over the seeds present in every cell the statistic uses (:func:`used_cells`, found on the cell means), each
-    seed's cells restricted to those, so every seed's value is the same function of the same cells."""
+    over the seeds present in every cell the statistic uses (``inputs`` of the cell means: the cells it reads,
+    :meth:`.statistics.Statistic.inputs`), each seed's cells restricted to those, so every seed's value is the
+    same function of the same cells."""
     means = cell_means(data)
     if not means or math.isnan(float(statistic(means))):
         return {}
-    used = used_cells(means, statistic)
+    declared = set(inputs(means))
+    used = [(s, x) for s, by_x in means.items() for x in by_x if (s, x) in declared]
     if not used:
         return {}
     seeds = set.intersection(*(set(data[s][x]) for s, x in used))
@@ -170,7 +149,8 @@ def per_seed(data: Data, statistic: Callable[[Means], float]) -> dict[int, float
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 
-def seed_interval(data: Data, statistic: Callable[[Means], float], level: float = 0.95) -> Estimate:
+def seed_interval(data: Data, statistic: Callable[[Means], float], inputs: Callable[[Means], Iterable[Cell]],
+                  level: float = 0.95) -> Estimate:
     """The statistic's mean over seeds with a t-interval over seeds (:func:`per_seed`, then :func:`t_interval`).
 
     A seed is the study's replication unit: it fixes the images, the initial weights, the data order and the views
@@ -181,15 +161,12 @@ def seed_interval(data: Data, statistic: Callable[[Means], float], level: float 
     expected statistic of one run per cell, which is how a paper computes it from its single runs. Seeds missing a
     cell the statistic uses are left out (n counts the rest); fewer than 2 seeds: no interval. Its coverage is
     checked by simulation (``tests/study/test_calibration.py``)."""
-    values = per_seed(data, statistic)
+    values = per_seed(data, statistic, inputs)
     if not values:
         means = cell_means(data)
         point = float(statistic(means)) if means else nan
         return Estimate(point, nan, nan, 0)
     return t_interval(list(values.values()), level)
-
-
-Cell = tuple[str, Any]  # (series, x)
 
 
 def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], level: float = 0.95,
@@ -307,16 +284,24 @@ def _nominal_tail(looks: tuple[int, ...], tail: float) -> float:
     return float(np.quantile(np.concatenate(smallest), tail))
 
 
-def verdict(est: Estimate, paper_sign: int) -> Verdict:
+class VerdictWord(StrEnum):
+    """A verdict's words, as printed in ``table.txt`` and logged as the summary run's ``verdict_<i>`` tags."""
+
+    SUPPORTS = "supports the paper"
+    CONTRADICTS = "contradicts the paper"
+    NOT_RESOLVED = "not resolved"
+
+
+def verdict(est: Estimate, paper_sign: int) -> VerdictWord:
     """``paper_sign`` +1: the paper claims the statistic > 0; −1: < 0. Supports when the CI lies strictly on the
     paper's side of 0, contradicts when strictly on the other side; otherwise (or no interval) not resolved."""
     if paper_sign not in (1, -1):
         raise ValueError(f"paper_sign must be +1 or -1, not {paper_sign!r}")
     if not est.has_interval:
-        return "not resolved"
+        return VerdictWord.NOT_RESOLVED
     if est.lo > 0 or est.hi < 0:
-        return "supports the paper" if (est.lo > 0) == (paper_sign > 0) else "contradicts the paper"
-    return "not resolved"
+        return VerdictWord.SUPPORTS if (est.lo > 0) == (paper_sign > 0) else VerdictWord.CONTRADICTS
+    return VerdictWord.NOT_RESOLVED
 
 
 # The most seeds per cell a projection names: the most `--until-resolved` plans (rounds.MAX_SEEDS_PLANNED). An
@@ -347,64 +332,6 @@ def seeds_needed(est: Estimate, n: int) -> int | None:
             return m
         m = m + 1 if m < 200 else int(m * 1.05) + 1
     return None
-
-
-# ---------------------------------------------------------------- headline statistics: functions of cell means
-
-
-def std_across(means: Mapping[Any, float], ddof: int = 1) -> float:
-    """The std over x of one series' cell means (nan with ddof or fewer finite means)."""
-    v = [m for m in means.values() if math.isfinite(m)]
-    return float(np.std(v, ddof=ddof)) if len(v) > ddof else nan
-
-
-def std_difference(cell_means: Mapping[str, Mapping[Any, float]], worse: str, better: str, ddof: int = 1) -> float:
-    """``std_across(worse) − std_across(better)`` over the x present in both series."""
-    if worse not in cell_means or better not in cell_means:
-        return nan
-    common = set(cell_means[worse]) & set(cell_means[better])
-    return (std_across({x: cell_means[worse][x] for x in common}, ddof)
-            - std_across({x: cell_means[better][x] for x in common}, ddof))
-
-
-def gap_at(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str, x: Any) -> float:
-    """``better[x] − base[x]``; nan when either cell is missing."""
-    a, b = cell_means.get(better, {}).get(x), cell_means.get(base, {}).get(x)
-    return nan if a is None or b is None else a - b
-
-
-def gap_at_smallest(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
-    """``better − base`` at the smallest x both series have; nan when they share none."""
-    common = sorted(set(cell_means.get(better, {})) & set(cell_means.get(base, {})))
-    return gap_at(cell_means, better, base, common[0]) if common else nan
-
-
-def best_gap(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str) -> float:
-    """The best cell of ``better`` minus the best cell of ``base`` (tuned against tuned, DCL Table 3)."""
-    if not cell_means.get(better) or not cell_means.get(base):
-        return nan
-    return max(cell_means[better].values()) - max(cell_means[base].values())
-
-
-def gap_slope(cell_means: Mapping[str, Mapping[Any, float]], better: str, base: str, log2_x: bool = True) -> float:
-    """Least-squares slope of ``better − base`` against log2(x) (or x), over the x in both series (x > 0 for
-    log2); nan with fewer than 2 distinct x."""
-    pts = []
-    for x in set(cell_means.get(better, {})) & set(cell_means.get(base, {})):
-        g = gap_at(cell_means, better, base, x)
-        if math.isfinite(g) and (not log2_x or x > 0):
-            pts.append((math.log2(x) if log2_x else float(x), g))
-    if len({p for p, _ in pts}) < 2:
-        return nan
-    u, g = np.array(pts).T
-    return float(np.sum((u - u.mean()) * (g - g.mean())) / np.sum((u - u.mean()) ** 2))
-
-
-def best_margin(cell_means: Mapping[str, Mapping[Any, float]], series: str, baseline_x: Any) -> float:
-    """``max over x != baseline_x of means[series][x] − means[series][baseline_x]``; nan when missing."""
-    means = cell_means.get(series, {})
-    others = [m for x, m in means.items() if x != baseline_x]
-    return max(others) - means[baseline_x] if others and baseline_x in means else nan
 
 
 def format_estimate(est: Estimate, digits: int = 1, signed: bool = True) -> str:

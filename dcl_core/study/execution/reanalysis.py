@@ -15,7 +15,7 @@ from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
 from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.execution.results import summarize
-from dcl_core.study.plan.record import spec_fingerprint
+from dcl_core.study.plan.record import spec_fingerprint, study_changes
 from dcl_core.study.plan.spec import StudyOptions, StudySpec
 from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
@@ -58,18 +58,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def _check_same_study(spec: StudySpec, recorded: dict[str, Any], path: Path) -> None:
     """The rebuilt spec must be the one that ran (its base config but the data folder, its grids and search)."""
-    before, now = recorded.get("spec"), spec_fingerprint(spec)
+    before = recorded.get("spec")
     if not isinstance(before, dict):
         return
-    for key, value in now["base"].items():
-        old = before.get("base", {}).get(key, value)
-        if key != "data.root" and old != value:
-            raise ConfigError(f"--reanalyze must describe the study that ran in {path.parent}: {key} was {old!r}, "
-                              f"now {value!r} (give the --preset/--set it ran with)")
-    for part in ("grids", "search", "num_samples"):
-        if part in before and before[part] != now[part]:
-            raise ConfigError(f"--reanalyze must describe the study that ran in {path.parent}: its {part} differ "
-                              "(give the --preset, --losses, --seeds and --search it ran with)")
+    for change in study_changes(before, spec_fingerprint(spec), exempt=("data.root",)):
+        if change.part == "base":
+            raise ConfigError(f"--reanalyze must describe the study that ran in {path.parent}: {change.key} was "
+                              f"{change.old!r}, now {change.new!r} (give the --preset/--set it ran with)")
+        raise ConfigError(f"--reanalyze must describe the study that ran in {path.parent}: its {change.part} differ "
+                          "(give the --preset, --losses, --seeds and --search it ran with)")
 
 
 def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:

@@ -8,6 +8,7 @@ import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.plan.spec import DDP_TRIAL_CPU, StudyOptions, StudySpec
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def _experiment_lines(plan: ExperimentPlan, upto: str, format_space: Callable[[A
     """An experiment's trials: a search's samples in one line; a grid's cells one per line (seeds together), or
     a summary of its keys' values when there are more than :data:`MAX_TRIAL_LINES` cells."""
     if plan.search is not None:
-        fixed = ", ".join(f"{k}={_value(v)}" for k, v in plan.fixed.items())
+        fixed = ", ".join(f"{k}={fmt_x(v)}" for k, v in plan.fixed.items())
         group = plan.groups[0]
         return [f"experiment {plan.name}: Optuna TPE search, {plan.trials} trials sampling "
                 f"{format_space(plan.search)}",
@@ -113,11 +114,11 @@ def _experiment_lines(plan: ExperimentPlan, upto: str, format_space: Callable[[A
            f"({len(plan.groups)} cell(s) x {_seeds(tuple(seeds))})"]
     if len(plan.groups) <= MAX_TRIAL_LINES:
         for g in plan.groups:
-            cell = " ".join(f"{k}={_value(v)}" for k, v in g.point.items()) or "(one cell)"
+            cell = " ".join(f"{k}={fmt_x(v)}" for k, v in g.point.items()) or "(one cell)"
             out.append(f"  {cell}, {_seeds(g.seeds)}: {_work(g.work, upto)}")
         return out
     for key in plan.varied:
-        values = list(dict.fromkeys(_value(g.point[key]) for g in plan.groups))
+        values = list(dict.fromkeys(fmt_x(g.point[key]) for g in plan.groups))
         out.append(f"  {key} in {{{', '.join(values)}}}")
     works: dict[str, int] = {}
     for g in plan.groups:
@@ -130,10 +131,6 @@ def _work(work: TrialWork, upto: str) -> str:
     """``8 epochs x 2,496 images, kNN 1x over 3,500 images``."""
     return (f"{upto}{work.epochs} epochs x {work.images_per_epoch:,} images, kNN {work.evaluations}x over "
             f"{work.eval_images:,} images")
-
-
-def _value(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def _seeds(seeds: tuple[int, ...]) -> str:

@@ -6,7 +6,8 @@ takes (more seeds of a grid study). No Ray: re-analysis reads the same record.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +24,53 @@ def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
             "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec)}
 
 
+@dataclass(frozen=True)
+class StudyChange:
+    """One way a study's recorded fingerprint differs from its spec now: a base config ``key`` (``old`` → ``new``),
+    or a ``part`` (``grids``, ``search``, ``num_samples``)."""
+
+    part: str  # "base", "grids", "search" or "num_samples"
+    key: str = ""
+    old: Any = None
+    new: Any = None
+
+
+def study_changes(before: dict[str, Any], now: dict[str, Any], exempt: Collection[str] = ()) -> list[StudyChange]:
+    """How ``now`` (:func:`spec_fingerprint`) differs from the recorded ``before``, in the order a check reports
+    them: each base key that differs (a key ``before`` lacks, or one in ``exempt``, never does), then each of
+    grids, search and num_samples that ``before`` records and that differs."""
+    changes = []
+    for key, value in now["base"].items():
+        old = before.get("base", {}).get(key, value)
+        if key not in exempt and old != value:
+            changes.append(StudyChange("base", key, old, value))
+    for part in ("grids", "search", "num_samples"):
+        if part in before and before[part] != now[part]:
+            changes.append(StudyChange(part, old=before[part], new=now[part]))
+    return changes
+
+
 def check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
     """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
     silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
     (``()`` when there are none to add)."""
     now = spec_fingerprint(spec)
-    for key, value in now["base"].items():
-        old = before.get("base", {}).get(key, value)
-        if old != value:
-            raise ConfigError(f"--resume must run the study it continues: {key} was {old!r}, now {value!r} "
-                              "(a changed --set, --preset or --data-root)")
     added: tuple[int, ...] = ()
-    old_seeds, new_seeds = before.get("seeds"), now["seeds"]
-    if "grids" in before and before["grids"] != now["grids"] and old_seeds and new_seeds \
-            and before.get("unseeded") == now["unseeded"]:
+    for change in study_changes(before, now):
+        if change.part == "base":
+            raise ConfigError(f"--resume must run the study it continues: {change.key} was {change.old!r}, now "
+                              f"{change.new!r} (a changed --set, --preset or --data-root)")
+        if change.part != "grids":
+            raise ConfigError(f"--resume must run the study it continues: its {change.part} changed (a changed "
+                              "--search, --num-samples or --preset)")
+        old_seeds, new_seeds = before.get("seeds"), now["seeds"]
+        if not (old_seeds and new_seeds and before.get("unseeded") == now["unseeded"]):
+            raise ConfigError("--resume must run the study it continues: its grids changed (a changed --losses, "
+                              "--search or --preset; more --seeds is the one change a resume takes)")
         if new_seeds[:len(old_seeds)] != old_seeds or len(new_seeds) < len(old_seeds):
             raise ConfigError(f"--resume can add seeds, not drop them: the study has {len(old_seeds)} seeds per "
                               f"cell, --seeds {len(new_seeds)} would leave some out")
         added = tuple(new_seeds[len(old_seeds):])
-    elif "grids" in before and before["grids"] != now["grids"]:
-        raise ConfigError("--resume must run the study it continues: its grids changed (a changed --losses, "
-                          "--search or --preset; more --seeds is the one change a resume takes)")
-    for part in ("search", "num_samples"):
-        if part in before and before[part] != now[part]:
-            raise ConfigError(f"--resume must run the study it continues: its {part} changed (a changed "
-                              "--search, --num-samples or --preset)")
     return added
 
 
