@@ -104,7 +104,7 @@ def format_answer(answer: Answer) -> str:
         power = [p for v in answer.verdicts if (p := v.power_line())]
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
-                "by the interval alone; calibrated by simulated studies, README \"Calibration\")")
+                "by the interval alone; calibrated by simulated studies, docs/statistics.md#calibration)")
         parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
                                 *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
@@ -115,8 +115,8 @@ def design_line(answer: Answer) -> str:
     two-sided 0.62% …; this answer: 41 seeds per cell``."""
     assert answer.design is not None
     n = max((v.estimate.n for v in answer.verdicts), default=0)
-    return (f"Sequential design (--until-resolved): {answer.design.describe()} (Pocock; README \"Seeds until "
-            f"resolved\"); this answer: {n} seeds per cell")
+    return (f"Sequential design (--until-resolved): {answer.design.describe()} (Pocock; docs/statistics.md, "
+            f"--until-resolved); this answer: {n} seeds per cell")
 
 
 def answer_metrics(answer: Answer) -> dict[str, float]:

@@ -117,7 +117,7 @@ def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
 def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
     """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
     if not spec.search:
-        return _caption(rows) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
+        return _caption(rows, spec.gap) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
     searched = {x_column(k) for k in keys_of(spec.search)}
     if x in searched:  # every trial has its own x: list the trials instead of a cell table
         return format_trials(rows, spec.search), rows
@@ -125,10 +125,13 @@ def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
     return report.format_table(shown, x, spec.x_label, gap=spec.gap, series=SERIES), shown
 
 
-def _caption(rows: list[Row]) -> str:
+def _caption(rows: list[Row], gap: bool) -> str:
+    """What the cell table's numbers are: its cells' spread over seeds, its robustness columns, and (when the table
+    has one) its DCL−base row, which is not the answer's paired gap."""
     seeds = sorted({r.get(SEED) for r in rows if r.get(SEED) is not None})
+    unpaired = "; DCL−base: a difference of cell means, unpaired (the answer below pairs by seed)" if gap else ""
     return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
-            "means\n")
+            f"means{unpaired}\n")
 
 
 def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
