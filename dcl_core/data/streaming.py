@@ -75,6 +75,7 @@ class TwoViews:
         )
 
     def __call__(self, image: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image's two augmented views."""
         return self.views[0](image), self.views[1](image)
 
 

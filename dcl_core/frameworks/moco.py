@@ -83,9 +83,11 @@ class MoCo(nn.Module):
 
     @property
     def queue_size(self) -> int:
+        """K, the number of keys the queue holds."""
         return self.queue.shape[0]
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss of the queries against their momentum keys (positives) and the queued keys (negatives)."""
         n = view1.shape[0]
         if self.symmetric:
             _, q = self.model(torch.cat([view1, view2], dim=0))  # (2n, D): view-1 queries, then view-2
@@ -117,4 +119,5 @@ class MoCo(nn.Module):
             self._pending_keys = None
 
     def extra_repr(self) -> str:
+        """Queue size, momentum and symmetry for ``repr(module)``."""
         return f"queue_size={self.queue_size}, momentum={self.momentum}, symmetric={self.symmetric}"

@@ -90,9 +90,11 @@ class NNCLR(nn.Module):
 
     @property
     def queue_size(self) -> int:
+        """The number of embeddings the support queue holds."""
         return self.support.shape[0]
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss with each anchor replaced by its nearest neighbour in the support queue."""
         n = view1.shape[0]
         _, z = self.model(torch.cat([view1, view2], dim=0))  # (2n, D)
         rank, world = distributed_world() if self.gather_distributed else (0, 1)
@@ -126,4 +128,5 @@ class NNCLR(nn.Module):
             self._pending = None
 
     def extra_repr(self) -> str:
+        """Queue size, symmetry and gathering for ``repr(module)``."""
         return f"queue_size={self.queue_size}, symmetric={self.symmetric}, gather_distributed={self.gather_distributed}"

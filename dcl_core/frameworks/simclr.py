@@ -25,6 +25,7 @@ class SimCLR(nn.Module):
         self.loss = loss
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss of the two views' projections, both through the one encoder."""
         _, z = self.model(torch.cat([view1, view2], dim=0))  # z: (2n, P)
         z1, z2 = z.chunk(2, dim=0)  # (n, P) each
         return self.loss(z1, z2)

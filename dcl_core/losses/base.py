@@ -260,10 +260,13 @@ class ContrastiveLoss(nn.Module):
         self.gather_distributed = gather_distributed
 
     def forward(self, z1: Tensor, z2: Tensor) -> LossOutput:
+        """The loss of SimCLR's two views ``z1``, ``z2`` (each (N, D)), through :meth:`from_similarities`."""
         return self.from_similarities(two_view_similarities(z1, z2, self.gather_distributed))
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:  # pragma: no cover - abstract
+        """The loss's equation on precomputed similarities; each subclass implements it."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
+        """τ and distributed gathering for ``repr(module)``."""
         return f"temperature={self.temperature}, gather_distributed={self.gather_distributed}"

@@ -132,6 +132,7 @@ class InMemoryData:
     def epoch_views(
         self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's two views of each batch, augmented on ``device``."""
         for idx in batches:
             batch = self.pretrain.images[idx].to(device, non_blocking=True)  # uint8 (n, 3, H, W)
             yield self.augment(batch, generator)  # float (n, 3, S, S) each
@@ -139,10 +140,12 @@ class InMemoryData:
     def features(
         self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
     ) -> torch.Tensor:
+        """The backbone's features of the ``bank`` or ``test`` images."""
         images = {"bank": self.bank, "test": self.test}[split].images
         return extract_features(backbone, images, self.eval_transform, batch_size, device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
+        """The class labels of the ``bank`` or ``test`` images."""
         return {"bank": self.bank, "test": self.test}[split].labels
 
 
@@ -162,6 +165,7 @@ class StreamingData:
     def epoch_views(
         self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's two views of each batch, augmented by the DataLoader workers."""
         pin = device.type == "cuda"
         for view1, view2 in epoch_loader(self.pretrain, batches, self.workers, generator, pin):
             yield view1.to(device, non_blocking=True), view2.to(device, non_blocking=True)
@@ -169,11 +173,13 @@ class StreamingData:
     def features(
         self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
     ) -> torch.Tensor:
+        """The backbone's features of the ``bank`` or ``test`` images, read by the DataLoader workers."""
         part = {"bank": self.bank, "test": self.test}[split]
         batches = eval_batches(part, batch_size, self.workers, pin=device.type == "cuda")
         return extract_features_from_batches(backbone, batches, len(part), device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
+        """The class labels of the ``bank`` or ``test`` images."""
         return {"bank": self.bank, "test": self.test}[split].labels
 
 

@@ -98,6 +98,7 @@ class StepProgress:
         return self
 
     def step(self, images: int) -> None:
+        """Count one step of ``images`` images; update the bar, or log at each quarter of the epoch."""
         if not self.enabled:
             return
         self.done += 1

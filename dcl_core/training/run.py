@@ -68,10 +68,12 @@ class Run:
 
     @property
     def total_steps(self) -> int:
+        """Optimizer steps over the whole run."""
         return self.steps_per_epoch * self.cfg.optim.epochs
 
     @property
     def warmup_steps(self) -> int:
+        """Optimizer steps of linear learning-rate warm-up."""
         return round(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
 
     @property
@@ -81,6 +83,7 @@ class Run:
 
     @property
     def checkpoint_path(self) -> Path:
+        """Where the run writes its checkpoint."""
         return self.out_dir / CHECKPOINT_NAME
 
     @property

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StudyOutcome:
+    """What a finished study returns: its rows, table, summary metrics, files, MLflow location and verdicts."""
+
     rows: list[Row]
     table: str
     summary: dict[str, dict[str, float]]

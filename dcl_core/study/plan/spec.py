@@ -42,6 +42,7 @@ class Resources:
         return max(1, math.floor(self.cpus_per_worker))
 
     def trial_resources(self) -> dict[str, float]:
+        """Tune's resource request for one trial (a DDP trial's driver takes a fixed CPU share)."""
         if self.num_workers <= 1:
             return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
         return {"cpu": DDP_TRIAL_CPU}
@@ -106,6 +107,7 @@ class StudyOptions:
 
     @property
     def resources(self) -> Resources:
+        """The per-trial resources these options ask for."""
         return Resources(self.workers, self.cpus_per_worker, self.gpus_per_worker)
 
     def resolved(self) -> StudyOptions:
@@ -179,6 +181,7 @@ class StudySpec:
 
     @property
     def grids(self) -> list[Space]:
+        """The study's grids as a list (one grid, or the several it was given)."""
         return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
 
 
@@ -209,6 +212,7 @@ def grid_points(grid: Space) -> list[dict[str, Any]]:
 
 
 def num_grid_points(grid: Space) -> int:
+    """The number of grid points (trials per seed) of ``grid``: the product of its Grid axes' lengths."""
     return math.prod(len(v.values) for v in grid.values() if isinstance(v, Grid))
 
 

@@ -51,6 +51,7 @@ class StudyRuns:
 
     @property
     def client(self) -> MlflowClient:
+        """The MLflow client of the tracking URI, made on first use."""
         if self._client is None:
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
