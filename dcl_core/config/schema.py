@@ -319,7 +319,7 @@ def field_specs(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, da
     hints = _resolved_types(cls)
     for name, f in _fields(cls).items():
         tp = hints[name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.update(field_specs(tp, f"{prefix}{name}."))
         else:
             out[f"{prefix}{name}"] = (tp, f)

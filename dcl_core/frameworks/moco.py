@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import gather_no_grad
-from dcl_core.frameworks.common import enqueue, make_key_encoder, momentum_update, register_queue
+from dcl_core.frameworks.common import Framework, enqueue, make_key_encoder, momentum_update, register_queue
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
-class MoCo(nn.Module):
+class MoCo(Framework):
     r"""MoCo-v2: queries from the trained encoder, keys from its momentum copy, negatives from a key queue.
 
     For a query :math:`q` (view 1 through the query encoder θq), its positive key :math:`k_+` (view 2 of the
@@ -60,6 +60,10 @@ class MoCo(nn.Module):
         >>> fw = MoCo(model, DCLLoss(temperature=0.2), dim=128, queue_size=4096)
         >>> out = fw(view1, view2); out.loss.backward(); opt.step(); fw.after_step()
     """
+
+    # Buffers made by register_queue (declared for the type checker: nn.Module's attributes are Tensor | Module).
+    queue: Tensor
+    queue_ptr: Tensor
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import distributed_world, gather_no_grad, gather_with_grad
-from dcl_core.frameworks.common import enqueue, register_queue, split_positive
+from dcl_core.frameworks.common import Framework, enqueue, register_queue, split_positive
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -29,7 +29,7 @@ def nearest_neighbours(z: Tensor, support: Tensor) -> Tensor:
     return support[sim.argmax(dim=1)].to(z.dtype)  # (n, D)
 
 
-class NNCLR(nn.Module):
+class NNCLR(Framework):
     r"""Nearest-Neighbour Contrastive Learning: NN(z₁ᵢ) from a support queue replaces z₁ᵢ as the anchor.
 
     NNCLR's loss (Dwibedi et al., 2021, Eq. 2) for image i, with normalized projections z and the support set Q:
@@ -70,6 +70,10 @@ class NNCLR(nn.Module):
     Example:
         >>> fw = NNCLR(model, DCLLoss(temperature=0.1), dim=128, queue_size=4096)
     """
+
+    # Buffers made by register_queue (declared for the type checker: nn.Module's attributes are Tensor | Module).
+    support: Tensor
+    support_ptr: Tensor
 
     def __init__(
         self,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dcl_core.frameworks.common import Framework
 from dcl_core.losses import ContrastiveLoss, LossOutput
 
 
-class SimCLR(nn.Module):
+class SimCLR(Framework):
     """Both views through the same encoder + projection head; the loss sees (z1, z2).
 
     The two views go through the encoder as one batch of 2n images (one forward pass, BatchNorm statistics

@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import distributed_world, gather_no_grad
-from dcl_core.frameworks.common import make_key_encoder, momentum_update, split_positive
+from dcl_core.frameworks.common import Framework, make_key_encoder, momentum_update, split_positive
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities, sample_negatives
 
 
-class SiMo(nn.Module):
+class SiMo(Framework):
     r"""Simplified MoCo: a momentum key encoder, no memory bank; the other images' keys are the negatives.
 
     EqCo Sec. 3: "we use the momentum encoder to extract both positive and negative key embeddings from the

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from dcl_core.data import (
 from dcl_core.data.streaming import FolderSplit, TwoViews, epoch_loader, eval_batches, eval_transform, folder_split
 from dcl_core.eval.features import extract_features, extract_features_from_batches
 from dcl_core.frameworks import FRAMEWORKS
+from dcl_core.frameworks.common import Framework
 from dcl_core.losses import LOSSES, ContrastiveLoss
 from dcl_core.models import ProjectionHead, SSLModel, build_backbone
 
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 def build_loss(cfg: Config, derived: Derived) -> ContrastiveLoss:
     """The configured loss with exactly the arguments its equation takes."""
     lc = cfg.loss
-    common = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
-    extra: dict[str, object] = {
+    common: dict[str, Any] = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
+    extra: dict[str, Any] = {
         "infonce": {},
         "dcl": {},
         "dclw": {"sigma": lc.sigma},
@@ -55,14 +56,14 @@ def build_model(cfg: Config) -> SSLModel:
     return SSLModel(backbone, head)
 
 
-def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> nn.Module:
+def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> Framework:
     """The configured framework around ``model`` (already on its device) and ``loss``, with explicit values.
 
     MoCo/NNCLR queues hold ``model.proj_dim``-dimensional projections. MoCo always gathers keys over DDP ranks
     before enqueuing; SiMo's keys and NNCLR's in-batch negatives follow ``loss.gather_distributed``.
     """
     fc = cfg.framework
-    extra: dict[str, object] = {
+    extras: dict[str, dict[str, Any]] = {
         "simclr": {},
         "moco": {"dim": cfg.model.proj_dim, "queue_size": fc.queue_size, "momentum": fc.momentum},
         "simo": {
@@ -75,8 +76,8 @@ def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> nn.
             "queue_size": fc.queue_size,
             "gather_distributed": cfg.loss.gather_distributed,
         },
-    }[fc.name]
-    return FRAMEWORKS[fc.name](model, loss, **extra)
+    }
+    return FRAMEWORKS[fc.name](model, loss, **extras[fc.name])
 
 
 def build_optimizer(cfg: Config, derived: Derived, model: nn.Module) -> torch.optim.Optimizer:

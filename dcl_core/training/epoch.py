@@ -119,4 +119,9 @@ class StepProgress:
 
 def grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """L2 norm of the gradients of ``params`` taken together, float64 ()."""
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).double()
+    norms = []
+    for p in params:
+        if p.grad is None:
+            raise ValueError("grad_norm: a parameter has no gradient (called before backward?)")
+        norms.append(p.grad.norm())
+    return torch.linalg.vector_norm(torch.stack(norms)).double()

@@ -307,7 +307,7 @@ def q_hist_edges(bins: int) -> list[float]:
     return [i / bins for i in range(bins + 1)]
 
 
-def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str) -> Path:
+def plot_q_hist_epochs(hists: Mapping[int, Sequence[float]], path: Path, title: str) -> Path:
     """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
     plt = pyplot()
 

@@ -128,7 +128,7 @@ def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
 
 
 def _caption(rows: list[Row]) -> str:
-    seeds = sorted({r.get(SEED) for r in rows if r.get(SEED) is not None})
+    seeds = sorted({seed for r in rows if (seed := r.get(SEED)) is not None})
     return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
             "means\n")
 

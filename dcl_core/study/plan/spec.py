@@ -182,7 +182,7 @@ class StudySpec:
     @property
     def grids(self) -> list[Space]:
         """The study's grids as a list (one grid, or the several it was given)."""
-        return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
+        return [self.grid] if isinstance(self.grid, Mapping) else list(self.grid)
 
 
 def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
@@ -353,7 +353,7 @@ def grid_seeds(spec: StudySpec) -> tuple[int, ...] | None:
     sub-grids do not all sweep the same seeds, cannot be extended by seed."""
     if spec.search is not None:
         return None
-    found = {g[SEED].values if isinstance(g.get(SEED), Grid) else None for g in spec.grids}
+    found = {axis.values if isinstance(axis := g.get(SEED), Grid) else None for g in spec.grids}
     seeds = found.pop() if len(found) == 1 else None
     return tuple(seeds) if seeds else None
 

@@ -103,8 +103,8 @@ def _inside(uri: str, root: str) -> bool:
     a, b = urlsplit(uri), urlsplit(root)
     if (a.scheme, a.netloc) != (b.scheme, b.netloc):
         return False
-    path, base = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
-    return path != base and path.startswith(base.rstrip("/") + "/")
+    inner, outer = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
+    return inner != outer and inner.startswith(outer.rstrip("/") + "/")
 
 
 def storage_delete(uri: str, root: str) -> None:
