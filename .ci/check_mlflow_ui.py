@@ -56,6 +56,7 @@ TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a whil
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it), for the MLflow UI server."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -177,6 +178,7 @@ def point_colours(page, axis: str) -> list[str]:
 
 def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots: Path | None,
                answer: Answer) -> bool:
+    """Click through the study's MLflow UI in Chromium, one printed line per check; True if every check held."""
     from playwright.sync_api import sync_playwright
 
     view_name, state = view
@@ -269,6 +271,7 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve the study's MLflow store and check its UI as the README describes; the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("output_dir")
     ap.add_argument("study")

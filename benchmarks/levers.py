@@ -41,6 +41,7 @@ TEMPERATURE = 0.1
 
 
 def preset_name(width: float, batch: int) -> str:
+    """The row label of a model preset: encoder width and batch size."""
     return f"ResNet-18 x{width:g} b{batch}"
 
 
@@ -72,6 +73,7 @@ class TrainStep:
         self.view2 = views[1].contiguous(memory_format=fmt)
 
     def __call__(self) -> None:
+        """One forward pass, backward pass and optimizer step (under bf16 autocast when ``bf16``)."""
         amp = torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext()
         with amp:
             out = self.framework(self.view1, self.view2)

@@ -53,6 +53,7 @@ def cpu_model() -> str:
 
 
 def load_average() -> str:
+    """The 1, 5 and 15 minute load averages for the report, or ``n/a`` where the OS has none."""
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
@@ -79,6 +80,7 @@ def run_section(name: str, quick: bool, work_dir: Path | None = None) -> tuple[l
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the chosen benchmark sections, print their rows and write them as JSON; the exit status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions (CI: checks it runs)")
     parser.add_argument("--sections", default=",".join(SECTIONS),

@@ -119,6 +119,8 @@ SLOT_PHASES = ("worker start-up", "trial setup", "checkpoint+report", "MLflow + 
 
 @dataclass
 class CpuSample:
+    """One reading of ``/proc/stat`` and of the sampled process tree's CPU time."""
+
     t: float  # time.time()
     busy: tuple[int, ...]  # per core, jiffies (user nice system irq softirq steal)
     total: tuple[int, ...]  # per core, jiffies (busy + idle + iowait)
@@ -180,11 +182,13 @@ class CpuSampler(threading.Thread):
         self.samples.append(CpuSample(time.time(), busy, total, tree))
 
     def run(self) -> None:
+        """Sample every ``interval`` seconds until :meth:`stop` (the thread's body)."""
         self._sample()
         while not self._stop_event.wait(self.interval):
             self._sample()
 
     def stop(self) -> None:
+        """Stop sampling, wait for the thread, and take one last sample."""
         self._stop_event.set()
         self.join()
         self._sample()
@@ -207,6 +211,8 @@ class CpuSampler(threading.Thread):
 
 @dataclass
 class TrialTiming:
+    """One trial's span and where its time went, from MLflow and Tune's ``result.json``."""
+
     trial_id: str
     start: float  # driver: MLflow child run's start (on_trial_start), else from result.json (±1 s)
     end: float  # driver: MLflow run's end, else the last result's timestamp (±1 s)
@@ -241,14 +247,17 @@ class StudyTiming:
 
     @property
     def training(self) -> float:
+        """Seconds spent training, summed over the trials."""
         return sum(t.training for t in self.trials)
 
     @property
     def first_start(self) -> float:
+        """When the first trial started (epoch seconds)."""
         return min(t.start for t in self.trials)
 
     @property
     def last_end(self) -> float:
+        """When the last trial ended (epoch seconds)."""
         return max(t.end for t in self.trials)
 
     def breakdown(self, started: float | None = None, ended: float | None = None) -> dict[str, float]:
@@ -495,6 +504,7 @@ def overhead_row(timing: StudyTiming, label: str, goal: bool, started: float | N
 
 
 def busy_row(timing: StudyTiming, sampler: CpuSampler, label: str, load: float, goal: bool) -> Row:
+    """The CPUs' mean busy share while the trials ran, as a row; with ``goal``, each core checked against BUSY_GOAL."""
     t0, t1 = timing.first_start, timing.last_end
     util = sampler.utilization(t0, t1)
     if util is None:
@@ -540,6 +550,7 @@ class Launch:
 
     @property
     def wall(self) -> float:
+        """Seconds from launch to exit."""
         return self.ended - self.started
 
 
@@ -578,6 +589,8 @@ def efficiency_rows(run_: Launch, label: str, goal: bool) -> list[Row]:
 
 @dataclass
 class SearchResult:
+    """What a ``tau_lr_search`` run found: its size, the best kNN top-1 per loss and its wall time."""
+
     epochs: int
     trials: int
     best: dict[str, float]  # loss -> best final kNN top-1

@@ -74,6 +74,7 @@ class Setting:
 
     @property
     def label(self) -> str:
+        """The setting as a row label: width, batch and threads."""
         return f"ResNet-18 x{self.width:g}, batch {self.batch}, {self.threads} thread{'s' * (self.threads > 1)}"
 
 

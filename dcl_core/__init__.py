@@ -1,0 +1,1 @@
+"""Decoupled Contrastive Learning (DCL) and EqCo: losses, frameworks, training, evaluation and the study platform."""

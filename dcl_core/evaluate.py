@@ -40,6 +40,7 @@ LOCAL_KEYS = ("data.root", "data.download", "data.loader", "data.workers", "eval
 
 
 def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.ArgumentParser:
+    """The command line of ``dcl-evaluate``: a checkpoint and the evaluations to run on it."""
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint.pt written by dcl_core.train")
     p.add_argument("--no-knn", action="store_true", help="skip the kNN monitor")
@@ -56,6 +57,7 @@ def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.Argument
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m dcl_core.evaluate") -> int:
+    """Evaluate a checkpoint from the command line (``dcl-evaluate``); the exit status."""
     args = build_parser(prog).parse_args(argv)
     setup_logging()
     return run_command(lambda: _run(args))

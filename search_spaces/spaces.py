@@ -20,12 +20,16 @@ PAPER_SIGMA_GRID: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 1000.0)
 
 @dataclass(frozen=True)
 class LogUniform:
+    """A float sampled log-uniformly between ``low`` and ``high``."""
+
     low: float
     high: float
 
 
 @dataclass(frozen=True)
 class Choice:
+    """One of ``values``, sampled."""
+
     values: tuple[Any, ...]
 
 
@@ -113,6 +117,7 @@ class OptunaSpace:
         self.constants = dict(constants or {})
 
     def __call__(self, trial: Any) -> dict[str, Any]:
+        """Sample the space for one Optuna trial; the constants plus the chosen values."""
         fixed = dict(self.constants)
         chosen: dict[str, Any] = {}
 

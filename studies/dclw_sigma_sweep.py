@@ -41,6 +41,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: DCLW over σ (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for DCL)")
     p = PRESETS[args.preset]

@@ -34,6 +34,7 @@ PRESETS = {
 
 
 def main(argv=None) -> int:
+    """Run the MI toy study from the command line; the exit status."""
     return toy_main(__doc__, PRESETS, argv)
 
 

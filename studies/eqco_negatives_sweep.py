@@ -1,4 +1,4 @@
-"""Does EqCo keep accuracy steady as the number of negatives K shrinks? (EqCo Fig. 3 SimCLR, Fig. 4 SiMo)
+r"""Does EqCo keep accuracy steady as the number of negatives K shrinks? (EqCo Fig. 3 SimCLR, Fig. 4 SiMo)
 
 EqCo scales the negatives' sum by α/K (margin τ·log(α/K)), so training with K negatives "mimics" α of them;
 without it (α = K, i.e. InfoNCE over the same K negatives) accuracy drops at small K. This study trains SimCLR
@@ -9,7 +9,7 @@ with α = K and with α fixed (256, the paper's value), and prints kNN top-1 per
     python studies/eqco_negatives_sweep.py                  # CPU default, 2 cores
     python studies/eqco_negatives_sweep.py --smoke          # for tests
     python studies/eqco_negatives_sweep.py --search optuna  # TPE over α per (framework, K)
-    ray job submit --working-dir . -- python studies/eqco_negatives_sweep.py --preset paper \\
+    ray job submit --working-dir . -- python studies/eqco_negatives_sweep.py --preset paper \
         --data-root /data/imagenet --gpus-per-worker 1 --workers 8
 
 Work: cpu 2 frameworks × 3 K × 2 α × 3 seeds, 6 epochs each on 2,500 CIFAR-10 images (times: README,
@@ -42,6 +42,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: SimCLR and SiMo × K × α ∈ {K, fixed} (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
     p = PRESETS[args.preset]

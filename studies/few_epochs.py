@@ -1,4 +1,4 @@
-"""Does DCL reach a given accuracy in fewer epochs than InfoNCE? (DCL paper, Table 6 and Fig. 4)
+r"""Does DCL reach a given accuracy in fewer epochs than InfoNCE? (DCL paper, Table 6 and Fig. 4)
 
 The paper trains SimCLR and MoCo-v2 with and without DCL for 100 and 200 epochs (ImageNet-1K, batch 256):
 SimCLR + DCL at 100 epochs (64.6%) nearly matches its 200-epoch result, while the SimCLR baseline drops to
@@ -9,7 +9,7 @@ DCL − InfoNCE gap, and logs every trial's per-epoch kNN curve to MLflow (compa
     python studies/few_epochs.py                  # CPU default, 2 cores
     python studies/few_epochs.py --smoke          # for tests
     python studies/few_epochs.py --set framework.name=moco --set framework.momentum=0.99   # MoCo-v2 instead
-    ray job submit --working-dir . -- python studies/few_epochs.py --preset paper --data-root /data/imagenet \\
+    ray job submit --working-dir . -- python studies/few_epochs.py --preset paper --data-root /data/imagenet \
         --gpus-per-worker 1 --workers 8
 
 Work: cpu 2 losses × budgets {2, 4, 8} × 3 seeds on 2,500 CIFAR-10 images (times: README, Studies); paper =
@@ -40,6 +40,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: losses × epoch budgets (× seeds on a grid) per framework variant under the preset."""
     p = PRESETS[args.preset]
     base = base_config(args, p.base)
     grids = []

@@ -49,6 +49,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: losses × base learning rates × seeds under the preset."""
     if args.search != "grid":
         raise ConfigError("lr_in_regime is a grid over base lr; for an Optuna search run studies/tau_lr_search.py")
     p = PRESETS[args.preset]

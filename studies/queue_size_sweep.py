@@ -1,4 +1,4 @@
-"""Does DCL help MoCo-v2 most when its queue of negatives is small? (DCL paper, Table 5)
+r"""Does DCL help MoCo-v2 most when its queue of negatives is small? (DCL paper, Table 5)
 
 MoCo-v2 scores each query against a queue of K keys from a momentum encoder. The paper finds DCL (positive
 removed from the denominator) ahead of InfoNCE at every queue size, by more as the queue shrinks (ImageNet-100
@@ -9,7 +9,7 @@ run per trial plus a summary run.
     python studies/queue_size_sweep.py                  # CPU default, 2 cores
     python studies/queue_size_sweep.py --smoke          # for tests
     python studies/queue_size_sweep.py --search optuna  # TPE over (τ, lr) per (loss, K)
-    ray job submit --working-dir . -- python studies/queue_size_sweep.py --preset paper \\
+    ray job submit --working-dir . -- python studies/queue_size_sweep.py --preset paper \
         --data-root /data/imagenet100 --gpus-per-worker 1 --workers 8
 
 Work: cpu 2 losses × 3 queue sizes × 3 seeds, 5 epochs each on 2,500 CIFAR-10 images (times: README, Studies);
@@ -40,6 +40,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: losses × MoCo queue sizes (× seeds on a grid) under the preset."""
     p = PRESETS[args.preset]
     grid = {"loss.name": Grid(losses_arg(args, p.losses)), "framework.queue_size": Grid(p.axis)}
     if args.search == "grid":  # an Optuna search runs once per (loss, queue size), seed 0

@@ -1,4 +1,4 @@
-"""Which (τ, lr) pair is best for each loss? (DCL paper, Table 3: tuned (τ, lr) = (0.2, 0.07) for DCL)
+r"""Which (τ, lr) pair is best for each loss? (DCL paper, Table 3: tuned (τ, lr) = (0.2, 0.07) for DCL)
 
 A seeded Optuna TPE search over τ (log-uniform 0.05–1) and base lr (log-uniform 0.003–0.3) per loss, run by
 Ray Tune; ``--asha`` stops poor trials early (the kNN monitor runs every epoch so ASHA can compare them).
@@ -8,7 +8,7 @@ the results table to the study's MLflow summary run (one MLflow run per trial as
     python studies/tau_lr_search.py                  # CPU default, 2 cores
     python studies/tau_lr_search.py --asha           # the same budget, poor trials stopped early
     python studies/tau_lr_search.py --smoke          # for tests
-    ray job submit --working-dir . -- python studies/tau_lr_search.py --preset paper --data-root /data/imagenet \\
+    ray job submit --working-dir . -- python studies/tau_lr_search.py --preset paper --data-root /data/imagenet \
         --gpus-per-worker 1 --workers 8
 
 Work: cpu 2 losses × 10 trials × 6 epochs on 2,500 CIFAR-10 images (times: README, Studies); paper = ImageNet-1K,
@@ -39,6 +39,7 @@ PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: an Optuna search over τ and learning rate for each loss under the preset."""
     if args.search != "optuna":
         raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")
     p = PRESETS[args.preset]

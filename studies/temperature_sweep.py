@@ -58,6 +58,7 @@ PRESETS = {
 
 
 def build_spec(args: SpecArgs) -> StudySpec:
+    """The study's spec: losses × temperatures (× seeds on a grid) under the preset."""
     p = PRESETS[args.preset]
     base = base_config(args, p.base)
     losses = losses_arg(args, p.losses)

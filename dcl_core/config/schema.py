@@ -116,6 +116,8 @@ _BIG = 2**20
 
 @dataclass(frozen=True)
 class DataConfig:
+    """The pretraining dataset, where it is, its subsets, the augmentation and how images are loaded (``data.*``)."""
+
     dataset: str = _f("cifar10", "pretraining dataset", "cifar10", DATASET_NAMES)
     root: str | None = _f(
         None, "data root; default: $DCL_DATA_ROOT, then the embedded ../shared/datasets/cifar10 (CIFAR-10)"
@@ -157,6 +159,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The encoder and its projection head (``model.*``)."""
+
     arch: str = _f("resnet18", "encoder backbone", "resnet18", ARCH_NAMES)
     # At least 1/64: every stage keeps at least one channel per 64 of the standard width (and 8 in all).
     width: float = _f(
@@ -177,6 +181,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
+    """The contrastive loss and its hyperparameters (``loss.*``)."""
+
     name: str = _f("dcl", "contrastive objective", "dcl", LOSS_NAMES)
     # 0.07 on CIFAR/STL (Sec. 4.1); 0.1 for ImageNet; Table 18 sweeps 0.07..1.0.
     temperature: float = _f(
@@ -238,6 +244,8 @@ class FrameworkConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
+    """Epochs, batch size, SGD and the learning-rate schedule (``optim.*``)."""
+
     epochs: int = _f(200, "pretraining epochs", 200, bounds=Range(ge=1, cap=100_000))
     batch_size: int = _f(
         256,
@@ -257,6 +265,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
+    """The kNN monitor and the linear probe (``eval.*``)."""
+
     knn_k: int = _f(200, "kNN monitor neighbours", 200, bounds=Range(ge=1, cap=_BIG))
     # The kNN monitor has its own temperature; it is never the training tau (see REFERENCES: leftthomas/SimCLR).
     knn_temperature: float = _f(
@@ -274,6 +284,8 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """One training run's whole configuration: the sections above plus seed, device, precision, threads and output."""
+
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -307,7 +319,7 @@ def field_specs(cls: type = Config, prefix: str = "") -> dict[str, tuple[Any, da
     hints = _resolved_types(cls)
     for name, f in _fields(cls).items():
         tp = hints[name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.update(field_specs(tp, f"{prefix}{name}."))
         else:
             out[f"{prefix}{name}"] = (tp, f)

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image
@@ -75,6 +76,7 @@ class TwoViews:
         )
 
     def __call__(self, image: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """The image's two augmented views."""
         return self.views[0](image), self.views[1](image)
 
 
@@ -113,7 +115,7 @@ class FolderSplit:
         """The same images, in the same order, with another per-sample transform (no second directory scan:
         ImageNet-1K's train folder holds 1.28M files)."""
         inner = self.dataset.dataset if isinstance(self.dataset, Subset) else self.dataset
-        folder = copy.copy(inner)
+        folder: Any = copy.copy(inner)  # an ImageFolder (torchvision is untyped)
         folder.transform = transform  # ImageFolder applies self.transform in __getitem__
         dataset = Subset(folder, self.dataset.indices) if isinstance(self.dataset, Subset) else folder
         return FolderSplit(dataset, self.labels, self.classes)

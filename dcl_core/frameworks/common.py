@@ -1,6 +1,6 @@
-"""The building blocks MoCo, SiMo and NNCLR share: the momentum key encoder and its update, the ring-buffer
-queue (random unit rows at first, then a FIFO of keys) and the split of a similarity matrix into each anchor's
-positive and negatives.
+"""The building blocks the frameworks share: their base class (:class:`Framework`); for MoCo, SiMo and NNCLR
+the momentum key encoder and its update, the ring-buffer queue (random unit rows at first, then a FIFO of keys)
+and the split of a similarity matrix into each anchor's positive and negatives.
 
 The all-gathers they use (with and without gradient) are in :mod:`dcl_core.distributed`.
 """
@@ -14,6 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import unwrap
+
+
+class Framework(nn.Module):
+    """Base of the frameworks: ``forward(view1, view2) -> LossOutput``, and :meth:`after_step` after every
+    optimizer step, which the trainer calls on whichever framework the config names."""
+
+    def after_step(self) -> None:
+        """Per-step state update (momentum encoder, queue); none unless the framework keeps such state."""
 
 
 def make_key_encoder(model: nn.Module) -> nn.Module:

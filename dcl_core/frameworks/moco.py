@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import gather_no_grad
-from dcl_core.frameworks.common import enqueue, make_key_encoder, momentum_update, register_queue
+from dcl_core.frameworks.common import Framework, enqueue, make_key_encoder, momentum_update, register_queue
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
-class MoCo(nn.Module):
+class MoCo(Framework):
     r"""MoCo-v2: queries from the trained encoder, keys from its momentum copy, negatives from a key queue.
 
     For a query :math:`q` (view 1 through the query encoder θq), its positive key :math:`k_+` (view 2 of the
@@ -61,6 +61,10 @@ class MoCo(nn.Module):
         >>> out = fw(view1, view2); out.loss.backward(); opt.step(); fw.after_step()
     """
 
+    # Buffers made by register_queue (declared for the type checker: nn.Module's attributes are Tensor | Module).
+    queue: Tensor
+    queue_ptr: Tensor
+
     def __init__(
         self,
         model: nn.Module,
@@ -83,9 +87,11 @@ class MoCo(nn.Module):
 
     @property
     def queue_size(self) -> int:
+        """K, the number of keys the queue holds."""
         return self.queue.shape[0]
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss of the queries against their momentum keys (positives) and the queued keys (negatives)."""
         n = view1.shape[0]
         if self.symmetric:
             _, q = self.model(torch.cat([view1, view2], dim=0))  # (2n, D): view-1 queries, then view-2
@@ -117,4 +123,5 @@ class MoCo(nn.Module):
             self._pending_keys = None
 
     def extra_repr(self) -> str:
+        """Queue size, momentum and symmetry for ``repr(module)``."""
         return f"queue_size={self.queue_size}, momentum={self.momentum}, symmetric={self.symmetric}"

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import distributed_world, gather_no_grad, gather_with_grad
-from dcl_core.frameworks.common import enqueue, register_queue, split_positive
+from dcl_core.frameworks.common import Framework, enqueue, register_queue, split_positive
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -29,7 +29,7 @@ def nearest_neighbours(z: Tensor, support: Tensor) -> Tensor:
     return support[sim.argmax(dim=1)].to(z.dtype)  # (n, D)
 
 
-class NNCLR(nn.Module):
+class NNCLR(Framework):
     r"""Nearest-Neighbour Contrastive Learning: NN(z₁ᵢ) from a support queue replaces z₁ᵢ as the anchor.
 
     NNCLR's loss (Dwibedi et al., 2021, Eq. 2) for image i, with normalized projections z and the support set Q:
@@ -71,6 +71,10 @@ class NNCLR(nn.Module):
         >>> fw = NNCLR(model, DCLLoss(temperature=0.1), dim=128, queue_size=4096)
     """
 
+    # Buffers made by register_queue (declared for the type checker: nn.Module's attributes are Tensor | Module).
+    support: Tensor
+    support_ptr: Tensor
+
     def __init__(
         self,
         model: nn.Module,
@@ -90,9 +94,11 @@ class NNCLR(nn.Module):
 
     @property
     def queue_size(self) -> int:
+        """The number of embeddings the support queue holds."""
         return self.support.shape[0]
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss with each anchor replaced by its nearest neighbour in the support queue."""
         n = view1.shape[0]
         _, z = self.model(torch.cat([view1, view2], dim=0))  # (2n, D)
         rank, world = distributed_world() if self.gather_distributed else (0, 1)
@@ -126,4 +132,5 @@ class NNCLR(nn.Module):
             self._pending = None
 
     def extra_repr(self) -> str:
+        """Queue size, symmetry and gathering for ``repr(module)``."""
         return f"queue_size={self.queue_size}, symmetric={self.symmetric}, gather_distributed={self.gather_distributed}"

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from dcl_core.frameworks.common import Framework
 from dcl_core.losses import ContrastiveLoss, LossOutput
 
 
-class SimCLR(nn.Module):
+class SimCLR(Framework):
     """Both views through the same encoder + projection head; the loss sees (z1, z2).
 
     The two views go through the encoder as one batch of 2n images (one forward pass, BatchNorm statistics
@@ -25,6 +26,7 @@ class SimCLR(nn.Module):
         self.loss = loss
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss of the two views' projections, both through the one encoder."""
         _, z = self.model(torch.cat([view1, view2], dim=0))  # z: (2n, P)
         z1, z2 = z.chunk(2, dim=0)  # (n, P) each
         return self.loss(z1, z2)

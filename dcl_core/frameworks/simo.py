@@ -7,11 +7,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dcl_core.distributed import distributed_world, gather_no_grad
-from dcl_core.frameworks.common import make_key_encoder, momentum_update, split_positive
+from dcl_core.frameworks.common import Framework, make_key_encoder, momentum_update, split_positive
 from dcl_core.losses import ContrastiveLoss, LossOutput, PairSimilarities, sample_negatives
 
 
-class SiMo(nn.Module):
+class SiMo(Framework):
     r"""Simplified MoCo: a momentum key encoder, no memory bank; the other images' keys are the negatives.
 
     EqCo Sec. 3: "we use the momentum encoder to extract both positive and negative key embeddings from the
@@ -78,6 +78,7 @@ class SiMo(nn.Module):
         self.generator = generator
 
     def forward(self, view1: Tensor, view2: Tensor) -> LossOutput:
+        """The loss of the queries against their momentum keys, the batch's other keys as negatives."""
         n = view1.shape[0]
         rank, world = distributed_world() if self.gather_distributed else (0, 1)
         if self.symmetric:
@@ -120,6 +121,7 @@ class SiMo(nn.Module):
         momentum_update(self.key_encoder, self.model, self.momentum)
 
     def extra_repr(self) -> str:
+        """Momentum, negatives, symmetry and gathering for ``repr(module)``."""
         return (
             f"momentum={self.momentum}, num_negatives={self.num_negatives}, symmetric={self.symmetric}, "
             f"gather_distributed={self.gather_distributed}"

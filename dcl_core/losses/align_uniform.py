@@ -61,6 +61,7 @@ class AlignUniformLoss(ContrastiveLoss):
         self.uniformity_weight = float(uniformity_weight)
 
     def forward(self, z1: Tensor, z2: Tensor) -> LossOutput:
+        """Alignment plus weighted uniformity of the normalized views; the logits feed the NPC diagnostics only."""
         sims = two_view_similarities(z1, z2, self.gather_distributed)  # validates shapes first
         _, world = distributed_world() if self.gather_distributed else (0, 1)
         with torch.autocast(device_type=z1.device.type, enabled=False):
@@ -78,4 +79,5 @@ class AlignUniformLoss(ContrastiveLoss):
         return LossOutput.with_npc(loss, sims, pos, log_u, extra)
 
     def extra_repr(self) -> str:
+        """τ, t and the uniformity weight for ``repr(module)``."""
         return f"{super().extra_repr()}, t={self.uniformity_t}, weight={self.uniformity_weight}"

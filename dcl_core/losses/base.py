@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +122,7 @@ class _NegativeLogSumExp(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, neg: Tensor, exclude: Tensor | None, temperature: float) -> Tensor:
+    def forward(ctx: Any, neg: Tensor, exclude: Tensor | None, temperature: float) -> Tensor:
         shifted = neg / temperature  # (A, M) logits s/τ, the one (A, M) buffer
         if exclude is not None:
             shifted.scatter_(1, exclude, float("-inf"))  # (A, M): excluded columns drop out of the sum
@@ -135,7 +136,7 @@ class _NegativeLogSumExp(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         shifted, total = ctx.saved_tensors
         scale = grad / (total * ctx.temperature)  # (A,) ∂L/∂logU_a / (Σ e^{s/τ − max} · τ)
         return shifted * scale[:, None], None, None  # (A, M) softmax over the negatives · g / τ
@@ -149,7 +150,8 @@ def negative_logsumexp(neg: Tensor, exclude: Tensor | None, temperature: float) 
         exclude: (A, E) columns of each row left out of the sum (distinct), or None.
         temperature: τ > 0.
     """
-    return _NegativeLogSumExp.apply(neg, exclude, temperature)
+    out: Tensor = _NegativeLogSumExp.apply(neg, exclude, temperature)  # torch types Function.apply as Any
+    return out
 
 
 @dataclass
@@ -260,10 +262,13 @@ class ContrastiveLoss(nn.Module):
         self.gather_distributed = gather_distributed
 
     def forward(self, z1: Tensor, z2: Tensor) -> LossOutput:
+        """The loss of SimCLR's two views ``z1``, ``z2`` (each (N, D)), through :meth:`from_similarities`."""
         return self.from_similarities(two_view_similarities(z1, z2, self.gather_distributed))
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:  # pragma: no cover - abstract
+        """The loss's equation on precomputed similarities; each subclass implements it."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
+        """τ and distributed gathering for ``repr(module)``."""
         return f"temperature={self.temperature}, gather_distributed={self.gather_distributed}"

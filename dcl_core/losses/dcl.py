@@ -28,6 +28,7 @@ class DCLLoss(ContrastiveLoss):
     """
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """DCL Eq. 6 averaged over the anchors: log U − s⁺, the positive left out of the denominator."""
         pos = sims.pos / self.temperature  # (A,)
         # Key difference from InfoNCE: the denominator sums over negatives only (no positive term).
         log_u = sims.negative_logsumexp(self.temperature)  # (A,) log U_{i,k}

@@ -12,7 +12,7 @@ from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
 def vmf_weights(pos: Tensor, pos_batch: Tensor, sigma: float) -> Tensor:
-    r"""w = 2 − exp(<z1,z2>/σ) / E_i[exp(<z1,z2>/σ)], detached; E_i over the (global) batch of pairs.
+    r"""The vMF weight w = 2 − exp(<z1,z2>/σ) / E_i[exp(<z1,z2>/σ)], detached; E_i over the (global) batch of pairs.
 
     Computed in log space: exp(pos/σ − (logsumexp(pos_batch/σ) − log P)), so σ → 0 cannot overflow.
 
@@ -58,6 +58,7 @@ class DCLWLoss(ContrastiveLoss):
         self.sigma = float(sigma)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """DCL Eq. 7 averaged over the anchors, with the std of the weights as a diagnostic."""
         pos = sims.pos / self.temperature  # (A,)
         log_u = sims.negative_logsumexp(self.temperature)  # (A,) negatives only, as in DCL
         w = vmf_weights(sims.pos, sims.pos_batch, self.sigma)  # (A,)
@@ -66,4 +67,5 @@ class DCLWLoss(ContrastiveLoss):
         return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.WEIGHT_STD: w.std(unbiased=False)})
 
     def extra_repr(self) -> str:
+        """τ, σ and distributed gathering for ``repr(module)``."""
         return f"{super().extra_repr()}, sigma={self.sigma}"

@@ -46,6 +46,7 @@ class DCLWExpLoss(ContrastiveLoss):
         self.delta = float(delta)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """DCL with the positive logit weighted by δ·exp(−σ⟨z1, z2⟩), with the mean weight as a diagnostic."""
         pos = sims.pos / self.temperature  # (A,)
         log_u = sims.negative_logsumexp(self.temperature)  # (A,) negatives only, as in DCL
         w = self.delta * torch.exp(-self.sigma * sims.pos.detach())  # (A,)
@@ -54,4 +55,5 @@ class DCLWExpLoss(ContrastiveLoss):
         return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.WEIGHT_MEAN: w.mean().detach()})
 
     def extra_repr(self) -> str:
+        """τ, σ, δ and distributed gathering for ``repr(module)``."""
         return f"{super().extra_repr()}, sigma={self.sigma}, delta={self.delta}"

@@ -86,6 +86,7 @@ class EqCoLoss(ContrastiveLoss):
         self.num_negatives = int(num_negatives)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """EqCo's loss over K sampled negatives (all when ``num_negatives`` is 0), with its MI bound log(1 + α) − L."""
         negatives = sims
         if self.num_negatives and self.num_negatives != sims.num_negatives:  # K < all (K > all raises)
             sampled = sample_negatives(sims.neg, self.num_negatives, exclude=sims.neg_exclude)  # (A, K)
@@ -100,4 +101,5 @@ class EqCoLoss(ContrastiveLoss):
         return LossOutput.with_npc(loss, sims, pos, log_u, {M.Diagnostic.MI_BOUND: (math.log1p(alpha) - loss).detach()})
 
     def extra_repr(self) -> str:
+        """τ, α, K and distributed gathering for ``repr(module)``."""
         return f"{super().extra_repr()}, alpha={self.alpha}, num_negatives={self.num_negatives}"

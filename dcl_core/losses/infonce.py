@@ -38,6 +38,7 @@ class InfoNCELoss(ContrastiveLoss):
     """
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """InfoNCE averaged over the anchors, with its MI bound log(1 + K) − L as a diagnostic."""
         pos = sims.pos / self.temperature  # (A,)
         log_u = sims.negative_logsumexp(self.temperature)  # (A,) log U_{i,k}
         # The positive stays in the denominator: this is what couples positives and negatives (NPC).

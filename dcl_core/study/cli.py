@@ -86,7 +86,10 @@ class SpecArgs:
 
 
 class SpecBuilder(Protocol):
-    def __call__(self, args: SpecArgs, /) -> StudySpec: ...
+    """Builds a study's :class:`StudySpec` from its parsed :class:`SpecArgs` (each study's ``build_spec``)."""
+
+    def __call__(self, args: SpecArgs, /) -> StudySpec:
+        """The spec of the study these arguments ask for."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class StudyRequest:
 
     @property
     def quiet(self) -> bool:
+        """Whether the study's console is quiet (``-q``)."""
         return self.options.verbosity == QUIET
 
     def check(self) -> None:
@@ -148,6 +152,7 @@ class StudyRequest:
 
 def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper")
                  ) -> argparse.ArgumentParser:
+    """The argument parser every study script shares, its description the study's docstring."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     g = p.add_argument_group("what to run")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from dcl_core.data import (
 from dcl_core.data.streaming import FolderSplit, TwoViews, epoch_loader, eval_batches, eval_transform, folder_split
 from dcl_core.eval.features import extract_features, extract_features_from_batches
 from dcl_core.frameworks import FRAMEWORKS
+from dcl_core.frameworks.common import Framework
 from dcl_core.losses import LOSSES, ContrastiveLoss
 from dcl_core.models import ProjectionHead, SSLModel, build_backbone
 
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 def build_loss(cfg: Config, derived: Derived) -> ContrastiveLoss:
     """The configured loss with exactly the arguments its equation takes."""
     lc = cfg.loss
-    common = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
-    extra: dict[str, object] = {
+    common: dict[str, Any] = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
+    extra: dict[str, Any] = {
         "infonce": {},
         "dcl": {},
         "dclw": {"sigma": lc.sigma},
@@ -55,14 +56,14 @@ def build_model(cfg: Config) -> SSLModel:
     return SSLModel(backbone, head)
 
 
-def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> nn.Module:
+def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> Framework:
     """The configured framework around ``model`` (already on its device) and ``loss``, with explicit values.
 
     MoCo/NNCLR queues hold ``model.proj_dim``-dimensional projections. MoCo always gathers keys over DDP ranks
     before enqueuing; SiMo's keys and NNCLR's in-batch negatives follow ``loss.gather_distributed``.
     """
     fc = cfg.framework
-    extra: dict[str, object] = {
+    extras: dict[str, dict[str, Any]] = {
         "simclr": {},
         "moco": {"dim": cfg.model.proj_dim, "queue_size": fc.queue_size, "momentum": fc.momentum},
         "simo": {
@@ -75,8 +76,8 @@ def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> nn.
             "queue_size": fc.queue_size,
             "gather_distributed": cfg.loss.gather_distributed,
         },
-    }[fc.name]
-    return FRAMEWORKS[fc.name](model, loss, **extra)
+    }
+    return FRAMEWORKS[fc.name](model, loss, **extras[fc.name])
 
 
 def build_optimizer(cfg: Config, derived: Derived, model: nn.Module) -> torch.optim.Optimizer:
@@ -132,6 +133,7 @@ class InMemoryData:
     def epoch_views(
         self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's two views of each batch, augmented on ``device``."""
         for idx in batches:
             batch = self.pretrain.images[idx].to(device, non_blocking=True)  # uint8 (n, 3, H, W)
             yield self.augment(batch, generator)  # float (n, 3, S, S) each
@@ -139,10 +141,12 @@ class InMemoryData:
     def features(
         self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
     ) -> torch.Tensor:
+        """The backbone's features of the ``bank`` or ``test`` images."""
         images = {"bank": self.bank, "test": self.test}[split].images
         return extract_features(backbone, images, self.eval_transform, batch_size, device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
+        """The class labels of the ``bank`` or ``test`` images."""
         return {"bank": self.bank, "test": self.test}[split].labels
 
 
@@ -162,6 +166,7 @@ class StreamingData:
     def epoch_views(
         self, batches: Sequence[torch.Tensor], generator: torch.Generator, device: torch.device
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's two views of each batch, augmented by the DataLoader workers."""
         pin = device.type == "cuda"
         for view1, view2 in epoch_loader(self.pretrain, batches, self.workers, generator, pin):
             yield view1.to(device, non_blocking=True), view2.to(device, non_blocking=True)
@@ -169,11 +174,13 @@ class StreamingData:
     def features(
         self, backbone: nn.Module, split: str, batch_size: int, device: torch.device, normalize: bool = True
     ) -> torch.Tensor:
+        """The backbone's features of the ``bank`` or ``test`` images, read by the DataLoader workers."""
         part = {"bank": self.bank, "test": self.test}[split]
         batches = eval_batches(part, batch_size, self.workers, pin=device.type == "cuda")
         return extract_features_from_batches(backbone, batches, len(part), device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
+        """The class labels of the ``bank`` or ``test`` images."""
         return {"bank": self.bank, "test": self.test}[split].labels
 
 

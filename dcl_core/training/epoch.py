@@ -98,6 +98,7 @@ class StepProgress:
         return self
 
     def step(self, images: int) -> None:
+        """Count one step of ``images`` images; update the bar, or log at each quarter of the epoch."""
         if not self.enabled:
             return
         self.done += 1
@@ -118,4 +119,9 @@ class StepProgress:
 
 def grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """L2 norm of the gradients of ``params`` taken together, float64 ()."""
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])).double()
+    norms = []
+    for p in params:
+        if p.grad is None:
+            raise ValueError("grad_norm: a parameter has no gradient (called before backward?)")
+        norms.append(p.grad.norm())
+    return torch.linalg.vector_norm(torch.stack(norms)).double()

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def evaluate_knn(
     backbone: nn.Module, data: TrainingData, k: int, temperature: float, batch_size: int, device: torch.device
 ) -> float:
-    """kNN top-1 (%) of the test set against the labeled train bank, test-time transforms for both.
+    """The kNN top-1 (%) of the test set against the labeled train bank, test-time transforms for both.
 
     Args:
         backbone: the encoder without its projection head (not DDP-wrapped).

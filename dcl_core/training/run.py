@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from dcl_core.config import Config, ConfigError, Derived, derive
+from dcl_core.frameworks.common import Framework
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
     TrainingData,
@@ -49,6 +50,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
+def backbone_of(model: nn.Module) -> nn.Module:
+    """The encoder of an SSLModel, DDP-wrapped or not (without its projection head)."""
+    backbone = unwrap(model).backbone
+    assert isinstance(backbone, nn.Module)  # an attribute of an nn.Module is typed Tensor | Module
+    return backbone
+
+
 @dataclass
 class Run:
     """Everything one run builds from its config before the first epoch."""
@@ -59,19 +67,21 @@ class Run:
     out_dir: Path  # absolute: checkpoint.pt, config.json, metrics.jsonl
     data: TrainingData
     model: nn.Module  # the SSLModel, DDP-wrapped on several ranks
-    framework: nn.Module  # model + loss (+ momentum encoder, queues)
+    framework: Framework  # model + loss (+ momentum encoder, queues)
     probes: list[torch.Tensor]  # weights whose gradient norm is recorded every step (DCL Fig. 5)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    sampler: DistributedSampler  # this rank's shard of each epoch's permutation
+    sampler: DistributedSampler[int]  # this rank's shard of each epoch's permutation
     steps_per_epoch: int
 
     @property
     def total_steps(self) -> int:
+        """Optimizer steps over the whole run."""
         return self.steps_per_epoch * self.cfg.optim.epochs
 
     @property
     def warmup_steps(self) -> int:
+        """Optimizer steps of linear learning-rate warm-up."""
         return round(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
 
     @property
@@ -81,12 +91,13 @@ class Run:
 
     @property
     def checkpoint_path(self) -> Path:
+        """Where the run writes its checkpoint."""
         return self.out_dir / CHECKPOINT_NAME
 
     @property
     def backbone(self) -> nn.Module:
         """The encoder without its projection head (what kNN and the linear probe evaluate)."""
-        return unwrap(self.model).backbone
+        return backbone_of(self.model)
 
 
 def build_run(cfg: Config, runtime: Runtime) -> Run:
@@ -113,18 +124,21 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     steps = steps_per_epoch(n_images, cfg.optim.batch_size, world)  # before building anything else
     torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     # channels_last: oneDNN (CPU) and cuDNN (tensor cores under AMP) both run convolutions faster in NHWC.
-    model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)
+    # torch's Module.to overloads take device and memory_format only apart; the call accepts both (stub gap).
+    model: nn.Module = build_model(cfg).to(device, memory_format=torch.channels_last)  # type: ignore[call-overload]
     if world > 1:
         if device.type == "cuda" and cfg.model.sync_bn:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     framework = build_framework(cfg, model, build_loss(cfg, derived))
     # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
-    probes = [conv.weight for conv in last_block_convs(unwrap(model).backbone)]
+    probes = [conv.weight for conv in last_block_convs(backbone_of(model))]
     optimizer = build_optimizer(cfg, derived, model)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and device.type == "cuda")  # AMP: CUDA only
 
-    sampler = DistributedSampler(
-        range(n_images), num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True
+    # The sampler reads only len(dataset): the indices stand in for the data (torch types it as a Dataset).
+    sampler: DistributedSampler[int] = DistributedSampler(
+        range(n_images),  # type: ignore[arg-type]
+        num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True,
     )
     return Run(cfg, derived, runtime, out_dir, data, model, framework, probes, optimizer, scaler, sampler, steps)

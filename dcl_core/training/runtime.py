@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    """This process's place in training: its rank, the world size, its device and who tears down the group."""
+
     rank: int
     world_size: int
     device: torch.device

@@ -58,7 +58,8 @@ class RunOutputError(RunFailedError):
 class EpochCallback(Protocol):
     """Called on every rank after each epoch with the (rank-averaged) metrics and the checkpoint path."""
 
-    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None: ...
+    def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        """Handle one epoch's metrics and checkpoint."""
 
 
 @dataclass

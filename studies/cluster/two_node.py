@@ -92,6 +92,7 @@ def trial_lines(experiment_dir: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def epoch_of(line: dict[str, Any]) -> int:
+    """The epoch of a line of Tune's ``result.json``."""
     return int(line.get("epoch", line["training_iteration"]))
 
 
@@ -115,6 +116,7 @@ class Cluster:
 
     # -- network --------------------------------------------------------------------------------------------
     def create_network(self) -> None:
+        """Create the two namespaces and the veth pair between them, addressed."""
         for ns in (self.head_ns, self.worker_ns):
             _ip("netns", "add", ns)
             self.created.append(ns)
@@ -126,6 +128,7 @@ class Cluster:
             _ip("-n", ns, "link", "set", ns, "up")
 
     def exec_in(self, ns: str, cmd: list[str]) -> list[str]:
+        """``cmd`` run inside the namespace ``ns``."""
         return ["ip", "netns", "exec", ns, *cmd]
 
     # -- processes ------------------------------------------------------------------------------------------
@@ -139,9 +142,11 @@ class Cluster:
         return proc
 
     def run_in(self, ns: str, cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run ``cmd`` in the namespace ``ns`` to the end, its output captured."""
         return subprocess.run(self.exec_in(ns, cmd), env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def start_ray(self) -> None:
+        """Start Ray's head and worker nodes with token auth; return once both are alive."""
         (self.home / ".ray").mkdir(parents=True, exist_ok=True)
         token = self.run_in(self.head_ns, [self.ray, "get-auth-token", "--generate"])
         if token.returncode != 0:
@@ -162,6 +167,7 @@ class Cluster:
             time.sleep(1)
 
     def start_mlflow(self) -> str:
+        """Start an MLflow server on the head node; its URI once it answers."""
         store = self.work / "mlflow"
         store.mkdir(parents=True, exist_ok=True)
         self.start(self.head_ns, "mlflow_server", [
@@ -175,9 +181,11 @@ class Cluster:
 
     @property
     def dashboard(self) -> str:
+        """The head's dashboard (job server) address."""
         return f"http://{HEAD_IP}:{DASHBOARD_PORT}"
 
     def wait_for(self, ns: str, probe: list[str], what: str, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Wait until ``probe`` succeeds in ``ns``; RuntimeError after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while self.run_in(ns, probe).returncode != 0:
             if time.monotonic() > deadline:
@@ -185,6 +193,7 @@ class Cluster:
             time.sleep(1)
 
     def alive_nodes(self) -> set[str]:
+        """The IP addresses of the cluster's live nodes (none when Ray cannot be asked)."""
         listed = self.run_in(self.head_ns, [self.ray, "list", "nodes", "--address", self.dashboard,
                                             "--filter", "state=ALIVE", "--format", "json"])
         if listed.returncode != 0:
@@ -290,6 +299,7 @@ class Run:
         self.killed: dict[str, int] = {}  # trial -> last epoch it reported on the worker
 
     def submit(self, command: list[str]) -> int:
+        """Submit the study as a Ray job, killing the worker when asked; the job's exit status."""
         c = self.cluster
         job = c.start(c.head_ns, "job", [c.ray, "job", "submit", "--address", c.dashboard, "--working-dir", str(REPO),
                                          "--", *command], stdout=subprocess.PIPE, text=True, cwd=REPO)
@@ -360,6 +370,7 @@ class Run:
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[str, ...]]:
+    """This script's options and the study arguments after ``--`` (the default study's without them)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     study_args = tuple(argv[argv.index("--") + 1:]) if "--" in argv else STUDY_ARGS
     argv = argv[:argv.index("--")] if "--" in argv else argv
@@ -406,6 +417,7 @@ def preflight(args: argparse.Namespace, study_args: tuple[str, ...]) -> tuple[Pa
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Build the two-node cluster, run the study on it, check the outcome and tear it down; the exit status."""
     args, study_args = parse(argv)
     try:
         work, data_root, trials, epochs = preflight(args, study_args)

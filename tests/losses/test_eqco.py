@@ -90,7 +90,7 @@ def test_mi_bound_is_log_one_plus_alpha_minus_loss(alpha):
 
 @pytest.mark.parametrize("alpha", [None, 0.5, 100.0])
 def test_npc_diagnostics_use_scaled_negatives(alpha):
-    """q = (α/K)U / (e^{s⁺} + (α/K)U): the multiplier in EqCo's gradient (Eq. 13)."""
+    """The NPC multiplier q = (α/K)U / (e^{s⁺} + (α/K)U), the one in EqCo's gradient (Eq. 13)."""
     n, tau = 5, 0.3
     z1, z2 = random_pair(n, 4, seed=43)
     k = 2 * n - 2

@@ -69,6 +69,7 @@ class Question:
         object.__setattr__(self, "statistic", statistics.statistic(self.statistic))
 
     def in_range(self, x: Any) -> bool:
+        """Whether ``x`` is within the question's range (at or above ``x_min``)."""
         return self.x_min is None or x >= self.x_min
 
     def _restrict(self, means: Mapping[str, Mapping[Any, float]]) -> Means:
@@ -137,6 +138,8 @@ class PaperValue:
 
 @dataclass(frozen=True)
 class Verdict:
+    """A question's answer: its estimate, the words that say it, the paper's value and the seeds it needs."""
+
     question: Question
     estimate: stats.Estimate
     words: VerdictWord
@@ -145,11 +148,12 @@ class Verdict:
 
     @property
     def paper_value(self) -> float | None:
+        """The paper's value of the statistic, or None when the paper gives none."""
         return self.paper.value
 
     def line(self) -> str:
-        """``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI [−0.90, +2.10] (paper: +1.38
-        over tau 0.07, 0.2, 0.5, 1; ...)``"""
+        """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
+        [−0.90, +2.10] (paper: +1.38 over tau 0.07, 0.2, 0.5, 1; ...)``."""
         e = self.estimate
         if e.has_interval:
             value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"

@@ -64,6 +64,7 @@ class Setting:
 
     @property
     def xs(self) -> tuple[int, ...]:
+        """The x values of the simulated sweep: 16, 32, 64, ... (``n_x`` of them)."""
         return tuple(2 ** (4 + i) for i in range(self.n_x))
 
     @property
@@ -234,6 +235,7 @@ class SequentialCell:
 
     @property
     def mean_seeds(self) -> float:
+        """Seeds per cell the simulated studies used, on average (nan when none ran)."""
         return self.seeds / self.studies if self.studies else float("nan")
 
 

@@ -48,6 +48,7 @@ class Column(str):
 
     def __new__(cls, name: str, type: type = str, key: str | None = None, metric: str | None = None,
                 x_keys: tuple[str, ...] = (), short: str | None = None, label: str | None = None) -> Column:
+        """A column named ``name`` holding values of ``type``, read from config ``key`` or result ``metric``."""
         column = super().__new__(cls, name)
         column.type, column.key, column.metric, column.x_keys, column.short = type, key, metric, x_keys, short
         column.label = label
@@ -58,10 +59,12 @@ class Column(str):
 
     @property
     def name(self) -> str:
+        """The column's name (the string it is)."""
         return str(self)
 
     @property
     def swept_by(self) -> tuple[str, ...]:
+        """The config keys that vary this column: ``x_keys``, else its own key, else none."""
         return self.x_keys or ((self.key,) if self.key else ())
 
 

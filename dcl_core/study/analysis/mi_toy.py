@@ -21,7 +21,7 @@ TABLE_STEM = "mi_toy"  # summary/eqco_mi_toy/mi_toy.parquet (.csv)
 COLUMNS = ("true_mi", "k", "method", "mi_estimate")  # what a stored toy table must have
 
 
-def _cell_means(rows: list[dict]) -> dict[tuple[str, float, int], float]:
+def _cell_means(rows: list[dict[str, Any]]) -> dict[tuple[str, float, int], float]:
     """``{(method, true MI, K): mean estimate over the cell's critics (seeds)}``."""
     cells: dict[tuple[str, float, int], list[float]] = {}
     for r in rows:
@@ -29,7 +29,7 @@ def _cell_means(rows: list[dict]) -> dict[tuple[str, float, int], float]:
     return {key: sum(v) / len(v) for key, v in cells.items()}
 
 
-def format_table5(rows: list[dict], ks: tuple[int, ...]) -> str:
+def format_table5(rows: list[dict[str, Any]], ks: tuple[int, ...]) -> str:
     """Our estimates (the mean over a cell's critics when it has several) beside EqCo Table 5's, one block per
     true MI."""
     est = _cell_means(rows)
@@ -47,7 +47,7 @@ def format_table5(rows: list[dict], ks: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
-def plot_table5(rows: list[dict], path):
+def plot_table5(rows: list[dict[str, Any]], path: Path | str) -> Path:
     """Estimated MI vs K for each true MI, InfoNCE dashed, EqCo solid."""
     fig, ax = pyplot().subplots(figsize=(6, 4), dpi=120)
     for i, mi in enumerate(sorted({r["true_mi"] for r in rows})):
@@ -64,7 +64,7 @@ def plot_table5(rows: list[dict], path):
     return save_figure(fig, Path(path))
 
 
-def toy_verdict(rows: list[dict]) -> Any:
+def toy_verdict(rows: list[dict[str, Any]]) -> Verdict:
     """EqCo's claim at the largest true MI run: InfoNCE's bound grows with K, EqCo's does not, i.e. the slope of
     (I_NCE − I_EqCo) vs log2 K is positive. Each seed trains its own critics (one per K and method; both methods
     of a seed and K see the same batches), so the interval, a t-interval over seeds of each seed's slope, covers
@@ -84,7 +84,7 @@ def toy_verdict(rows: list[dict]) -> Any:
                    stats.seeds_needed(est, est.n))
 
 
-def toy_answer(rows: list[dict], ks: tuple[int, ...]) -> tuple[str, dict[str, float], dict[str, str]]:
+def toy_answer(rows: list[dict[str, Any]], ks: tuple[int, ...]) -> tuple[str, dict[str, float], dict[str, str]]:
     """What the toy study prints, writes to ``table.txt`` and logs on its summary run: (the table beside EqCo
     Table 5 with the verdict last, the summary metrics, the verdict tags). A pure function of the rows, so
     ``python -m dcl_core.study answer`` recomputes it from ``mi_toy.parquet``."""

@@ -31,7 +31,7 @@ from dcl_core.study.analysis.statistics import gap_between, std_across
 
 
 def pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend, imported when a plot is drawn (it is slow to import)."""
+    """Matplotlib's pyplot on the file-only Agg backend, imported when a plot is drawn (it is slow to import)."""
     import matplotlib  # slow to import: when a plot is drawn
 
     matplotlib.use("Agg")
@@ -75,6 +75,7 @@ def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
 
 
 def read_table(path: Path) -> list[Row]:
+    """The rows of a results table written as Parquet."""
     return pq.read_table(path).to_pylist()
 
 
@@ -187,8 +188,8 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
 def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
          series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
          paper_label: str = "paper") -> Path:
-    """kNN top-1 vs x, one line per series in its fixed colour (:func:`~dcl_core.study.analysis.colours.series_colour`,
-    its MLflow runs' too), error bars = std over seeds.
+    """The kNN top-1 vs x, one line per series in its fixed colour
+    (:func:`~dcl_core.study.analysis.colours.series_colour`, its MLflow runs' too), error bars = std over seeds.
 
     ``paper`` (``{series: {x: value}}``, e.g. DCL Table 18) is drawn dashed in each series' colour on its own
     y axis (right): the paper's level (88% on full CIFAR-10) and ours differ, what is compared is the shape."""
@@ -317,10 +318,11 @@ def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Pat
 
 
 def q_hist_edges(bins: int) -> list[float]:
+    """The edges of ``bins`` equal bins over q_B's range [0, 1]."""
     return [i / bins for i in range(bins + 1)]
 
 
-def plot_q_hist_epochs(hists: dict[int, Sequence[float]], path: Path, title: str) -> Path:
+def plot_q_hist_epochs(hists: Mapping[int, Sequence[float]], path: Path, title: str) -> Path:
     """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
     plt = pyplot()
 

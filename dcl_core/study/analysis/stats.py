@@ -55,10 +55,12 @@ class Estimate:
 
     @property
     def has_interval(self) -> bool:
+        """Whether both bounds of the confidence interval are finite."""
         return math.isfinite(self.lo) and math.isfinite(self.hi)
 
     @property
     def half_width(self) -> float:
+        """Half the confidence interval's width, nan when there is no interval."""
         return (self.hi - self.lo) / 2 if self.has_interval else nan
 
 

@@ -42,6 +42,7 @@ class ConsoleProgress(tune.Callback):
 
     @property
     def bar(self) -> Any:
+        """The tqdm bar over the study's trials, made on first use on a terminal; None elsewhere."""
         if self._bar is None and self.verbosity == PROGRESS and sys.stderr.isatty():
             from tqdm import tqdm  # only on a terminal
 
@@ -54,18 +55,22 @@ class ConsoleProgress(tune.Callback):
             self.bar.set_postfix_str(f"running {len(self.running)}, failed {self.failed}")
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Count the trial as running (Tune callback)."""
         if self._watching is None:  # restored by Tune.restore: the pace counts from now
             self._watching = time.time()
         self.running.add(trial.trial_id)
         self._refresh()
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Count the trial as finished, failed if it diverged (Tune callback)."""
         self._finished(trial, failed=bool((trial.last_result or {}).get(M.DIVERGED)))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Count the trial as finished and failed (Tune callback)."""
         self._finished(trial, failed=True)
 
     def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        """Close the progress bar at the end of the experiment (Tune callback)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

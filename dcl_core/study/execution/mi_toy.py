@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ToyConfig:
+    """One run of EqCo's mutual-information toy: true MI, batch, estimator, critic sizes and optimization."""
+
     true_mi: float = 2.0
     k: int = 64  # pairs per batch: K−1 negatives per query
     method: str = "infonce"  # or "eqco"
@@ -54,6 +56,7 @@ def rho_for(mi: float, dim: int) -> float:
 
 
 def sample_pairs(k: int, dim: int, rho: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``k`` Gaussian pairs (x, y) in ``dim`` dimensions with per-coordinate correlation ``rho``."""
     x = torch.randn(k, dim, generator=generator)  # (K, d)
     eps = torch.randn(k, dim, generator=generator)  # (K, d)
     return x, rho * x + math.sqrt(1.0 - rho**2) * eps

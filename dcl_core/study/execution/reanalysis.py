@@ -32,6 +32,7 @@ TOY_FILE = f"{TABLE_STEM}.parquet"  # the MI toy's rows
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object read from ``path``, or ConfigError (one line) when it cannot be read or is not an object."""
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -73,7 +74,6 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
     """The study's answer recomputed from ``summary/<study>/results.parquet``: the same summary a finished study
     writes (:func:`dcl_core.study.execution.results.summarize`), on its existing MLflow summary run. Holds the
     study's lock (not while the study runs)."""
-
     options = options.resolved()
     assert options.tracking_uri is not None
     check_no_links(options.output_dir, study_entries(spec.name))

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StudyOutcome:
+    """What a finished study returns: its rows, table, summary metrics, files, MLflow location and verdicts."""
+
     rows: list[Row]
     table: str
     summary: dict[str, dict[str, float]]
@@ -128,7 +130,7 @@ def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
 def _caption(rows: list[Row], gap: bool) -> str:
     """What the cell table's numbers are: its cells' spread over seeds, its robustness columns, and (when the table
     has one) its DCL−base row, which is not the answer's paired gap."""
-    seeds = sorted({r.get(SEED) for r in rows if r.get(SEED) is not None})
+    seeds = sorted({seed for r in rows if (seed := r.get(SEED)) is not None})
     unpaired = "; DCL−base: a difference of cell means, unpaired (the answer below pairs by seed)" if gap else ""
     return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
             f"means{unpaired}\n")

@@ -69,6 +69,7 @@ def from_record(value: Any) -> Sequential | None:
 
 
 def to_record(design: Sequential | None) -> dict[str, int] | None:
+    """The sequential design as a JSON-ready dict, or None without one."""
     return None if design is None else asdict(design)
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import optuna
 from optuna.visualization import matplotlib as ovm
 
-from dcl_core.study.analysis.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Status
-from dcl_core.study.analysis.report import Row, pyplot
+from dcl_core.study.analysis.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Row, Status
+from dcl_core.study.analysis.report import pyplot
 from search_spaces import Space, optuna_distributions
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ def format_best(rows: Sequence[Row], space: Space, series: str = SERIES) -> str:
 def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series: str = SERIES) -> list[Path]:
     """Optuna's optimisation-history and hyperparameter-importance plots, one pair per series."""
     plt = pyplot()
+    from matplotlib.figure import Figure  # after pyplot(): it chose the backend
+
     groups: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         groups[r[series]].append(r)
@@ -90,10 +92,12 @@ def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series:
                 ax.set_title("")
                 ax.set_title(f"{title}: {name}", loc="left")
                 path = out_dir / f"optuna_{kind}_{slug}.png"
-                ax.figure.set_size_inches(6, 4)
-                ax.figure.tight_layout()
-                ax.figure.savefig(path, dpi=120)
-                plt.close(ax.figure)
+                fig = ax.figure
+                assert isinstance(fig, Figure)  # optuna draws on a figure of its own, not a subfigure
+                fig.set_size_inches(6, 4)
+                fig.tight_layout()
+                fig.savefig(path, dpi=120)
+                plt.close(fig)
                 files.append(path)
     return files
 

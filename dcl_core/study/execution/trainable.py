@@ -110,7 +110,8 @@ def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_d
         # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2).
         run_config=RunConfig(
             name=f"train-{trial_id}", storage_path=storage,
-            callbacks=[TuneReportCallback()],
+            # ray.train.RunConfig is Train V2's at run time but Train V1's to a type checker (ray's own gap).
+            callbacks=[TuneReportCallback()],  # type: ignore[list-item]
             # Train V2 keeps every checkpoint by default (Tune's num_to_keep does not reach it); resuming needs
             # only the latest.
             checkpoint_config=CheckpointConfig(num_to_keep=1),

@@ -29,8 +29,7 @@ from ray.tune.search.optuna import OptunaSearch
 from dcl_core import metric_names as M
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study import tracking
-from dcl_core.study.analysis.columns import short_name
-from dcl_core.study.analysis.report import Row
+from dcl_core.study.analysis.columns import Row, short_name
 from dcl_core.study.execution import console, ray_env
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.trainable import trainable
@@ -78,14 +77,16 @@ log = logging.getLogger(__name__)
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None, quiet: bool = False) -> None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
     The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages."""
-    levels = {"logging_level": logging.WARNING} if quiet else {}
+    levels: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     # Every worker of the study (trials, Ray Train workers, Tune's helpers) quiets its exit first; under `ray job
     # submit` this merges with the job's runtime_env (its working_dir).
-    setup = {"log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels}
+    setup: dict[str, Any] = {
+        "log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels,
+    }
     with _own_sigterm():
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address or None, **setup)
@@ -139,6 +140,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
     options = options.resolved()
     assert options.storage is not None and options.tracking_uri is not None
+    storage, tracking_uri = options.storage, options.tracking_uri  # still set after the replace() below
     check_output_dir(options.output_dir)
     exps = tune_experiments(spec)
     check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
@@ -163,7 +165,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
             options = replace(options, max_concurrent=ddp_concurrency(options.resources, ray.cluster_resources()))
             log.info("DDP trials: at most %d at a time (%d workers each; --max-concurrent to change)",
                      options.max_concurrent, options.workers)
-        tracker = tracking.StudyTracker(options.tracking_uri, spec.name,
+        tracker = tracking.StudyTracker(tracking_uri, spec.name,
                                         artifact_root=options.output_dir / "mlartifacts",
                                         tags={"study": spec.name, "git_commit": tracking.git_commit()},
                                         journal_dir=summary_dir(options.output_dir, spec.name),
@@ -175,7 +177,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         for experiment in exps:
             results = _run_tune_experiment(spec, experiment, options, tracker, progress)
             progress["done"] += _trials_of(spec, experiment)
-            _raise_if_interrupted(storage_join(options.storage, experiment.name))
+            _raise_if_interrupted(storage_join(storage, experiment.name))
             rows.extend(tune_rows(results))
         return summarize(spec, rows, options.output_dir, tracker)
 

@@ -157,10 +157,12 @@ class TrialWork:
 
     @property
     def train_images(self) -> int:
+        """Training images over all epochs."""
         return self.epochs * self.images_per_epoch
 
     @property
     def flops(self) -> float:
+        """Training plus evaluation FLOPs of the trial."""
         return self.train_flops + self.eval_flops
 
 
@@ -216,6 +218,7 @@ class ExperimentPlan:
 
     @property
     def trials(self) -> int:
+        """The number of trials in the experiment."""
         return sum(g.count for g in self.groups)
 
 

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from dcl_core.config import Config
+from dcl_core.models import SSLModel
 from dcl_core.training.builders import build_model
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class ModelFlops:
     feature_dim: int  # backbone features per image (the kNN similarity's inner dimension)
 
 
-def model_flops(build: Callable[[], nn.Module], image_size: int, batch: int = 2) -> ModelFlops:
+def model_flops(build: Callable[[], SSLModel], image_size: int, batch: int = 2) -> ModelFlops:
     """FLOPs per image of the SSL model ``build()`` (an :class:`~dcl_core.models.SSLModel`: ``backbone`` and
     ``forward -> (features, projections)``), counted on the meta device over ``batch`` square RGB images of
     ``image_size`` pixels and divided by ``batch`` (the count is linear in it). Fast for any size: no

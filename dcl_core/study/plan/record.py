@@ -84,6 +84,7 @@ def recorded_rounds(before: dict[str, Any], seeds: list[int]) -> list[list[int]]
 
 
 def span(seeds: Sequence[int]) -> str:
+    """Seeds as a range label: ``0-4``, or the one seed."""
     return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
 
 

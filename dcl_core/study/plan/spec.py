@@ -42,6 +42,7 @@ class Resources:
         return max(1, math.floor(self.cpus_per_worker))
 
     def trial_resources(self) -> dict[str, float]:
+        """Tune's resource request for one trial (a DDP trial's driver takes a fixed CPU share)."""
         if self.num_workers <= 1:
             return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
         return {"cpu": DDP_TRIAL_CPU}
@@ -106,6 +107,7 @@ class StudyOptions:
 
     @property
     def resources(self) -> Resources:
+        """The per-trial resources these options ask for."""
         return Resources(self.workers, self.cpus_per_worker, self.gpus_per_worker)
 
     def resolved(self) -> StudyOptions:
@@ -179,7 +181,8 @@ class StudySpec:
 
     @property
     def grids(self) -> list[Space]:
-        return [self.grid] if isinstance(self.grid, dict) else list(self.grid)
+        """The study's grids as a list (one grid, or the several it was given)."""
+        return [self.grid] if isinstance(self.grid, Mapping) else list(self.grid)
 
 
 def with_base(spec: StudySpec, overrides: dict[str, Any]) -> StudySpec:
@@ -209,6 +212,7 @@ def grid_points(grid: Space) -> list[dict[str, Any]]:
 
 
 def num_grid_points(grid: Space) -> int:
+    """The number of grid points (trials per seed) of ``grid``: the product of its Grid axes' lengths."""
     return math.prod(len(v.values) for v in grid.values() if isinstance(v, Grid))
 
 
@@ -349,7 +353,7 @@ def grid_seeds(spec: StudySpec) -> tuple[int, ...] | None:
     sub-grids do not all sweep the same seeds, cannot be extended by seed."""
     if spec.search is not None:
         return None
-    found = {g[SEED].values if isinstance(g.get(SEED), Grid) else None for g in spec.grids}
+    found = {axis.values if isinstance(axis := g.get(SEED), Grid) else None for g in spec.grids}
     seeds = found.pop() if len(found) == 1 else None
     return tuple(seeds) if seeds else None
 

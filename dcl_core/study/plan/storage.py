@@ -41,7 +41,7 @@ def absolute_storage(storage: str) -> str:
 
 
 def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:
-    """pyarrow's filesystem for ``uri``; ConfigError (one line) for a scheme it cannot open (``foo://``,
+    """PyArrow's filesystem for ``uri``; ConfigError (one line) for a scheme it cannot open (``foo://``,
     ``hdfs://`` without Hadoop)."""
     try:
         return pyarrow.fs.FileSystem.from_uri(uri)
@@ -86,6 +86,7 @@ def check_storage(uri: str) -> None:
 
 
 def storage_exists(uri: str) -> bool:
+    """Whether anything is at the storage URI; ConfigError (one line) when it cannot be read."""
     fs, path = _filesystem(uri)
     try:
         info = _bounded(lambda: fs.get_file_info(path), f"storage {redact_uri(uri)}")
@@ -102,8 +103,8 @@ def _inside(uri: str, root: str) -> bool:
     a, b = urlsplit(uri), urlsplit(root)
     if (a.scheme, a.netloc) != (b.scheme, b.netloc):
         return False
-    path, base = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
-    return path != base and path.startswith(base.rstrip("/") + "/")
+    inner, outer = posixpath.normpath(a.path or "/"), posixpath.normpath(b.path or "/")
+    return inner != outer and inner.startswith(outer.rstrip("/") + "/")
 
 
 def storage_delete(uri: str, root: str) -> None:

@@ -1,5 +1,7 @@
 """The one place that talks to Ray's reporting API and to MLflow, so their API churn stays here; public APIs of
-both only (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``MlflowClient``). A job a module:
+both only (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``MlflowClient``).
+
+A job a module:
 
 - :mod:`.reporting`: the trainer's epoch callbacks reporting to Ray Tune / Ray Train, checkpoints Ray hands back,
   a trial's final report, where a trial's files go.

@@ -77,9 +77,11 @@ class MLflowTrialCallback(tune.Callback):
         return self.runs[trial.trial_id]
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Create (or find again) the trial's child run (Tune callback)."""
         self._run_of(trial)
 
     def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict, **info: Any) -> None:
+        """Log the result's metrics, and its q_B histogram, at the result's epoch (Tune callback)."""
         run_id = self._run_of(trial)
         step = int(result.get(M.EPOCH, result.get("training_iteration", iteration)))
         metrics = {k: v for k, v in result.items() if k.startswith(METRIC_PREFIXES) and k != M.KNN_FRESH}
@@ -99,9 +101,11 @@ class MLflowTrialCallback(tune.Callback):
                                   f"npc/q_hist_epoch{step:04d}.json")
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """End the trial's child run as finished, or failed when it diverged (Tune callback)."""
         self._end(trial, failed=False)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """End the trial's child run as failed (Tune callback)."""
         self._end(trial, failed=True)
 
     def _end(self, trial: Any, failed: bool) -> None:

@@ -57,6 +57,7 @@ class TuneReporter(_Reporter):
     """Epoch callback for a trainer running inside a Tune function trainable (one process)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        """Report the epoch's metrics, and the checkpoint when there is one, to Tune."""
         if checkpoint is None:
             tune.report(self._complete(metrics))
             return
@@ -68,6 +69,7 @@ class TrainReporter(_Reporter):
     """Epoch callback inside Ray Train workers; rank 0 attaches the checkpoint (forwarded to Tune)."""
 
     def __call__(self, epoch: int, metrics: dict[str, float], checkpoint: Path | None) -> None:
+        """Report the epoch's metrics, and the checkpoint when there is one, to Ray Train."""
         if checkpoint is None:
             ray.train.report(self._complete(metrics))
             return

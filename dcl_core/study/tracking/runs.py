@@ -51,6 +51,7 @@ class StudyRuns:
 
     @property
     def client(self) -> MlflowClient:
+        """The MLflow client of the tracking URI, made on first use."""
         if self._client is None:
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
         return self._client
@@ -60,8 +61,8 @@ class StudyRuns:
         """Soft-delete every run of the experiment (started before ``before_ms``: ``--overwrite``, the new
         trials replace the old ones); returns how many. ``mlflow gc`` purges them, ``MlflowClient.restore_run``
         brings one back."""
-        runs = self.client.search_runs([self._experiment()], max_results=50_000)
-        runs = [r for r in runs if before_ms is None or (r.info.start_time or 0) < before_ms]
+        found = self.client.search_runs([self._experiment()], max_results=50_000)
+        runs = [r for r in found if before_ms is None or (r.info.start_time or 0) < before_ms]
         for run in runs:
             self.client.delete_run(run.info.run_id)
         if runs:

@@ -59,6 +59,7 @@ class Synced:
     refused: str | None = None  # a bad folder or store: nothing was replayed
 
     def line(self) -> str:
+        """The result as one line: operations pushed, left, and the last error."""
         return (f"{self.study}: {self.pushed} operations pushed to {redact_uri(self.uri)}, {self.left} left"
                 + (f" ({self.last_error})" if self.left and self.last_error else ""))
 

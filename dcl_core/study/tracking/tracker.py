@@ -201,9 +201,11 @@ class StudyTracker(StudyRuns):
             self._apply_or_journal({"op": "params", "run": run_id, "params": {k: str(v) for k, v in params.items()}})
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
+        """Set a tag on the run (now, or journaled when MLflow is down)."""
         self._apply_or_journal({"op": "tag", "run": run_id, "key": key, "value": str(value)})
 
     def log_dict(self, run_id: str, data: Mapping[str, Any], path: str) -> None:
+        """Log ``data`` as a JSON artifact at ``path`` of the run (now, or journaled)."""
         self._apply_or_journal({"op": "dict", "run": run_id, "data": dict(data), "path": path})
 
     def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None,
@@ -214,6 +216,7 @@ class StudyTracker(StudyRuns):
         self._apply_or_journal(rec, temporary=temporary)
 
     def end_run(self, run_id: str, failed: bool = False) -> None:
+        """End the run, FAILED or FINISHED (now, or journaled)."""
         status = "FAILED" if failed else "FINISHED"
         self._apply_or_journal({"op": "end", "run": run_id, "status": status, "time": _now_ms()})
 
