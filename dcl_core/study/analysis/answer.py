@@ -235,9 +235,9 @@ def default_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
     return [(better, base) for _, better, base in gap_pairs(list(names))]
 
 
-def _mean(values: Sequence[float]) -> float:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    return sum(values) / len(values) if values else math.nan
+def _mean(values: Sequence[float | None]) -> float:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _one_per_seed(rows: Sequence[Mapping[str, Any]], x_key: str) -> list[Mapping[str, Any]]:

@@ -8,6 +8,7 @@ bare ``"knn_top1"``). A new swept hyperparameter is one line here.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
@@ -46,7 +47,7 @@ class Column(str):
     short: str | None
     label: str | None
 
-    def __new__(cls, name: str, type: type = str, key: str | None = None, metric: str | None = None,
+    def __new__(cls, name: str, type: builtins.type = str, key: str | None = None, metric: str | None = None,
                 x_keys: tuple[str, ...] = (), short: str | None = None, label: str | None = None) -> Column:
         """A column named ``name`` holding values of ``type``, read from config ``key`` or result ``metric``."""
         column = super().__new__(cls, name)

@@ -73,7 +73,7 @@ class PaperClaim:
 
 
 def _series(source: str, metric: str, xs: Iterable[X], ys: Iterable[float]) -> PaperSeries:
-    return PaperSeries(source, metric, tuple(zip(xs, ys, strict=True)))
+    return PaperSeries(source, metric, dict(zip(xs, ys, strict=True)))
 
 
 def _clean(v: float) -> float:
@@ -91,7 +91,8 @@ def gap(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, 
     return {x: _clean(b[x] - a[x]) for x in sorted(set(b) & set(a))}
 
 
-def _pair(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> dict[str, Mapping]:
+def _pair(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]
+          ) -> dict[str, Mapping[X, float]]:
     """Two series as the cell means :mod:`dcl_core.study.analysis.statistics` computes statistics of: the paper's
     headline is the same function of its numbers as ours is of our cells."""
     return {"better": _values(better), "base": _values(base)}

@@ -76,7 +76,8 @@ def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
 
 def read_table(path: Path) -> list[Row]:
     """The rows of a results table written as Parquet."""
-    return pq.read_table(path).to_pylist()
+    rows: list[Row] = pq.read_table(path).to_pylist()
+    return rows
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

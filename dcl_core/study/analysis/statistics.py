@@ -31,23 +31,38 @@ from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.stats import Cell, Means, nan
 
 CellMeans = Mapping[str, Mapping[Any, float]]
+Cells = Mapping[str, Mapping[Any, object]]  # a study's cells, whatever they hold (means, or values by seed)
 Contrast = tuple[Cell, Cell]  # (a, b): E[a − b]
 
 
 class Kind(Enum):
+    """How a statistic's interval is made."""
+
     SMOOTH = "smooth"  # t over seeds of each seed's own statistic
     BEST = "best"  # a max over cells: paired t bounds corrected for the selection
 
 
 class Compared(Protocol):
-    """What a statistic reads of its question (:class:`~dcl_core.study.analysis.answer.Question`)."""
+    """What a statistic reads of its question (:class:`~dcl_core.study.analysis.answer.Question`, frozen)."""
 
-    better: str
-    base: str
-    at_x: Any
-    baseline_x: Any
+    @property
+    def better(self) -> str:
+        """The series the paper finds better."""
 
-    def in_range(self, x: Any) -> bool: ...
+    @property
+    def base(self) -> str:
+        """The series it is compared with ("" for a statistic of one series)."""
+
+    @property
+    def at_x(self) -> Any:
+        """The x a gap is taken at (None: the statistic's own choice)."""
+
+    @property
+    def baseline_x(self) -> Any:
+        """The x a series is compared with itself at (best margin), or the base's x of a gap."""
+
+    def in_range(self, x: Any) -> bool:
+        """Whether x is within the range the paper claims its result for."""
 
 
 # ---------------------------------------------------------------- functions of cell means
@@ -161,10 +176,12 @@ class Smooth(Statistic):
     kind = Kind.SMOOTH
 
     def inputs(self, q: Compared, means: CellMeans) -> set[Cell]:
+        """The cells the statistic reads (a seed missing one of them has no value of it)."""
         return self.reads(q, means)
 
     def estimate(self, q: Compared, data: stats.Data, function: Callable[[Means], float],
                  inputs: Callable[[Means], Iterable[Cell]], design: stats.Sequential | None) -> stats.Estimate:
+        """A t-interval over seeds of each seed's own statistic (the design's interval at this look)."""
         level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
         return stats.seed_interval(data, function, inputs, level)
 
@@ -174,15 +191,17 @@ class Best(Statistic):
     """A best-of statistic: max over groups of min over the group's contrasts (``contrasts``), paired t bounds
     corrected for the selection."""
 
-    contrasts: Callable[[Compared, CellMeans], list[list[Contrast]]]
+    contrasts: Callable[[Compared, Cells], list[list[Contrast]]]
 
     kind = Kind.BEST
 
     def inputs(self, q: Compared, means: CellMeans) -> set[Cell]:
+        """Every cell of every contrast."""
         return {cell for group in self.contrasts(q, means) for contrast in group for cell in contrast}
 
     def estimate(self, q: Compared, data: stats.Data, function: Callable[[Means], float],
                  inputs: Callable[[Means], Iterable[Cell]], design: stats.Sequential | None) -> stats.Estimate:
+        """Paired t bounds over the contrasts, corrected for picking the best (the design's at this look)."""
         cells = {s: {x: v for x, v in by_x.items() if q.in_range(x) and v} for s, by_x in data.items()}
         return stats.max_min_interval(cells, self.contrasts(q, cells),
                                       adjust=design.tail if design is not None else None)
@@ -201,7 +220,7 @@ def _present(means: CellMeans, cells: Iterable[Cell]) -> set[Cell]:
     return {(s, x) for s, x in cells if x in means.get(s, {})}
 
 
-def _margin_contrasts(q: Compared, means: CellMeans) -> list[list[Contrast]]:
+def _margin_contrasts(q: Compared, means: Cells) -> list[list[Contrast]]:
     """One group per x of ``better`` but ``baseline_x``: that x against ``baseline_x`` (none without it)."""
     cells = means.get(q.better, {})
     if q.baseline_x not in cells:
@@ -209,7 +228,7 @@ def _margin_contrasts(q: Compared, means: CellMeans) -> list[list[Contrast]]:
     return [[((q.better, x), (q.better, q.baseline_x))] for x in cells if x != q.baseline_x]
 
 
-def _tuned_contrasts(q: Compared, means: CellMeans) -> list[list[Contrast]]:
+def _tuned_contrasts(q: Compared, means: Cells) -> list[list[Contrast]]:
     """max_a μ_a − max_b ν_b = max_a min_b (μ_a − ν_b): one group per cell of ``better``, one contrast per cell of
     ``base``."""
     groups = [[((q.better, a), (q.base, b)) for b in means.get(q.base, {})] for a in means.get(q.better, {})]
@@ -251,4 +270,5 @@ def statistic(name_or_statistic: str | Statistic) -> Statistic:
 
 
 def of_kind(kind: Kind) -> Sequence[Statistic]:
+    """The registered statistics of one kind."""
     return [s for s in STATISTICS.values() if s.kind is kind]

@@ -86,7 +86,8 @@ def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SER
         if r.get(SEED) is None:
             no_seed += 1
             continue
-        cell = data.setdefault(r.get(series_key), {}).setdefault(r.get(x_key), {})
+        series: str = r[series_key]  # an OK row always has its series
+        cell = data.setdefault(series, {}).setdefault(r.get(x_key), {})
         if r[SEED] in cell:
             raise ValueError(f"two rows for {series_key}={r.get(series_key)!r}, {x_key}={r.get(x_key)!r}, "
                              f"seed={r[SEED]!r}: pairing by seed would be ambiguous")
