@@ -371,6 +371,7 @@ def torch_cuda_available():
     return torch.cuda.is_available()
 
 
+@pytest.mark.slow  # waits out network timeouts (20 s for gs://) and a Ray attach
 @pytest.mark.parametrize(("args", "needle", "limit"), [
     (["--storage", "gs://no-such-bucket-dcl-test/studies"], "did not answer within 20 s", 60),
     (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1", 30),
@@ -387,6 +388,7 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
     assert time.monotonic() - started < limit and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # runs the smoke study (real Ray)
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
 def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path):
     """Issue reproduction: a half-truncated ray_results/<study>/experiment_state-*.json turned --resume into a trial

@@ -42,6 +42,7 @@ def test_bounds_learn_and_respect_their_ceilings():
     assert eq["mi_estimate"] > nce["mi_estimate"]  # with MI 6 > log 32, EqCo's estimate is not capped at log K
 
 
+@pytest.mark.slow  # runs the study script with real Ray
 def test_smoke_study_logs_table_to_mlflow(tmp_path):
     proc = subprocess.run(
         [
