@@ -30,6 +30,10 @@ SMOOTH = ("Δstd across x", "gap at smallest x", "gap slope per doubling", "gap 
 BEST = ("best margin (max over x)", "best gap (tuned vs tuned)")
 
 
+# Under pytest-xdist, one worker runs the module fixture report once.
+pytestmark = pytest.mark.xdist_group("calibration")
+
+
 @pytest.fixture(scope="module")
 def report():
     return calibrate(studies=200, rng_seed=0)

@@ -72,6 +72,9 @@ def expected(name, argv):
     return trials, epochs
 
 
+pytestmark = pytest.mark.xdist_group("dry_run")  # under pytest-xdist, one worker runs the module fixture dry_runs once
+
+
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
     """Every run of RUNS: (output folder, exit code, stdout, stderr). The subprocesses start together (each spends

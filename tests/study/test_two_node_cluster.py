@@ -26,9 +26,13 @@ from dcl_core.study.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "studies" / "cluster" / "two_node.sh"
-pytestmark = pytest.mark.skipif(
-    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
-)
+pytestmark = [
+    pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                       reason="embedded CIFAR-10 not present"),
+    # Under pytest-xdist, one worker: the module's one cluster_run, and two clusters at once would clash (the
+    # namespaces' fixed addresses).
+    pytest.mark.xdist_group("two_node"),
+]
 # Measured per run, not properties of the study: they differ between any two runs.
 UNSTABLE = {"trial_id", "images_per_s"}
 

@@ -39,6 +39,10 @@ def assert_one_line(proc, needle, code=2):
     return errors[0]
 
 
+# Under pytest-xdist, one worker runs the module fixture trained_run once.
+pytestmark = pytest.mark.xdist_group("hostile_single_run")
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A real one-epoch smoke run of the CLI (checkpoint.pt, config.json, metrics.jsonl); copy before changing."""
