@@ -79,6 +79,7 @@ def test_post_hoc_analysis_of_the_search_the_quick_run_left(quick_run: tuple[dic
     assert row.ours <= live["ours"]  # post hoc misses the imports before the lock file and the exit
 
 
+@pytest.mark.slow  # runs benchmarks/run.py
 def test_unknown_section_is_refused() -> None:
     proc = subprocess.run(
         [sys.executable, "benchmarks/run.py", "--sections", "nope"], cwd=REPO, capture_output=True, text=True,

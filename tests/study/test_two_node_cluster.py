@@ -204,6 +204,7 @@ def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path):
         assert _leftovers(out.splitlines()[0]) == []
 
 
+@pytest.mark.slow  # runs the two-node cluster script
 @pytest.mark.parametrize(("args", "message"), [
     (["--kill-worker-after", "1000"], "--kill-worker-after must be between 1 and"),
     (["--", "--seeds", "two"], "the study's options are refused"),
@@ -219,6 +220,7 @@ def test_bad_options_exit_2_in_one_line_before_any_namespace(tmp_path, args, mes
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow  # runs the two-node cluster script
 def test_a_non_empty_work_folder_is_refused(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "results.csv").write_text("earlier run\n")
