@@ -83,6 +83,7 @@ def _has_cifar():
     return (resolve_data_root("cifar10", None) / "train").is_dir()
 
 
+@pytest.mark.slow  # trains with the CLI, then evaluates, as subprocesses (~45 CPU-s)
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     out = tmp_path / "run"
@@ -116,6 +117,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
         assert "Traceback" not in ev.stderr
 
 
+@pytest.mark.slow  # trains with torchrun's 2 DDP processes (~20 CPU-s each)
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 @pytest.mark.parametrize("loader", ["memory", "stream"])
 def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
@@ -157,6 +159,7 @@ def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1
 
 
+@pytest.mark.slow  # trains with torchrun's 2 DDP processes
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 def test_torchrun_divergence_stops_every_rank_with_one_line(tmp_path):
     """A huge lr makes the loss non-finite: both ranks stop together (none is left waiting in an all-reduce),

@@ -128,6 +128,7 @@ def test_load_checkpoint_never_runs_a_crafted_pickle_and_names_every_bad_file(tm
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, tmp_path, capsys):
     from dcl_core.evaluate import main
@@ -144,6 +145,7 @@ def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, t
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 @pytest.mark.parametrize("name", ["evil_torch", "truncated"])
 def test_resume_refuses_a_bad_checkpoint_before_training(trained_run, tmp_path, name):
@@ -158,6 +160,7 @@ def test_resume_refuses_a_bad_checkpoint_before_training(trained_run, tmp_path, 
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_checkpoints_get_the_permissions_of_the_other_outputs(trained_run):
     checkpoint = stat.S_IMODE((trained_run / "checkpoint.pt").stat().st_mode)
@@ -192,6 +195,7 @@ def steered_checkpoint(trained_run, tmp_path, **config):
     return path
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoint_says(trained_run, tmp_path):
     """Issue reproduction: a checkpoint's ``data.download=true`` with a ``data.root`` elsewhere made ``python -m
@@ -210,6 +214,7 @@ def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoin
     assert "trained with data.root=" in proc.stderr  # what the file said, as a note
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it(trained_run, tmp_path):
     """Issue reproduction: a checkpoint's ``data.image_size=1024`` made eval allocate 157 GB (a traceback)."""
@@ -223,6 +228,7 @@ def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it
 # Item 15: a previous run is not overwritten silently; the width mismatch says what differs
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_a_second_run_into_the_same_folder_needs_resume_or_overwrite(trained_run, tmp_path):
     out = copy_run(trained_run, tmp_path)
@@ -242,6 +248,7 @@ def test_a_second_run_into_the_same_folder_needs_resume_or_overwrite(trained_run
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_path):
     out = copy_run(trained_run, tmp_path)
@@ -252,6 +259,7 @@ def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_p
     assert "decoded" not in proc.stderr
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_with_another_width_says_which_key_differs(trained_run):
     proc = run("dcl_core.eval", str(trained_run / "checkpoint.pt"), "--set", "model.width=0.5", "--device", "cpu",
@@ -342,6 +350,7 @@ def test_an_output_dir_that_cannot_be_written_exits_2_before_training(tmp_path):
         assert_one_line(proc, "Permission denied")
 
 
+@pytest.mark.slow  # trains one epoch with the CLI in a subprocess
 @needs_cifar
 def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
     # Files may not grow beyond 256 KB (ulimit -f, in KB): the 1.5 MB checkpoint cannot be written, as on a full
