@@ -44,6 +44,7 @@ def test_help_documents_every_key_with_paper_values():
     assert "pretraining epochs (preset paper: 200;" in help_of["paper"] and "value in preset paper" in help_of["paper"]
 
 
+@pytest.mark.slow  # runs the CLI in a subprocess per case (12 x ~7 CPU-s)
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -72,6 +73,7 @@ def test_bad_input_exits_2_with_one_line(args, needle, tmp_path):
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_print_config_resolves_preset_and_aliases():
     out = run_cli("--preset", "cpu", "--loss", "dcl", "--tau", "0.2", "--loss.sigma", "0.7", "--print-config")
     assert out.returncode == 0, out.stderr

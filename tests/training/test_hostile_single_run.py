@@ -93,6 +93,7 @@ def crafted_files(tmp_path, marker, real_checkpoint=None):
 # Item 7: every value has a range, checked before anything runs
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize(
     ("setting", "needle"),
     [
@@ -271,6 +272,7 @@ def test_eval_with_another_width_says_which_key_differs(trained_run):
 # Item 11: batch larger than the data, corrupt images, unwritable output, full disk
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_a_batch_larger_than_the_data_exits_2_before_loading_it(tmp_path):
     proc = run("dcl_core.train", "--preset", "smoke", "--set", "optim.batch_size=4096", "--output-dir",
@@ -296,6 +298,7 @@ def folder_args(root, out, *extra):
             "eval.knn_k=3", "--output-dir", str(out), "--threads", "1", *extra]
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_a_batch_larger_than_a_whole_folder_exits_2_once_loaded_before_training(tmp_path):
     write_folder(tmp_path / "data")  # 12 training images; their number is known only once listed
     proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "16"))
@@ -303,6 +306,7 @@ def test_a_batch_larger_than_a_whole_folder_exits_2_once_loaded_before_training(
     assert "training simclr" not in proc.stderr and not (tmp_path / "o" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize(
     ("loader", "workers", "damage"),
     [("memory", 0, "truncated"), ("memory", 0, "text"), ("memory", 0, "empty"), ("stream", 0, "truncated"),
@@ -320,6 +324,7 @@ def test_a_corrupt_image_is_named_in_one_line(tmp_path, loader, workers, damage)
         assert "training simclr" not in proc.stderr  # decoded, and refused, before training
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     write_folder(tmp_path / "data")
     proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "4", "--epochs",
@@ -336,6 +341,7 @@ def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     assert_one_line(proc, f"cannot decode image {bad}")
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_an_output_dir_that_cannot_be_written_exits_2_before_training(tmp_path):
     (tmp_path / "file").write_text("x")
@@ -364,6 +370,7 @@ def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # no half-written checkpoint left
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 @pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
 def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, name):
@@ -380,6 +387,7 @@ def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, 
     assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path):
     """Issue reproduction: ``train --overwrite`` with checkpoint.pt a directory gave IsADirectoryError's traceback."""
@@ -389,6 +397,7 @@ def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path)
     assert_one_line(proc, "checkpoint.pt is a folder, not a checkpoint")
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_checkpoint_that_is_a_pipe_or_a_device_exits_2_at_once(tmp_path, kind):
     """Issue reproduction: a FIFO blocked ``python -m dcl_core.eval`` forever; a link to /dev/zero read 4.9 GB
