@@ -22,10 +22,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.run import SECTIONS  # noqa: E402 - the repo root is on the path only from here
 from benchmarks.studies import analyze_study, study_dir_rows  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in ("lightly", "kornia")),
-    reason="the benchmark baselines (pip install -e '.[bench]') are not installed",
-)
+pytestmark = [
+    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("lightly", "kornia")),
+                       reason="the benchmark baselines (pip install -e '.[bench]') are not installed"),
+    pytest.mark.xdist_group("benchmarks"),  # under pytest-xdist, one worker runs the module's one quick_run
+]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,7 @@ def test_post_hoc_analysis_of_the_search_the_quick_run_left(quick_run: tuple[dic
     assert row.ours <= live["ours"]  # post hoc misses the imports before the lock file and the exit
 
 
+@pytest.mark.slow  # runs benchmarks/run.py
 def test_unknown_section_is_refused() -> None:
     proc = subprocess.run(
         [sys.executable, "benchmarks/run.py", "--sections", "nope"], cwd=REPO, capture_output=True, text=True,

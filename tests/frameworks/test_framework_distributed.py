@@ -72,6 +72,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Under pytest-xdist, one worker runs the module fixture rank_results once.
+pytestmark = pytest.mark.xdist_group("framework_distributed")
+
+
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():

@@ -250,6 +250,7 @@ def test_trains_with_every_pair_loss(name):
     assert late < early, (name, losses)
 
 
+@pytest.mark.slow  # trains the smoke preset 4 epochs in all (about a CPU-minute): the fast tier's costliest test
 @needs_cifar
 def test_cli_style_run_and_exact_resume(tmp_path):
     def cfg(sub, epochs=2):

@@ -106,6 +106,10 @@ def spawn_workers(out_dir: Path) -> None:
                     p.join(5)
 
 
+# Under pytest-xdist, one worker runs the module fixture rank_results once.
+pytestmark = pytest.mark.xdist_group("distributed")
+
+
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
     if not dist.is_available() or not dist.is_gloo_available():

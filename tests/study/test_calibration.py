@@ -30,11 +30,16 @@ SMOOTH = ("Δstd across x", "gap at smallest x", "gap slope per doubling", "gap 
 BEST = ("best margin (max over x)", "best gap (tuned vs tuned)")
 
 
+# Under pytest-xdist, one worker runs the module fixture report once.
+pytestmark = pytest.mark.xdist_group("calibration")
+
+
 @pytest.fixture(scope="module")
 def report():
     return calibrate(studies=200, rng_seed=0)
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 def test_every_kind_and_setting_was_simulated(report):
     assert {k.name for k in KINDS} == set(SMOOTH) | set(BEST) == set(report.null)
     assert {n for by_n in report.null.values() for n in by_n} == set(SEEDS) == {2, 3, 5, 8, 20}
@@ -45,6 +50,7 @@ def test_every_kind_and_setting_was_simulated(report):
     assert all(c.studies == 200 for c in report.blocks.values())
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 @pytest.mark.parametrize("kind", SMOOTH + BEST)
 def test_null_studies_are_resolved_at_most_5_percent_of_the_time(report, kind):
     for n, cell in report.null[kind].items():  # pooled over the settings: 1,000 studies per seed count
@@ -54,6 +60,7 @@ def test_null_studies_are_resolved_at_most_5_percent_of_the_time(report, kind):
             assert binomial_upper(cell.resolved, cell.studies, one_sided=1e-4), (kind, setting, n, cell)
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 @pytest.mark.parametrize("kind", SMOOTH)
 def test_smooth_statistics_are_not_conservative_either(report, kind):
     """A test that never resolves anything is calibrated too: from 3 seeds on, the t-intervals resolve close to
@@ -63,6 +70,7 @@ def test_smooth_statistics_are_not_conservative_either(report, kind):
             assert cell.resolved / cell.studies > 0.025, (kind, n, cell)
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 @pytest.mark.parametrize("kind", SMOOTH)
 def test_planted_effects_are_covered_95_percent(report, kind):
     for n, cell in report.planted[kind].items():
@@ -71,6 +79,7 @@ def test_planted_effects_are_covered_95_percent(report, kind):
         assert float(sps.binom.cdf(cell.covered, cell.with_interval, 0.95)) > 0.001, (kind, n, cell)
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 @pytest.mark.parametrize("kind", BEST)
 def test_best_of_intervals_cover_at_least_95_percent(report, kind):
     """Simultaneous intervals are conservative by construction (every contrast at level 1 − 0.05/m)."""
@@ -78,6 +87,7 @@ def test_best_of_intervals_cover_at_least_95_percent(report, kind):
         assert cell.covered / cell.with_interval >= 0.95, (kind, n, cell)
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 def test_power_of_a_gap_matches_the_exact_t_test_power_and_reaches_80_percent_at_5_seeds(report):
     # A gap of 2.5 cell-noise SDs between two cells with independent noise: per-seed differences have SD √2.
     exact = exact_power(EFFECT / math.sqrt(2), 5)
@@ -89,6 +99,7 @@ def test_power_of_a_gap_matches_the_exact_t_test_power_and_reaches_80_percent_at
         assert cell.resolved == cell.right  # never resolved the wrong way round
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 def test_power_of_the_std_difference_and_of_the_others(report):
     assert report.power["Δstd across x"][5].right / report.power["Δstd across x"][5].studies >= 0.80
     # A slope whose gap falls by 2.5 SDs across the whole grid is a smaller effect per doubling; best-of
@@ -132,6 +143,7 @@ def test_simulated_data_has_the_setting_shape():
     assert sum(len(v) for by_x in data.values() for v in by_x.values()) == 2 * missing.n_x * 5 - 1
 
 
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 def test_format_report_lists_every_kind(report):
     text = format_report(report)
     assert all(kind in text for kind in SMOOTH + BEST)
@@ -142,6 +154,7 @@ def test_format_report_lists_every_kind(report):
 SEQUENTIAL = stats.Sequential(first=3, max_seeds=18)  # a look after every seed, 3 to 18 seeds per cell
 
 
+@pytest.mark.slow  # a sequential simulation of 300-400 studies
 @pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
 def test_a_sequential_study_resolves_a_null_at_most_5_percent_of_the_time_over_all_its_looks(kind):
     """16 looks at the data (3, 4, …, 18 seeds), stopping at the first that resolves: over all of them a null
@@ -152,6 +165,7 @@ def test_a_sequential_study_resolves_a_null_at_most_5_percent_of_the_time_over_a
         assert binomial_upper(cell.resolved, cell.studies), (setting.name, cell.resolved, cell.studies)
 
 
+@pytest.mark.slow  # a sequential simulation of 300-400 studies
 def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
     """The reason for the design: the fixed 95% interval looked at after every seed resolves a null study far
     more often than 5% (the same simulation with p* = 0.025 at every look)."""
@@ -164,6 +178,7 @@ def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
     assert cell.resolved / cell.studies > 0.10
 
 
+@pytest.mark.slow  # a sequential simulation of 300-400 studies
 def test_a_sequential_study_needs_fewer_seeds_than_the_fixed_design_with_80_percent_power():
     """A gap planted so that the fixed design needs 12 seeds per cell for 80% power (the exact t-test power: a
     seed's gap has SD √2 cell-noise SDs): looking after every seed from 3 up to 18, the sequential design finds it
@@ -185,6 +200,7 @@ def test_the_sequential_boundary_is_stricter_than_one_look_and_the_same_everywhe
         stats.Sequential(first=1, max_seeds=5)
 
 
+@pytest.mark.slow  # a sequential simulation of 300-400 studies
 @pytest.mark.parametrize("setting", [Setting("3 x, shared seed offsets", n_x=3),
                                      Setting("3 x, unequal noise, missing trial", n_x=3, noise_ramp=0.5,
                                              series_scale=(1.5, 0.75), missing=True)], ids=lambda s: s.name)

@@ -73,6 +73,9 @@ def expected(name, argv):
     return trials, epochs
 
 
+pytestmark = pytest.mark.xdist_group("dry_run")  # under pytest-xdist, one worker runs the module fixture dry_runs once
+
+
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
     """Every run of RUNS: (output folder, exit code, stdout, stderr). The subprocesses start together (each spends
@@ -102,6 +105,7 @@ def dry_runs(tmp_path_factory):
     return done
 
 
+@pytest.mark.slow  # dry_runs: 2 study scripts as subprocesses, 4 dry runs timing training steps (a CPU-minute)
 @pytest.mark.parametrize("key", list(RUNS))
 def test_dry_run_prints_the_trials_totals_and_an_estimate_and_starts_nothing(dry_runs, key):
     out, code, stdout, stderr = dry_runs[key]
@@ -124,6 +128,7 @@ def test_dry_run_prints_the_trials_totals_and_an_estimate_and_starts_nothing(dry
         assert "assumed ImageNet-1K" in stdout and "a run on this machine would stop" in stdout
 
 
+@pytest.mark.slow  # dry_runs (see above)
 def test_dry_run_lists_each_cell_with_its_seeds(dry_runs):
     stdout = dry_runs["grid-smoke"][2]
     cells = [line for line in stdout.splitlines() if line.startswith("  loss.name=")]

@@ -34,6 +34,7 @@ def assert_one_line_exit_2(proc, needle):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @needs_data
 @pytest.mark.parametrize("name", ["../..", ".", "", "../../x", "a/b", "-rf", "x" * 101])
 def test_a_study_name_cannot_escape_the_output_folder(tmp_path, name):
@@ -64,6 +65,7 @@ def test_overwrite_deletes_only_strictly_inside_the_storage_root(tmp_path):
     assert root.is_dir() and not (root / "exp").exists()
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @needs_data
 def test_bad_options_exit_2_with_one_line(tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
@@ -89,6 +91,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path):
     assert not (tmp_path / "out").exists()  # a refused study leaves no (empty) output folder behind
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @needs_data
 def test_a_second_run_of_the_same_study_into_the_same_folder_is_refused(tmp_path):
     out = tmp_path / "out"
@@ -180,6 +183,7 @@ def test_the_ui_urls_port_follows_mlflow_port(monkeypatch, tmp_path):
     assert server.runs_url().startswith("http://127.0.0.1:8080/#/experiments/")
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @needs_data
 def test_a_bad_tracking_uri_is_refused_in_seconds(tmp_path):
     for uri, needle in (("http://127.0.0.1:9", "is unreachable"), ("notauri", "not a valid MLflow tracking URI"),
@@ -191,6 +195,7 @@ def test_a_bad_tracking_uri_is_refused_in_seconds(tmp_path):
     assert not (tmp_path / "out" / "ray_results").exists()
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path):
     """Issue reproduction: ``ln -s ~/precious.txt o/.temperature_sweep.lock`` then a (refused) ``--resume`` wrote
     the holder's JSON into the target. Now one line, exit 2, the target as it was."""
@@ -206,6 +211,7 @@ def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path
     assert precious.read_text() == "keep me"
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @needs_data
 @pytest.mark.parametrize("entry", ["summary", "summary/temperature_sweep", "ray_results", "mlartifacts", "mlflow.db"])
 def test_a_link_planted_at_a_folder_the_study_writes_is_refused_before_anything_is_written(tmp_path, entry):
@@ -299,6 +305,7 @@ def _study_script(*args, cwd=REPO, env=None, timeout=300):
                           capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 def test_an_empty_output_dir_is_refused_and_leaves_nothing_in_the_current_folder(tmp_path):
     """Issue reproduction: ``--output-dir ''`` left a lock file in the current directory."""
     proc = _study_script("--output-dir", "", cwd=tmp_path)
@@ -306,6 +313,7 @@ def test_an_empty_output_dir_is_refused_and_leaves_nothing_in_the_current_folder
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 def test_a_refused_run_leaves_no_folder_or_lock_behind(tmp_path):
     """Issue reproduction: a run refused under the lock (here: nothing to resume) left an empty output folder and
     its lock file."""
@@ -337,6 +345,7 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
         _prepare_output(spec, other, tune_experiments(spec), [str(tmp_path / "ray_results" / "s")])
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
 @pytest.mark.parametrize(("args", "needle"), [
     (["--set", "optim.batch_size=4096"], "give no full batch of 4096"),
@@ -371,6 +380,7 @@ def torch_cuda_available():
     return torch.cuda.is_available()
 
 
+@pytest.mark.slow  # waits out network timeouts (20 s for gs://) and a Ray attach
 @pytest.mark.parametrize(("args", "needle", "limit"), [
     (["--storage", "gs://no-such-bucket-dcl-test/studies"], "did not answer within 20 s", 60),
     (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1", 30),
@@ -387,6 +397,7 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
     assert time.monotonic() - started < limit and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # runs the smoke study (real Ray)
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
 def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path):
     """Issue reproduction: a half-truncated ray_results/<study>/experiment_state-*.json turned --resume into a trial

@@ -42,6 +42,7 @@ def test_bounds_learn_and_respect_their_ceilings():
     assert eq["mi_estimate"] > nce["mi_estimate"]  # with MI 6 > log 32, EqCo's estimate is not capped at log K
 
 
+@pytest.mark.slow  # runs the study script with real Ray
 def test_smoke_study_logs_table_to_mlflow(tmp_path):
     proc = subprocess.run(
         [
@@ -86,6 +87,7 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     assert rerun.info.run_id == run.info.run_id and rerun.data.tags["verdict_0_line"] == last
 
 
+@pytest.mark.slow  # runs studies/eqco_mi_toy.py as a subprocess
 def test_dry_run_lists_the_runs_and_an_estimate_without_starting_anything(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -94,6 +94,7 @@ def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
 
 
 # CI installs both, and there a missing one fails the test (the check exits 2) instead of skipping it.
+@pytest.mark.slow  # an mlflow server and headless Chromium
 @pytest.mark.skipif((shutil.which("chromium") is None or importlib.util.find_spec("playwright") is None)
                     and not os.environ.get("CI"),
                     reason="no chromium (apt-get install chromium) or no playwright (the test extra)")

@@ -17,9 +17,11 @@ from dcl_core.study.analysis.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(
-    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
-)
+pytestmark = [
+    pytest.mark.slow,  # every test runs a study script with real Ray
+    pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                       reason="embedded CIFAR-10 not present"),
+]
 
 
 def run_study(name, out, *args, paper_table=True):

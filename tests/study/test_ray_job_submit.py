@@ -64,6 +64,7 @@ def test_readme_recipe_is_what_a_newcomer_types():
     assert "--block" in recipe and "kill $HEAD_PID" in recipe and "ray stop" not in "".join(lines)
 
 
+@pytest.mark.slow  # a Ray head, ray job submit, an mlflow server
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="no embedded CIFAR-10")
 def test_readme_cluster_recipe_runs_as_written(tmp_path):
     """The recipe's block with only its values substituted (ports, the data's path), in a fresh home folder (no
@@ -139,6 +140,7 @@ def _rest_runs(tracking: str, experiment_id: str) -> tuple[dict, list[dict]]:
     return parents[0], [r for r in runs if "mlflow.parentRunId" in _tags(r)]
 
 
+@pytest.mark.slow  # a Ray head and a local Ray
 def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path):
     """With a cluster running on the machine, a study without --address still gets its own local Ray (plain
     ``ray.init()`` would attach to that cluster, the last one started here, and then reject num_cpus)."""

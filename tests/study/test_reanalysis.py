@@ -84,6 +84,7 @@ def test_rows_get_their_config_back_from_the_columns(tmp_path):
     assert row["config"]["seed"] == 0
 
 
+@pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess 4 times
 def test_reanalyze_refuses_options_that_describe_another_study(tmp_path):
     """--reanalyze with a preset the study did not run would answer the wrong questions: one line, exit 2."""
     out, _ = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"},

@@ -31,9 +31,11 @@ from dcl_core.training.checkpoint import load_checkpoint
 REPO = Path(__file__).resolve().parents[2]
 STUDIES = REPO / "studies"
 
-pytestmark = pytest.mark.skipif(
-    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
-)
+pytestmark = [
+    pytest.mark.slow,  # every test runs study scripts (real Ray) or refuses many in subprocesses
+    pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                       reason="embedded CIFAR-10 not present"),
+]
 
 
 def study_cmd(script, out, *args):

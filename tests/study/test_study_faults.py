@@ -33,6 +33,7 @@ def _epochs(result_file):
     return [json.loads(line)["epoch"] for line in result_file.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # runs the smoke study (real Ray) and interrupts it
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp_path, sig, code):
     """Ctrl-C, or a SIGTERM (``kill PID``, a scheduler's time limit), stops the study the same way: before, SIGTERM
@@ -76,6 +77,7 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
     assert _epochs(exp / partial / "result.json")[-1] == epochs
 
 
+@pytest.mark.slow  # runs the smoke study (real Ray)
 def test_a_trial_failing_the_same_way_twice_is_not_retried_and_a_study_that_only_failed_exits_1(tmp_path):
     out = tmp_path / "f"
     proc = subprocess.run(study_cmd(out, "--max-failures", "5"), cwd=REPO, capture_output=True, text=True,
@@ -150,6 +152,7 @@ print("done")
     assert ("may be a performance bottleneck" in proc.stderr) is warned, proc.stderr[-2000:]
 
 
+@pytest.mark.slow  # starts Ray
 def test_every_worker_of_a_local_study_runs_the_setup_hook_and_ray_suggests_no_auth_opt_out(tmp_path):
     """The exit traceback can come from any worker (a trial, a Ray Train worker, one of Tune's helpers), so
     ``init_ray`` installs the hook in every worker process, not only in trials. And a local study's console no

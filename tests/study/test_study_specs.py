@@ -102,6 +102,7 @@ def test_eqco_study_pairs_each_k_with_and_without_eqco():
     assert max(p["framework.num_negatives"] for p in grid_points(paper.grids[1])) == 255
 
 
+@pytest.mark.slow  # runs a study script as a subprocess (~15 CPU-s each)
 @pytest.mark.parametrize(("name", "argv", "needle"), [
     ("eqco_negatives_sweep", ["--losses", "dcl"], "fixes the loss"),
     ("dclw_sigma_sweep", ["--losses", "dcl"], "dclw only"),

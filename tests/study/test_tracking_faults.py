@@ -107,6 +107,7 @@ def artifact_paths(client: MlflowClient, run_id: str, path: str | None = None) -
     return out
 
 
+@pytest.mark.slow  # starts and kills an mlflow server
 def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_trial):
     caplog.set_level(logging.INFO, logger="dcl_core.study.tracking")
     server = Server(tmp_path, free_port())
@@ -277,6 +278,7 @@ def test_preflight_accepts_local_stores(tmp_path, monkeypatch):
     preflight("databricks")  # configured: MLflow's own client takes it from here
 
 
+@pytest.mark.slow  # starts a web server
 def test_preflight_finds_a_web_server_that_is_not_mlflow(tmp_path):
     port = free_port()
     web = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], cwd=tmp_path,
@@ -345,6 +347,7 @@ def test_temporary_artifacts_are_copied_only_when_journaled(tmp_path):
     assert record["op"] == "artifact" and record["owned"] and Path(record["path"]).read_bytes() == b"\x89PNG"
 
 
+@pytest.mark.slow  # a study (real Ray) and an mlflow server
 @pytest.mark.skipif(
     not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
 )

@@ -26,9 +26,13 @@ from dcl_core.study.analysis.report import read_table
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "studies" / "cluster" / "two_node.sh"
-pytestmark = pytest.mark.skipif(
-    not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
-)
+pytestmark = [
+    pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                       reason="embedded CIFAR-10 not present"),
+    # Under pytest-xdist, one worker: the module's one cluster_run, and two clusters at once would clash (the
+    # namespaces' fixed addresses).
+    pytest.mark.xdist_group("two_node"),
+]
 # Measured per run, not properties of the study: they differ between any two runs.
 UNSTABLE = {"trial_id", "images_per_s"}
 
@@ -97,6 +101,7 @@ def cluster_run(tmp_path_factory):
     return proc, work
 
 
+@pytest.mark.slow  # the two-node cluster
 def test_a_study_on_two_nodes_survives_losing_its_worker(cluster_run):
     proc, _ = cluster_run
     out = proc.stdout
@@ -111,6 +116,7 @@ def test_a_study_on_two_nodes_survives_losing_its_worker(cluster_run):
     assert _leftovers(next(line for line in out.splitlines() if line.startswith("== 2 nodes: head"))) == []
 
 
+@pytest.mark.slow  # the two-node cluster and a local study
 def test_its_results_equal_an_uninterrupted_single_machine_run(cluster_run, tmp_path):
     proc, work = cluster_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -130,6 +136,7 @@ def test_its_results_equal_an_uninterrupted_single_machine_run(cluster_run, tmp_
     assert cluster == single  # every metric to the bit, the killed-and-retried trial's included
 
 
+@pytest.mark.slow  # the two-node cluster
 def test_mlflow_holds_one_finished_run_per_trial(cluster_run):
     proc, work = cluster_run
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -146,6 +153,7 @@ def test_mlflow_holds_one_finished_run_per_trial(cluster_run):
         assert steps == list(range(1, 11)), (run.info.run_name, steps)
 
 
+@pytest.mark.slow  # builds the two-node cluster
 def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_into_its_folder_is_refused(tmp_path):
     _require_capability()
     bystander = subprocess.Popen(["sleep", "600"])  # another process of this machine
@@ -177,6 +185,7 @@ def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_int
                 p.kill()
 
 
+@pytest.mark.slow  # runs the two-node cluster script
 def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path):
     """Pressed while the script checks the study's options (its --dry-run, seconds): no traceback, no namespace."""
     _require_capability()
@@ -195,6 +204,7 @@ def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path):
         assert _leftovers(out.splitlines()[0]) == []
 
 
+@pytest.mark.slow  # runs the two-node cluster script
 @pytest.mark.parametrize(("args", "message"), [
     (["--kill-worker-after", "1000"], "--kill-worker-after must be between 1 and"),
     (["--", "--seeds", "two"], "the study's options are refused"),
@@ -210,6 +220,7 @@ def test_bad_options_exit_2_in_one_line_before_any_namespace(tmp_path, args, mes
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow  # runs the two-node cluster script
 def test_a_non_empty_work_folder_is_refused(tmp_path):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "results.csv").write_text("earlier run\n")

@@ -44,6 +44,7 @@ def test_help_documents_every_key_with_paper_values():
     assert "pretraining epochs (preset paper: 200;" in help_of["paper"] and "value in preset paper" in help_of["paper"]
 
 
+@pytest.mark.slow  # runs the CLI in a subprocess per case (12 x ~7 CPU-s)
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -72,6 +73,7 @@ def test_bad_input_exits_2_with_one_line(args, needle, tmp_path):
     assert not (tmp_path / "o" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_print_config_resolves_preset_and_aliases():
     out = run_cli("--preset", "cpu", "--loss", "dcl", "--tau", "0.2", "--loss.sigma", "0.7", "--print-config")
     assert out.returncode == 0, out.stderr
@@ -83,6 +85,7 @@ def _has_cifar():
     return (resolve_data_root("cifar10", None) / "train").is_dir()
 
 
+@pytest.mark.slow  # trains with the CLI, then evaluates, as subprocesses (~45 CPU-s)
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     out = tmp_path / "run"
@@ -116,6 +119,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
         assert "Traceback" not in ev.stderr
 
 
+@pytest.mark.slow  # trains with torchrun's 2 DDP processes (~20 CPU-s each)
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 @pytest.mark.parametrize("loader", ["memory", "stream"])
 def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
@@ -157,6 +161,7 @@ def test_torchrun_two_process_gloo_ddp(tmp_path, loader):
     assert load_checkpoint(out / "checkpoint.pt")["epoch"] == 1
 
 
+@pytest.mark.slow  # trains with torchrun's 2 DDP processes
 @pytest.mark.skipif(not _has_cifar(), reason="embedded CIFAR-10 not present")
 def test_torchrun_divergence_stops_every_rank_with_one_line(tmp_path):
     """A huge lr makes the loss non-finite: both ranks stop together (none is left waiting in an all-reduce),

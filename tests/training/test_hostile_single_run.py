@@ -39,6 +39,10 @@ def assert_one_line(proc, needle, code=2):
     return errors[0]
 
 
+# Under pytest-xdist, one worker runs the module fixture trained_run once.
+pytestmark = pytest.mark.xdist_group("hostile_single_run")
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """A real one-epoch smoke run of the CLI (checkpoint.pt, config.json, metrics.jsonl); copy before changing."""
@@ -89,6 +93,7 @@ def crafted_files(tmp_path, marker, real_checkpoint=None):
 # Item 7: every value has a range, checked before anything runs
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize(
     ("setting", "needle"),
     [
@@ -124,6 +129,7 @@ def test_load_checkpoint_never_runs_a_crafted_pickle_and_names_every_bad_file(tm
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, tmp_path, capsys):
     from dcl_core.evaluate import main
@@ -140,6 +146,7 @@ def test_eval_refuses_crafted_and_damaged_checkpoints_in_one_line(trained_run, t
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 @pytest.mark.parametrize("name", ["evil_torch", "truncated"])
 def test_resume_refuses_a_bad_checkpoint_before_training(trained_run, tmp_path, name):
@@ -154,6 +161,7 @@ def test_resume_refuses_a_bad_checkpoint_before_training(trained_run, tmp_path, 
     assert not marker.exists()
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_checkpoints_get_the_permissions_of_the_other_outputs(trained_run):
     checkpoint = stat.S_IMODE((trained_run / "checkpoint.pt").stat().st_mode)
@@ -188,6 +196,7 @@ def steered_checkpoint(trained_run, tmp_path, **config):
     return path
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoint_says(trained_run, tmp_path):
     """Issue reproduction: a checkpoint's ``data.download=true`` with a ``data.root`` elsewhere made ``python -m
@@ -206,6 +215,7 @@ def test_eval_reads_data_where_its_own_command_line_says_not_where_the_checkpoin
     assert "trained with data.root=" in proc.stderr  # what the file said, as a note
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it(trained_run, tmp_path):
     """Issue reproduction: a checkpoint's ``data.image_size=1024`` made eval allocate 157 GB (a traceback)."""
@@ -219,6 +229,7 @@ def test_eval_refuses_an_image_size_that_cannot_fit_in_memory_before_decoding_it
 # Item 15: a previous run is not overwritten silently; the width mismatch says what differs
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_a_second_run_into_the_same_folder_needs_resume_or_overwrite(trained_run, tmp_path):
     out = copy_run(trained_run, tmp_path)
@@ -238,6 +249,7 @@ def test_a_second_run_into_the_same_folder_needs_resume_or_overwrite(trained_run
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_path):
     out = copy_run(trained_run, tmp_path)
@@ -248,6 +260,7 @@ def test_resume_with_a_changed_config_exits_2_before_training(trained_run, tmp_p
     assert "decoded" not in proc.stderr
 
 
+@pytest.mark.slow  # uses trained_run, a real one-epoch training run of the CLI
 @needs_cifar
 def test_eval_with_another_width_says_which_key_differs(trained_run):
     proc = run("dcl_core.evaluate", str(trained_run / "checkpoint.pt"), "--set", "model.width=0.5", "--device", "cpu",
@@ -259,6 +272,7 @@ def test_eval_with_another_width_says_which_key_differs(trained_run):
 # Item 11: batch larger than the data, corrupt images, unwritable output, full disk
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_a_batch_larger_than_the_data_exits_2_before_loading_it(tmp_path):
     proc = run("dcl_core.train", "--preset", "smoke", "--set", "optim.batch_size=4096", "--output-dir",
@@ -284,6 +298,7 @@ def folder_args(root, out, *extra):
             "eval.knn_k=3", "--output-dir", str(out), "--threads", "1", *extra]
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_a_batch_larger_than_a_whole_folder_exits_2_once_loaded_before_training(tmp_path):
     write_folder(tmp_path / "data")  # 12 training images; their number is known only once listed
     proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "16"))
@@ -291,6 +306,7 @@ def test_a_batch_larger_than_a_whole_folder_exits_2_once_loaded_before_training(
     assert "training simclr" not in proc.stderr and not (tmp_path / "o" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize(
     ("loader", "workers", "damage"),
     [("memory", 0, "truncated"), ("memory", 0, "text"), ("memory", 0, "empty"), ("stream", 0, "truncated"),
@@ -308,6 +324,7 @@ def test_a_corrupt_image_is_named_in_one_line(tmp_path, loader, workers, damage)
         assert "training simclr" not in proc.stderr  # decoded, and refused, before training
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     write_folder(tmp_path / "data")
     proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--batch-size", "4", "--epochs",
@@ -324,6 +341,7 @@ def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     assert_one_line(proc, f"cannot decode image {bad}")
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_an_output_dir_that_cannot_be_written_exits_2_before_training(tmp_path):
     (tmp_path / "file").write_text("x")
@@ -338,6 +356,7 @@ def test_an_output_dir_that_cannot_be_written_exits_2_before_training(tmp_path):
         assert_one_line(proc, "Permission denied")
 
 
+@pytest.mark.slow  # trains one epoch with the CLI in a subprocess
 @needs_cifar
 def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
     # Files may not grow beyond 256 KB (ulimit -f, in KB): the 1.5 MB checkpoint cannot be written, as on a full
@@ -351,6 +370,7 @@ def test_a_full_disk_during_training_stops_the_run_in_one_line(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # no half-written checkpoint left
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 @pytest.mark.parametrize("name", ["config.json", "metrics.jsonl"])
 def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, name):
@@ -367,6 +387,7 @@ def test_a_link_planted_in_the_output_folder_is_never_written_through(tmp_path, 
     assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @needs_cifar
 def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path):
     """Issue reproduction: ``train --overwrite`` with checkpoint.pt a directory gave IsADirectoryError's traceback."""
@@ -376,6 +397,7 @@ def test_overwrite_with_a_folder_at_the_checkpoint_exits_2_in_one_line(tmp_path)
     assert_one_line(proc, "checkpoint.pt is a folder, not a checkpoint")
 
 
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_checkpoint_that_is_a_pipe_or_a_device_exits_2_at_once(tmp_path, kind):
     """Issue reproduction: a FIFO blocked ``python -m dcl_core.evaluate`` forever; a link to /dev/zero read 4.9 GB
