@@ -3,7 +3,6 @@ study (Ray trials, the end-to-end tests): what a resume is held to, the checks b
 best rows, the MLflow transport's error handling, the trial reporters, a failure's one-line cause, the presets,
 and the dry run's totals. Each on hand-made inputs with a known answer; nothing starts Ray."""
 
-import argparse
 import json
 import os
 import socket
@@ -12,11 +11,11 @@ import pytest
 
 from dcl_core.config import ConfigError, preset
 from dcl_core.study import StudyOptions, StudySpec
-from dcl_core.study.checks import check_ray_address, check_set_not_swept
-from dcl_core.study.columns import KNN_TOP1, SERIES, STATUS, Status
-from dcl_core.study.dry_run import dry_run_lines, estimate_study
-from dcl_core.study.presets import CPU_PROTOCOL, SMOKE_DATA, cpu, smoke
-from dcl_core.study.record import (
+from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, STATUS, Status
+from dcl_core.study.execution.search_report import best_per_cell, best_rows
+from dcl_core.study.plan.checks import check_ray_address, check_set_not_swept
+from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
+from dcl_core.study.plan.record import (
     check_same_study,
     read_options,
     recorded_rounds,
@@ -24,7 +23,7 @@ from dcl_core.study.record import (
     span,
     spec_fingerprint,
 )
-from dcl_core.study.search_report import best_per_cell, best_rows
+from dcl_core.study.plan.study_presets import CPU_PROTOCOL, SMOKE_DATA, cpu, smoke
 from dcl_core.study.tracking.transport import UnreplayableError, is_refused, move_credentials, reason
 from search_spaces import Grid
 
@@ -139,7 +138,7 @@ def test_credentials_leave_the_uri_for_mlflows_variables(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ trial side
 def test_the_reporter_carries_the_last_knn_forward_and_says_whether_it_is_fresh():
-    from dcl_core import metrics as M
+    from dcl_core import metric_names as M
     from dcl_core.study.tracking.reporting import TuneReporter
 
     reporter = TuneReporter()
@@ -151,7 +150,7 @@ def test_the_reporter_carries_the_last_knn_forward_and_says_whether_it_is_fresh(
 
 
 def test_a_failures_cause_is_its_innermost_error_in_one_plain_line():
-    from dcl_core.study.trainable import error_text
+    from dcl_core.study.execution.trainable import error_text
 
     wrapped = RuntimeError("ray::ImplicitFunc.train() (pid=1, ip=127.0.0.1)\n  File \"x.py\", line 3\n"
                            "\x1b[36mray.exceptions.RayTaskError\x1b[0m: ValueError: outer\n"
@@ -179,7 +178,33 @@ def test_the_dry_runs_totals_count_the_grid(tmp_path):
     options = StudyOptions(tmp_path / "out", num_cpus=2).resolved()
     _, _, est, slots = estimate_study(spec, options)
     assert (est.trials, est.epochs) == (4, 4 * epochs) and slots >= 1 and est.wall_seconds > 0
-    lines = dry_run_lines(spec, options, argparse.Namespace(preset="smoke"), [])
+    lines = dry_run_lines(spec, options, "smoke", [])
     assert lines[0] == "dry run of study s (preset smoke, grid): nothing was started or written"
     assert any(line.startswith(f"total: 4 trials, {4 * epochs} epochs") for line in lines)
     assert not (tmp_path / "out").exists()
+
+
+def test_sync_finds_each_study_s_store_and_journals_but_never_through_a_link(tmp_path):
+    import json
+
+    from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, summary_dir
+    from dcl_core.study.tracking.journal import JOURNAL_FILE
+    from dcl_core.study.tracking.sync import journals, recorded_tracking_uri
+
+    study = summary_dir(tmp_path, "tau")
+    study.mkdir(parents=True)
+    assert recorded_tracking_uri(study, tmp_path, None) == default_tracking_uri(tmp_path)  # nothing recorded
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "http://127.0.0.1:5999"}))
+    assert recorded_tracking_uri(study, tmp_path, None) == "http://127.0.0.1:5999"
+    assert recorded_tracking_uri(study, tmp_path, "sqlite:///given.db") == "sqlite:///given.db"
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "http://***:***@host:5000"}))
+    with pytest.raises(ConfigError, match="credentials redacted"):
+        recorded_tracking_uri(study, tmp_path, None)
+    (study / JOURNAL_FILE).write_text("{}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / JOURNAL_FILE).write_text("{}\n")
+    (summary_dir(tmp_path, "linked")).symlink_to(elsewhere)
+    assert journals(tmp_path, None) == [study / JOURNAL_FILE]
+    assert journals(tmp_path, "tau") == [study / JOURNAL_FILE]
+    assert journals(tmp_path, "linked") == []
