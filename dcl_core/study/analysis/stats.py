@@ -97,6 +97,13 @@ def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SER
     return data
 
 
+@functools.lru_cache(maxsize=4096)
+def t_quantile(q: float, df: int) -> float:
+    """Student's t ``q``-quantile with ``df`` degrees of freedom (scipy's, cached: the calibration simulations ask
+    for the same few hundred thousands of times)."""
+    return float(sps.t.ppf(q, df))
+
+
 def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     """Mean and its t-distribution CI over the finite ``values``: mean ± t_{(1+level)/2, n−1}·s/√n, s with ddof=1.
     n = 1: no interval; n = 0: everything nan. Identical values (equal up to rounding, :data:`SAME_VALUE_RTOL`)
@@ -112,7 +119,7 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     if float(np.ptp(v)) <= SAME_VALUE_RTOL * max(100.0, float(np.abs(v).max())):
         return Estimate(mean, nan, nan, int(v.size), 0.0, tail=(1 - level) / 2)
     s = float(v.std(ddof=1))
-    h = float(sps.t.ppf((1 + level) / 2, v.size - 1)) * s / math.sqrt(v.size)
+    h = t_quantile((1 + level) / 2, int(v.size) - 1) * s / math.sqrt(v.size)
     return Estimate(mean, mean - h, mean + h, int(v.size), s, tail=(1 - level) / 2)
 
 
@@ -213,8 +220,8 @@ def max_min_interval(data: Data, groups: Sequence[Sequence[tuple[Cell, Cell]]], 
         mean[c], n = d.estimate, min(n, d.n)
         if d.has_interval:  # 2 or more common seeds whose differences are not all equal
             se = d.std / math.sqrt(d.n)
-            lo[c] = d.estimate - float(sps.t.ppf(1 - tail_lo, d.n - 1)) * se
-            hi[c] = d.estimate + float(sps.t.ppf(1 - tail_hi, d.n - 1)) * se
+            lo[c] = d.estimate - t_quantile(1 - tail_lo, d.n - 1) * se
+            hi[c] = d.estimate + t_quantile(1 - tail_hi, d.n - 1) * se
     point = max(min(mean[c] for c in g) for g in groups)
     tail = min(tail_lo, tail_hi)
     if n < 2 or len(lo) < len(contrasts):  # a contrast without an interval leaves the statistic without one
@@ -325,13 +332,13 @@ def seeds_needed(est: Estimate, n: int) -> int | None:
         return n
     if n < 2:
         return None
-    spread = est.half_width * math.sqrt(n) / float(sps.t.ppf(1 - est.tail, n - 1))  # s_d of the statistic
+    spread = est.half_width * math.sqrt(n) / t_quantile(1 - est.tail, n - 1)  # s_d of the statistic
     if spread <= 0:
         return n
     target = abs(est.estimate) / spread
     m = n + 1
     while m <= MAX_SEEDS_PROJECTED:
-        if float(sps.t.ppf(1 - est.tail, m - 1)) / math.sqrt(m) < target:
+        if t_quantile(1 - est.tail, m - 1) / math.sqrt(m) < target:
             return m
         m = m + 1 if m < 200 else int(m * 1.05) + 1
     return None
