@@ -4,10 +4,10 @@ The FLOPs of one training step (forward + backward of ``SSLModel`` on both views
 with ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions, 2 FLOPs per multiply-add; batch
 norm, activations and the optimizer are not counted) and divided by the measured step time (fp32, channels_last,
 SGD step included, as the trainer runs it; see ``benchmarks/levers.py``). The machine's reference rate for a
-dtype is the faster of a 2048×2048 matmul and a large 3×3 convolution (batch 32, 128 → 128 channels, 32×32,
-channels_last) in that dtype, measured in the same run with the same thread count: on some CPUs torch's
-convolution kernels outrun its matmul (an AMD EPYC ran the fp32 step at 1.18× its fp32 matmul rate), and a
-reference below the step's own rate is no roofline.
+dtype is the faster of a 2048×2048 matmul (512×512 under ``--quick``) and a large 3×3 convolution (batch 32,
+128 → 128 channels, 32×32, channels_last) in that dtype, measured in the same run with the same thread count:
+on some CPUs torch's convolution kernels outrun its matmul (an AMD EPYC ran the fp32 step at 1.18× its fp32
+matmul rate), and a reference below the step's own rate is no roofline.
 
 Presets: ResNet-18 ×0.125 batch 32 (CPU study) and ×0.25 batch 128 (single CPU run), CIFAR stem, 32×32.
 
@@ -29,16 +29,19 @@ from benchmarks.levers import PRESETS, TrainStep, preset_name
 
 SECTION = "roofline"
 GEMM = 2048
+# --quick (CI: checks that every row is measured) multiplies 512x512: a CPU without native bf16 runs the 2048x2048
+# bf16 product at ~0.3 GFLOP/s, about a minute a repetition.
+GEMM_QUICK = 512
 
 
-def gemm_rate(dtype: torch.dtype, reps: int) -> float:
-    """FLOP/s of a ``GEMM``×``GEMM`` matmul in ``dtype`` at the current thread count."""
+def gemm_rate(dtype: torch.dtype, reps: int, size: int = GEMM) -> float:
+    """FLOP/s of a ``size``×``size`` matmul in ``dtype`` at the current thread count."""
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(GEMM, GEMM, generator=gen).to(dtype)
-    b = torch.randn(GEMM, GEMM, generator=gen).to(dtype)
-    out = torch.empty(GEMM, GEMM, dtype=dtype)
+    a = torch.randn(size, size, generator=gen).to(dtype)
+    b = torch.randn(size, size, generator=gen).to(dtype)
+    out = torch.empty(size, size, dtype=dtype)
     seconds = median_time(lambda: torch.mm(a, b, out=out), reps=reps, warmup=2)
-    return 2 * GEMM**3 / seconds
+    return 2 * size**3 / seconds
 
 
 CONV = (32, 128, 32)  # batch, channels in = out, side: a 3x3 convolution as large as the CPU presets' largest
@@ -77,12 +80,13 @@ def run(quick: bool) -> list[Row]:
     other one (informs)."""
     threads = torch.get_num_threads()
     gemm_reps = 3 if quick else 7
+    size = GEMM_QUICK if quick else GEMM
     rows: list[Row] = []
     rates: dict[str, float] = {}
     for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        gemm, conv = gemm_rate(dtype, gemm_reps), conv_rate(dtype, gemm_reps)
+        gemm, conv = gemm_rate(dtype, gemm_reps, size), conv_rate(dtype, gemm_reps)
         rates[label] = max(gemm, conv)
-        rows.append(Row(SECTION, f"{label} GEMM {GEMM}x{GEMM} rate", gemm / 1e9, unit="GFLOP/s",
+        rows.append(Row(SECTION, f"{label} GEMM {size}x{size} rate", gemm / 1e9, unit="GFLOP/s",
                         note=f"{threads} threads, torch.mm"))
         rows.append(Row(SECTION, f"{label} conv 3x3 {CONV[1]}ch {CONV[2]}px b{CONV[0]} rate", conv / 1e9,
                         unit="GFLOP/s", note=f"{threads} threads, F.conv2d, channels_last; the {label} reference is "

@@ -31,7 +31,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
-    """One ``run.py --quick`` of every section (about 4 minutes on 2 cores): its JSON, work folder and stdout."""
+    """One ``run.py --quick`` of every section (about 2 minutes on 2 cores): its JSON, work folder and stdout."""
     tmp = tmp_path_factory.mktemp("bench")
     out, work = tmp / "bench.json", tmp / "work"
     proc = subprocess.run(
