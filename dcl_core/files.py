@@ -12,10 +12,11 @@ from __future__ import annotations
 import errno
 import os
 import secrets
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO
 
 from dcl_core.config import ConfigError
 
@@ -41,10 +42,11 @@ def open_fd(path: Path | str, flags: int, mode: int = 0o666) -> int:
         raise
 
 
-def write_text(path: Path | str, text: str, mode: int = 0o666) -> Path:
-    """Write ``text`` to ``path`` atomically without following links: a fresh temporary file in the same folder
-    (``O_EXCL``), then a rename over ``path``. A full disk or a crash leaves the previous file, never half of one;
-    a folder at ``path`` is refused."""
+def write_with(path: Path | str, write: Callable[[BinaryIO], object], mode: int = 0o666) -> Path:
+    """Write ``path`` atomically without following links: ``write`` fills a fresh temporary file in the same
+    folder (``O_EXCL``, binary), which is then renamed over ``path``. A full disk or a crash leaves the previous
+    file, never half of one; a link at ``path`` is replaced, never written through; a folder at ``path`` is
+    refused."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir() and not path.is_symlink():
@@ -52,13 +54,26 @@ def write_text(path: Path | str, text: str, mode: int = 0o666) -> Path:
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text(path: Path | str, text: str, mode: int = 0o666) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically without following links (:func:`write_with`)."""
+    return write_with(path, lambda f: f.write(text.encode()), mode)
+
+
+def is_regular_file(path: Path | str) -> bool:
+    """Whether ``path`` is a regular file itself, not a link to one (``Path.is_file`` follows links)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 @contextmanager

@@ -348,10 +348,13 @@ def _execute(script: Script, request: StudyRequest) -> Any:
     if options.verbosity < VERBOSE:
         ray_env.quiet_slow_loop_warnings()
     from dcl_core.study.execution.tuning import run_study  # Ray, Optuna, MLflow: as above
-    from dcl_core.study.tracking import preflight
+    from dcl_core.study.tracking import check_store_in_folder, preflight
 
     if options.tracking_uri:  # a bad or unreachable MLflow store: one line now, not minutes after Ray starts
         preflight(options.tracking_uri)
+    resolved = options.resolved()  # a copied or moved folder's store would write to the original's folders
+    assert resolved.tracking_uri is not None
+    check_store_in_folder(resolved.tracking_uri, resolved.output_dir)
     begun = time.monotonic()
     outcome = run_study(spec, options)
     if not request.until_resolved:
@@ -467,10 +470,13 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
     """One study of ``summary/``: rebuilt from its recorded command and re-analysed (the script's own output)."""
     # MLflow (seconds): not for --help or bad input
     from dcl_core.study.execution.reanalysis import read_json, reanalyze_toy
-    from dcl_core.study.tracking.sync import recorded_tracking_uri
+    from dcl_core.study.tracking.sync import study_store
 
+    store = study_store(study_dir, output_dir, tracking_uri)
+    if (note := store.note()) is not None:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if study_dir.name == TOY:
-        print(reanalyze_toy(output_dir, recorded_tracking_uri(study_dir, output_dir, tracking_uri)))
+        print(reanalyze_toy(output_dir, store.uri))
         return 0
     options_file = study_dir / OPTIONS_FILE
     if not options_file.is_file():
@@ -480,8 +486,7 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
         raise ConfigError(f"{options_file} records no command (a study run before re-analysis was recorded): run "
                           f"`python studies/<script>.py <the options it ran with> --output-dir {output_dir} "
                           "--reanalyze`")
-    return reanalyze_recorded(_load_script(command["script"]), command, output_dir,
-                              recorded_tracking_uri(study_dir, output_dir, tracking_uri), quiet)
+    return reanalyze_recorded(_load_script(command["script"]), command, output_dir, store.uri, quiet)
 
 
 ANSWER_DOC = """Re-analyse finished studies without training: recompute the answer from the stored results rows and
@@ -494,7 +499,10 @@ The first form re-analyses every study in ``OUTPUT_DIR/summary/`` (or ``--name``
 ``study_options.json`` records the study script and the options that built its spec, from which the spec (and so
 its questions, with today's statistics) is rebuilt; the EqCo MI toy is re-analysed from ``mi_toy.parquet``. A study
 run before the options were recorded is re-analysed with the second form. A study that cannot be re-analysed is
-named with one line and the others still are; exit code 0 when every study was re-analysed, else 2.
+named with one line and the others still are; exit code 0 when every study was re-analysed, else 2. The summary
+run is logged to ``--tracking-uri``, else to the folder's own store (``OUTPUT_DIR/mlflow.db``): the tracking URI
+a study recorded is named, never followed (a folder someone else wrote must not choose where your credentials go
+or where you write).
 """
 
 
@@ -538,11 +546,11 @@ SYNC_DOC = """Push to MLflow what a study journaled while MLflow was unreachable
     python -m dcl_core.study sync OUTPUT_DIR [--name STUDY] [--tracking-uri URI]
 
 Every study under ``OUTPUT_DIR/summary/`` with a ``pending_mlflow.jsonl`` (or only ``--name STUDY``) is replayed
-against the tracking URI it ran with (from its ``study_options.json``; ``--tracking-uri`` overrides, e.g. when the
-recorded one has its credentials redacted). Replaying is idempotent: runs are found by their trial id or the
-summary tag before any is created, and the journal keeps only what MLflow did not take. Exit code 0 when
-everything was pushed, 1 when some operations are left (MLflow still unreachable), 2 on bad input.
-"""
+against ``--tracking-uri``, else the folder's own store (``OUTPUT_DIR/mlflow.db``). The tracking URI a study
+recorded is never followed (whoever wrote the folder would choose where your credentials go): a study that logged to
+a server names it, and is pushed there with ``--tracking-uri``. Replaying is idempotent: runs are found by their
+trial id or the summary tag before any is created, and the journal keeps only what MLflow did not take. Exit code 0
+when everything was pushed, 1 when some operations are left (MLflow still unreachable), 2 on bad input."""
 
 
 def sync_main(argv: Sequence[str] | None = None) -> int:

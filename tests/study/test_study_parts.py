@@ -189,17 +189,24 @@ def test_sync_finds_each_study_s_store_and_journals_but_never_through_a_link(tmp
 
     from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, summary_dir
     from dcl_core.study.tracking.journal import JOURNAL_FILE
-    from dcl_core.study.tracking.sync import journals, recorded_tracking_uri
+    from dcl_core.study.tracking.sync import journals, study_store
 
     study = summary_dir(tmp_path, "tau")
     study.mkdir(parents=True)
-    assert recorded_tracking_uri(study, tmp_path, None) == default_tracking_uri(tmp_path)  # nothing recorded
-    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "http://127.0.0.1:5999"}))
-    assert recorded_tracking_uri(study, tmp_path, None) == "http://127.0.0.1:5999"
-    assert recorded_tracking_uri(study, tmp_path, "sqlite:///given.db") == "sqlite:///given.db"
-    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "http://***:***@host:5000"}))
-    with pytest.raises(ConfigError, match="credentials redacted"):
-        recorded_tracking_uri(study, tmp_path, None)
+    own = default_tracking_uri(tmp_path)
+    assert study_store(study, tmp_path, None).uri == own  # nothing recorded
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "http://u:pw@127.0.0.1:5999"}))
+    store = study_store(study, tmp_path, None)  # never followed: the folder's own store, the recorded one named
+    assert store.uri == own and store.recorded == "http://***@127.0.0.1:5999" and "pw" not in (store.note() or "")
+    assert study_store(study, tmp_path, "sqlite:///given.db").uri == "sqlite:///given.db"
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "sqlite:////elsewhere/evil.db"}))
+    assert study_store(study, tmp_path, None).uri == own
+    # a copied or moved folder: the store it recorded was the original folder's own, so this one's is used quietly
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": "sqlite:////old/out/mlflow.db",
+                                                  "output_dir": "/old/out"}))
+    assert study_store(study, tmp_path, None) == type(store)(own)
+    (study / OPTIONS_FILE).write_text(json.dumps({"tracking_uri": 123}))  # not a string: nothing recorded
+    assert study_store(study, tmp_path, None) == type(store)(own)
     (study / JOURNAL_FILE).write_text("{}\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

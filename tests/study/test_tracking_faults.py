@@ -386,8 +386,12 @@ def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
 
     server.start()
     try:
-        sync = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        # the recorded server is named, never followed: sync asks for it, then pushes where it is told
+        refused = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], cwd=REPO,
+                                 capture_output=True, text=True, timeout=300)
+        assert refused.returncode == 2 and "pass --tracking-uri" in refused.stderr, refused.stderr[-2000:]
+        sync = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out), "--tracking-uri", server.uri],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
         assert sync.returncode == 0, sync.stdout[-2000:] + sync.stderr[-2000:]
         client = MlflowClient(tracking_uri=server.uri)
         runs = client.search_runs([client.get_experiment_by_name("temperature_sweep").experiment_id])

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from dcl_core.files import write_with
 from dcl_core.study.analysis.colours import series_colour
 from dcl_core.study.analysis.columns import (
     COLUMN_NAMES,
@@ -41,11 +42,13 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
-    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` (folders made) and close it."""
+    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` (folders made; atomically, a link
+    there replaced, never written through: :func:`dcl_core.files.write_with`) and close it."""
     fig.tight_layout(**({"rect": rect} if rect else {}))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    pyplot().close(fig)
+    try:
+        write_with(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        pyplot().close(fig)
     return path
 
 
@@ -59,19 +62,11 @@ def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tu
 
 
 def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
-    """Parquet and CSV, each written to a temporary name and renamed: never half a file (full disk, crash)."""
-    paths = []
-    for suffix, write in ((".parquet", pq.write_table), (".csv", pacsv.write_csv)):
-        path = out_dir / f"{stem}{suffix}"
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            write(table, tmp)
-            tmp.replace(path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        paths.append(path)
-    return paths[0], paths[1]
+    """Parquet and CSV, each written to a fresh temporary name and renamed (:func:`dcl_core.files.write_with`):
+    never half a file (full disk, crash), never through a link planted at either name."""
+    parquet = write_with(out_dir / f"{stem}.parquet", lambda f: pq.write_table(table, f))
+    csv = write_with(out_dir / f"{stem}.csv", lambda f: pacsv.write_csv(table, f))
+    return parquet, csv
 
 
 def read_table(path: Path) -> list[Row]:

@@ -25,7 +25,7 @@ from dcl_core.study.plan.storage import (
     study_lock,
     summary_dir,
 )
-from dcl_core.study.tracking import StudyTracker, git_commit, mlflow_view
+from dcl_core.study.tracking import StudyTracker, check_store_in_folder, git_commit, mlflow_view
 
 RESULTS_FILE = "results.parquet"
 TOY_FILE = f"{TABLE_STEM}.parquet"  # the MI toy's rows
@@ -77,6 +77,7 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
     options = options.resolved()
     assert options.tracking_uri is not None
     check_no_links(options.output_dir, study_entries(spec.name))
+    check_store_in_folder(options.tracking_uri, options.output_dir)
     out = summary_dir(options.output_dir, spec.name)
     if (out / OPTIONS_FILE).is_file():
         _check_same_study(spec, read_json(out / OPTIONS_FILE), out / OPTIONS_FILE)
@@ -94,6 +95,7 @@ def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
     (:func:`~dcl_core.study.analysis.mi_toy.toy_answer`), written to its ``table.txt`` and logged on its summary
     run; returns the text."""
     check_no_links(output_dir, study_entries(TOY))
+    check_store_in_folder(tracking_uri, output_dir)
     out = summary_dir(output_dir, TOY)
     rows = read_rows(out / TOY_FILE)
     if not rows or not set(TOY_COLUMNS) <= set(rows[0]):

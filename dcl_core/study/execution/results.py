@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metric_names as M
+from dcl_core.files import is_regular_file
 from dcl_core.study.analysis import answer, answer_output, report
 from dcl_core.study.analysis.columns import (
     SEED,
@@ -79,7 +80,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
                       paper_label=f"paper: {claim.source}" if claim else "paper")
     files = [parquet, csv, png, out_dir / "table.txt"]
     q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
-    if q_png is None and reanalysis and (out_dir / "npc_q_hist.png").is_file():
+    if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
     if q_png is not None:
         files.append(q_png)

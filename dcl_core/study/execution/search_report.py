@@ -7,6 +7,7 @@ process or cluster ran the search.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import warnings
@@ -18,6 +19,7 @@ from typing import Any
 import optuna
 from optuna.visualization import matplotlib as ovm
 
+from dcl_core.files import write_with
 from dcl_core.study.analysis.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Row, Status
 from dcl_core.study.analysis.report import pyplot
 from search_spaces import Space, optuna_distributions
@@ -96,8 +98,10 @@ def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series:
                 assert isinstance(fig, Figure)  # optuna draws on a figure of its own, not a subfigure
                 fig.set_size_inches(6, 4)
                 fig.tight_layout()
-                fig.savefig(path, dpi=120)
-                plt.close(fig)
+                try:  # atomically, never through a link planted at the name
+                    write_with(path, functools.partial(fig.savefig, format="png", dpi=120))
+                finally:
+                    plt.close(fig)
                 files.append(path)
     return files
 

@@ -21,7 +21,7 @@ The names below are the package's interface (a study pickled by Tune names ``dcl
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking.callback import METRIC_PREFIXES, MLflowTrialCallback
 from dcl_core.study.tracking.journal import FILES_DIR, IDS_FILE, JOURNAL_FILE, LOCAL_ID, Journal, journal_problem
-from dcl_core.study.tracking.preflight import preflight
+from dcl_core.study.tracking.preflight import check_store_in_folder, preflight
 from dcl_core.study.tracking.reporting import (
     TrainReporter,
     TuneReporter,
@@ -46,6 +46,7 @@ __all__ = [
     "StudyTracker",
     "TrainReporter",
     "TuneReporter",
+    "check_store_in_folder",
     "git_commit",
     "journal_problem",
     "local_ui_port",

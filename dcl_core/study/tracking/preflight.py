@@ -151,3 +151,50 @@ def _probe_http(parts: Any, shown: str, timeout: float) -> None:
     if not isinstance(answer, dict):
         raise ConfigError(f"{shown} is not a valid MLflow tracking URI: its answer to {_PROBE.split('?')[0]} is "
                           "not MLflow's JSON (a login page or another web service?)")
+
+
+def check_store_in_folder(tracking_uri: str, output_dir: Path) -> None:
+    """Raise :class:`ConfigError` (one line) when an SQLite store inside ``output_dir`` would write outside it.
+
+    A store keeps every experiment's artifact folder, and every run's, as absolute locations: a folder copied or
+    moved elsewhere (``cp -a OUT OUT2``) keeps pointing at the original, so logging into the copy would write the
+    original's artifacts (or recreate its folders), and a crafted ``mlflow.db`` could point them anywhere, another
+    host included. Every location a study may write (every experiment's but MLflow's "Default", and their runs')
+    must be a folder inside ``output_dir``. A store outside the folder is the
+    user's own choice (``--tracking-uri``) and is not inspected."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return
+    db = Path(unquote(tracking_uri[len("sqlite:///"):].split("?")[0])).expanduser()
+    root = output_dir.expanduser().resolve()
+    if not db.is_file() or db.stat().st_size == 0 or not db.resolve().is_relative_to(root):
+        return
+    # MLflow's client (seconds): only for a store that exists in the folder
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    # MLflow's own "Default" experiment (id 0, artifacts in ./mlruns of whatever folder made the store) is never
+    # written by a study: every study logs to an experiment of its own name.
+    experiments = [e for e in client.search_experiments(view_type=ViewType.ALL) if e.experiment_id != "0"]
+    runs = client.search_runs([e.experiment_id for e in experiments], run_view_type=ViewType.ALL,
+                              max_results=50_000) if experiments else []
+    where = [(f"experiment {e.name!r}", e.artifact_location) for e in experiments]
+    where += [(f"run {r.info.run_id}", r.info.artifact_uri) for r in runs]
+    for what, location in where:
+        if not _inside(location or "", root):
+            raise ConfigError(
+                f"{db} keeps the artifacts of its {what} at {redact_uri(str(location))[:300]}, outside "
+                f"{root} (a copied or moved output folder?): logging there would write outside this folder; pass "
+                f"--tracking-uri sqlite:///{root / 'mlflow-here.db'} to log to a new store in it")
+
+
+def _inside(location: str, root: Path) -> bool:
+    """Whether an artifact location (a ``file:`` URI or a plain path) is a path inside ``root``."""
+    parts = urlsplit(location)
+    if parts.scheme == "file" and parts.netloc in ("", "localhost"):
+        path = Path(url2pathname(parts.path))
+    elif not parts.scheme and location.startswith("/"):
+        path = Path(location)
+    else:
+        return False
+    return path.resolve().is_relative_to(root)

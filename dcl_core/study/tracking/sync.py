@@ -2,10 +2,10 @@
 whose command line is :func:`dcl_core.study.cli.sync_main`).
 
 Every study under ``OUTPUT_DIR/summary/`` with a ``pending_mlflow.jsonl`` (or only one named study) is replayed
-against the tracking URI it ran with (from its ``study_options.json``; a given URI overrides, e.g. when the recorded
-one has its credentials redacted). Replaying is idempotent: runs are found by their trial id or the summary tag
-before any is created, and the journal keeps only what MLflow did not take.
-"""
+against ``--tracking-uri``, else the folder's own store; a study that logged to another store (a server) names it
+and asks for ``--tracking-uri``: the URI the folder records is never followed (:func:`study_store`). Replaying is
+idempotent: runs are found by their trial id or the summary tag before any is created, and the journal keeps only
+what MLflow did not take."""
 
 from __future__ import annotations
 
@@ -24,27 +24,48 @@ from dcl_core.study.plan.storage import (
     summary_dir,
 )
 from dcl_core.study.tracking.journal import JOURNAL_FILE
-from dcl_core.study.tracking.preflight import preflight
+from dcl_core.study.tracking.preflight import check_store_in_folder, preflight
 from dcl_core.study.tracking.tracker import StudyTracker
 
 
-def recorded_tracking_uri(study_dir: Path, output_dir: Path, given: str | None) -> str:
-    """``given``, else the tracking URI the study recorded in its ``study_options.json`` (refused when its
-    credentials are redacted), else the folder's default store."""
-    if given:
-        return given
-    options = study_dir / OPTIONS_FILE
-    uri = None
-    if options.exists():
-        try:
-            uri = json.loads(options.read_text()).get("tracking_uri")
-        except ValueError:
-            uri = None
-    if uri and "***" in uri:
-        raise ConfigError(f"the tracking URI recorded in {options} has its credentials redacted ({uri}); pass "
-                          "--tracking-uri, or set MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD and pass it "
-                          "without them")
-    return uri or default_tracking_uri(output_dir)
+@dataclass(frozen=True)
+class Store:
+    """Where a re-analysis or sync of one study logs, and the store the study recorded when that is another one.
+
+    ``uri`` is the command line's ``--tracking-uri``, else the folder's own SQLite store
+    (``OUTPUT_DIR/mlflow.db`` of the folder as it is now). The URI a folder records is never followed: whoever
+    wrote the folder would choose which host receives your ``MLFLOW_TRACKING_*`` credentials, or which file
+    outside the folder is written, and a copied or moved folder would write to the original's store.
+    ``recorded`` names it (credentials redacted) when it is neither ``uri`` nor the folder's own store as the
+    study ran, so the caller can suggest passing it."""
+
+    uri: str
+    recorded: str | None = None
+
+    def note(self) -> str | None:
+        """One line for the user when the study logged to another store, else None."""
+        if self.recorded is None:
+            return None
+        return (f"the study logged to MLflow at {self.recorded}; a recorded URI is not followed (the folder "
+                f"would choose where your credentials go): logging to {redact_uri(self.uri)}; pass "
+                "--tracking-uri to log to the study's own store")
+
+
+def study_store(study_dir: Path, output_dir: Path, given: str | None) -> Store:
+    """Where a re-analysis or sync of the study in ``study_dir`` logs (:class:`Store`)."""
+    uri = given or default_tracking_uri(output_dir)
+    try:
+        recorded = json.loads((study_dir / OPTIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return Store(uri)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("tracking_uri"), str):
+        return Store(uri)
+    then = recorded["tracking_uri"]
+    own_then = (isinstance(recorded.get("output_dir"), str)
+                and then == f"sqlite:///{Path(recorded['output_dir']) / 'mlflow.db'}")
+    if own_then or redact_uri(then) == redact_uri(uri):
+        return Store(uri)
+    return Store(uri, redact_uri(then[:500]))
 
 
 @dataclass(frozen=True)
@@ -78,8 +99,14 @@ def sync_journals(output_dir: Path, found: list[Path], tracking_uri: str | None)
         experiment = study_dir.name  # the folder names the study; the journal's own lines are not trusted for it
         try:
             check_no_links(output_dir, study_entries(experiment))  # summary/ -> ~ would sync (and rewrite) a journal
-            uri = recorded_tracking_uri(study_dir, output_dir, tracking_uri)
+            store = study_store(study_dir, output_dir, tracking_uri)
+            if store.recorded is not None and tracking_uri is None:
+                raise ConfigError(f"its journal holds what MLflow at {store.recorded} did not take; a recorded URI "
+                                  "is not followed (the folder would choose where your credentials go): pass "
+                                  "--tracking-uri with that store's address to push it there")
+            uri = store.uri
             preflight(uri)
+            check_store_in_folder(uri, output_dir)
         except ConfigError as err:
             yield Synced(experiment, refused=str(err))
             continue

@@ -1,0 +1,165 @@
+"""An output folder is untrusted input (issue: "Nothing lost, nobody in, third pass"): a re-analysis or sync takes
+where it writes and which server it talks to from its own command line, never from the folder; a copied or moved
+folder never writes to the original; a link planted in a study's summary folder is neither uploaded nor written
+through. Real MLflow (SQLite stores), the real ``answer`` and ``sync`` entry points, in-process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from dcl_core.study.analysis.report import write_table
+from dcl_core.study.cli import answer_main as answer
+from dcl_core.study.cli import sync_main as sync
+from dcl_core.study.plan.storage import default_tracking_uri
+from dcl_core.study.tracking.journal import JOURNAL_FILE
+
+STUDY = "temperature_sweep"
+
+
+class Listener:
+    """A TCP port that records whether anything connected (and what it sent first)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            conn.settimeout(1)
+            try:
+                self.received.append(conn.recv(4096))
+            except OSError:
+                self.received.append(b"")
+            conn.close()
+
+    def close(self) -> list[bytes]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.sock.close()
+        return self.received
+
+
+@pytest.fixture
+def listener():
+    found = Listener()
+    yield found
+    found.close()
+
+
+def _study(root: Path, recorded_uri: str | None = None) -> Path:
+    """A finished smoke temperature study's summary folder (2 losses x 2 τ x 2 seeds), as the study records it."""
+    out = root / "out"
+    d = out / "summary" / STUDY
+    d.mkdir(parents=True)
+    rows = [{"trial_id": f"t{i}", "status": "ok", "loss": loss, "temperature": tau, "seed": seed,
+             "knn_top1": 10.0 + i % 3} for i, (loss, tau, seed) in
+            enumerate((lo, t, s) for lo in ("dcl", "infonce") for t in (0.1, 0.5) for s in (0, 1))]
+    write_table(rows, d)
+    options = {"output_dir": str(out.resolve()), "tracking_uri": recorded_uri or default_tracking_uri(out),
+               "command": {"script": STUDY, "preset": "smoke"}}
+    (d / "study_options.json").write_text(json.dumps(options))
+    return out
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+def test_answer_never_follows_a_recorded_server_or_store(tmp_path, listener, monkeypatch, capsys):
+    """Issue reproduction: a recorded ``http://127.0.0.1:PORT`` received ``Authorization: Basic alice:s3cret``;
+    a recorded ``sqlite:////elsewhere/evil.db`` was created outside the folder."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "alice")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "s3cret")
+    out = _study(tmp_path, f"http://127.0.0.1:{listener.port}")
+    assert answer([str(out), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert listener.close() == []  # nothing connected: no credentials sent anywhere
+    assert f"logged to MLflow at http://127.0.0.1:{listener.port}" in err and "s3cret" not in err
+    assert "--tracking-uri" in err
+    assert (out / "mlflow.db").is_file()  # the folder's own store took the summary run
+
+    evil = tmp_path / "elsewhere" / "evil.db"
+    evil.parent.mkdir()
+    other = _study(tmp_path / "b", f"sqlite:///{evil}")
+    assert answer([str(other), "-q"]) == 0
+    assert not evil.exists() and (other / "mlflow.db").is_file()
+
+
+def test_sync_asks_for_the_server_instead_of_following_the_recorded_one(tmp_path, listener, capsys):
+    out = _study(tmp_path, f"http://127.0.0.1:{listener.port}")
+    (out / "summary" / STUDY / JOURNAL_FILE).write_text(json.dumps({"op": "open", "v": 1}) + "\n")
+    assert sync([str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: {STUDY}: ")
+    assert f"http://127.0.0.1:{listener.port}" in err and "--tracking-uri" in err
+    assert listener.close() == []
+
+
+def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys):
+    """Issue reproduction: ``cp -a OUT OUT2; answer OUT2`` changed ``OUT/mlflow.db`` and its artifacts; ``mv OUT
+    OUT3; answer OUT3`` recreated ``OUT/mlflow.db`` at the old path."""
+    out = _study(tmp_path)
+    assert answer([str(out), "-q"]) == 0  # the study's own store, its artifacts in out/mlartifacts
+    before = _digest(out)
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, symlinks=True)
+    capsys.readouterr()
+    assert answer([str(copy), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "outside" in err and str(out / "mlartifacts") in err
+    assert _digest(out) == before
+    assert answer([str(copy), "-q", "--tracking-uri", f"sqlite:///{copy / 'mlflow-here.db'}"]) == 0
+    assert _digest(out) == before  # a new store in the copy: everything it logged is inside the copy
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow-here.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(copy)
+
+    moved = tmp_path / "moved"
+    out.rename(moved)
+    assert answer([str(moved), "-q"]) == 2
+    assert not out.exists()  # nothing recreated at the old path
+
+
+def test_a_link_planted_in_the_summary_folder_is_neither_uploaded_nor_written_through(tmp_path):
+    """Issue reproduction: ``ln -s ~/secret.txt OUT/summary/<study>/npc_q_hist.png; answer OUT`` logged the secret
+    as an MLflow artifact (the summary reused an existing plot through ``is_file()``, which follows links); a link
+    at a plot the summary draws was written through."""
+    out = _study(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the secret")
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"keep me")
+    d = out / "summary" / STUDY
+    (d / "npc_q_hist.png").symlink_to(secret)
+    (d / f"{STUDY}.png").symlink_to(victim)
+    (d / "gap_vs_npc.png").symlink_to(victim)
+    assert answer([str(out), "-q"]) == 0
+    assert secret.read_text() == "the secret" and victim.read_bytes() == b"keep me"
+    for name in (f"{STUDY}.png", "gap_vs_npc.png"):  # the plots replaced the links with their own files
+        assert not (d / name).is_symlink() and (d / name).read_bytes().startswith(b"\x89PNG")
+    client = MlflowClient(default_tracking_uri(out))
+    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    logged = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert "table.txt" in logged and "npc_q_hist.png" not in logged
+    assert "the secret" not in "".join(p.read_text(errors="replace") for p in (out / "mlartifacts").rglob("*")
+                                       if p.is_file())
