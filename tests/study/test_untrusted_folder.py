@@ -163,3 +163,28 @@ def test_a_link_planted_in_the_summary_folder_is_neither_uploaded_nor_written_th
     assert "table.txt" in logged and "npc_q_hist.png" not in logged
     assert "the secret" not in "".join(p.read_text(errors="replace") for p in (out / "mlartifacts").rglob("*")
                                        if p.is_file())
+
+
+def test_the_ray_token_is_made_private_but_a_link_there_is_not_followed(tmp_path, monkeypatch, caplog):
+    """Issue reproduction: ``~/.ray/auth_token`` a link to a 0644 file elsewhere: a study chmodded the target and
+    said Ray wrote it."""
+    from dcl_core.study.execution.ray_env import AUTH_TOKEN, AUTH_TOKEN_PATH, protect_token_file
+
+    monkeypatch.delenv(AUTH_TOKEN, raising=False)
+    token = tmp_path / "auth_token"
+    token.write_text("t0k3n")
+    token.chmod(0o644)
+    monkeypatch.setenv(AUTH_TOKEN_PATH, str(token))
+    protect_token_file()
+    assert token.stat().st_mode & 0o777 == 0o600  # Ray's own file: its owner's only
+
+    elsewhere = tmp_path / "shared.txt"
+    elsewhere.write_text("someone's file")
+    elsewhere.chmod(0o644)
+    link = tmp_path / "linked_token"
+    link.symlink_to(elsewhere)
+    monkeypatch.setenv(AUTH_TOKEN_PATH, str(link))
+    with caplog.at_level("WARNING"):
+        protect_token_file()
+    assert elsewhere.stat().st_mode & 0o777 == 0o644  # untouched
+    assert any("is a symbolic link" in r.getMessage() for r in caplog.records)

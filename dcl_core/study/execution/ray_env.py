@@ -63,13 +63,22 @@ def protect_token_file() -> None:
     if os.environ.get(AUTH_TOKEN):
         return
     path = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
-    try:
-        info = path.stat()
-        if info.st_uid == os.getuid() and stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
-            path.chmod(0o600)
-            log.info("%s: readable by its owner only now (Ray wrote it readable by every user)", path)
-    except OSError:  # no token file (auth disabled, or the token in the environment), or not ours to change
+    try:  # the file itself, never what a link there points to (that may be anyone's file, anywhere)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:  # no token file (auth disabled, or the token in the environment), a link, or not readable
+        if path.is_symlink():
+            log.warning("%s is a symbolic link: its target's mode is left as it is (make the token a file of "
+                        "your own, readable by you only: chmod 600)", path)
         return
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.getuid() and stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+            os.fchmod(fd, 0o600)
+            log.info("%s: readable by its owner only now (Ray wrote it readable by every user)", path)
+    except OSError:  # not ours to change
+        return
+    finally:
+        os.close(fd)
 
 
 def setup_worker() -> None:
