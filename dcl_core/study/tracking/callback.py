@@ -16,7 +16,7 @@ from dcl_core.study.analysis.report import plot_q_hist_epochs, q_hist_edges
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
 from dcl_core.study.tracking.mlflow_view import trial_look
-from dcl_core.study.tracking.tracker import StudyTracker
+from dcl_core.study.tracking.tracker import NOTE_TAG, StudyTracker, literal_markdown
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
 
@@ -118,7 +118,8 @@ class MLflowTrialCallback(tune.Callback):
         varied = ", ".join(f"{tag} {value}" for tag, value in trial_values(trial.config, self.tag_keys)[0].items())
         outcome = ("failed" if failed or diverged else
                    f"kNN top-1 {knn:.2f}% after {last.get(M.EPOCH)} epochs" if isinstance(knn, float) else "finished")
-        self.tracker.set_tag(run_id, "mlflow.note.content", f"{varied}: {outcome}")  # the run's description
+        # the run's description (markdown): the swept values are data, so they are shown as literal text
+        self.tracker.set_tag(run_id, NOTE_TAG, literal_markdown(f"{varied}: {outcome}"))
         hists = self.q_hists.pop(trial.trial_id, None)
         if hists:
             with tempfile.TemporaryDirectory() as d:

@@ -51,21 +51,22 @@ def rounded(value: float) -> float:
     return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
 
 
-def _markdown(text: str) -> str:
+def literal_markdown(text: str) -> str:
     """``text`` as literal markdown: the characters MLflow's renderer (showdown) would read as emphasis, code or
-    HTML are escaped. Brackets are not: an interval ``[0.4, 3.8]`` is no link, and the runs table's Description
-    cell shows the text raw, where a backslash would be noise."""
-    return re.sub(r"([\\`*_])", r"\\\1", text).replace("<", "&lt;")
+    HTML are escaped, and so is a link's ``](`` (``[click](javascript:…)`` from a loss name or a note stays
+    text). Brackets alone are not: an interval ``[0.4, 3.8]`` is no link, and the runs table's Description cell
+    shows the text raw, where a backslash would be noise."""
+    return re.sub(r"([\\`*_])", r"\\\1", text).replace("<", "&lt;").replace("](", "]\\(")
 
 
 def summary_note(verdicts: list[str], words: str = "", plot: str | None = None, run_id: str | None = None) -> str:
     """The summary run's description: ``Verdict: <words>`` first (the runs table's Description column shows a
     line's first 40-odd characters), the verdict lines (what the study prints last), then its plot, embedded from
     the run's own artifacts (``get-artifact``, relative to the UI, as MLflow's artifact view fetches it)."""
-    parts = [_markdown(f"Verdict: {words}")] if words else []
-    parts += [_markdown(line) for line in verdicts]
+    parts = [literal_markdown(f"Verdict: {words}")] if words else []
+    parts += [literal_markdown(line) for line in verdicts]
     if plot and run_id and not run_id.startswith(LOCAL_ID):
-        parts.append(f"![{_markdown(plot)}](get-artifact?path={quote(plot)}&run_uuid={run_id})")
+        parts.append(f"![{literal_markdown(plot)}](get-artifact?path={quote(plot)}&run_uuid={run_id})")
     if parts:
         parts.append("The cells, the paper's numbers and the NPC regime: table.txt among the artifacts.")
     return "\n\n".join(parts)
