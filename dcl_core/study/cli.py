@@ -48,7 +48,7 @@ from dcl_core.study.plan.spec import (
     with_asha,
     with_base,
 )
-from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, redact_args
+from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, redact_args, summary_dir
 
 MAX_SEEDS = 1000
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"  # the study scripts of this checkout
@@ -549,8 +549,11 @@ Every study under ``OUTPUT_DIR/summary/`` with a ``pending_mlflow.jsonl`` (or on
 against ``--tracking-uri``, else the folder's own store (``OUTPUT_DIR/mlflow.db``). The tracking URI a study
 recorded is never followed (whoever wrote the folder would choose where your credentials go): a study that logged to
 a server names it, and is pushed there with ``--tracking-uri``. Replaying is idempotent: runs are found by their
-trial id or the summary tag before any is created, and the journal keeps only what MLflow did not take. Exit code 0
-when everything was pushed, 1 when some operations are left (MLflow still unreachable), 2 on bad input."""
+trial id or the summary tag before any is created, and the journal keeps only what MLflow did not take. A study's
+answer (the summary run's verdict, description, metrics, tables and plots) is never journaled, and a line writing
+it is not replayed (whoever could write the folder could forge it): when the answer did not reach MLflow, sync
+recomputes it from the study's results, as ``answer`` does. Exit code 0 when everything was pushed, 1 when some
+operations are left (MLflow still unreachable) or MLflow refused some, 2 on bad input."""
 
 
 def sync_main(argv: Sequence[str] | None = None) -> int:
@@ -581,9 +584,16 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
         if synced.refused is not None:
             code = cli.error(f"{synced.study}: {synced.refused}")
             continue
-        print(synced.line())
-        if synced.left:
+        print(synced.line(), flush=True)
+        if synced.left or synced.dropped:
             code = max(code, 1)
+        if synced.summarize and not synced.left:  # the answer is never replayed: recomputed from the results
+            print(f"{synced.study}: its answer, recomputed from its results and logged on its summary run:",
+                  flush=True)
+            try:
+                code = max(code, reanalyze_folder(summary_dir(out, synced.study), out, args.tracking_uri, True))
+            except ConfigError as err:
+                code = cli.error(f"{synced.study}: the answer was not logged: {err}")
     return code
 
 

@@ -68,7 +68,7 @@ def test_a_planted_line_cannot_touch_another_studys_runs(store):
     plant(store, {"op": "tag", "run": victim, "key": "pwned", "value": "1"},
           {"op": "end", "run": victim, "status": "FAILED", "time": 1},
           {"op": "open", "id": "y", "experiment": "other", "overwrite": False, "tags": {"pwned": "1"}, "time": 1})
-    assert sync([str(store["out"]), "--name", "s"]) == 0
+    assert sync([str(store["out"]), "--name", "s"]) == 1  # refused lines are reported, not counted as pushed
     run = store["client"].get_run(victim)
     assert "pwned" not in run.data.tags and run.info.status == status != "FAILED"
     runs = store["client"].search_runs([store["client"].get_experiment_by_name("other").experiment_id])

@@ -188,3 +188,64 @@ def test_the_ray_token_is_made_private_but_a_link_there_is_not_followed(tmp_path
         protect_token_file()
     assert elsewhere.stat().st_mode & 0o777 == 0o644  # untouched
     assert any("is a symbolic link" in r.getMessage() for r in caplog.records)
+
+
+def _summary_run(out: Path):
+    client = MlflowClient(default_tracking_uri(out))
+    runs = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    (run,) = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
+    return client, run
+
+
+def test_a_planted_journal_cannot_forge_the_answer_or_its_note(tmp_path, capsys):
+    """Issue reproduction: journal lines setting the study's verdict tags, metrics and note were replayed by
+    ``sync`` ("4 operations pushed"); MLflow then showed a forged "supports the paper" and an unescaped note."""
+    out = _study(tmp_path)
+    assert answer([str(out), "-q"]) == 0
+    client, before = _summary_run(out)
+    rid = before.info.run_id
+    forged = [{"op": "open", "id": "offline-x", "experiment": STUDY, "overwrite": False, "tags": {}, "time": 1},
+              {"op": "tag", "run": rid, "key": "verdict", "value": "supports the paper"},
+              {"op": "tag", "run": "offline-x", "key": "verdict_0", "value": "supports the paper"},
+              {"op": "tag", "run": rid, "key": "mlflow.note.content",
+               "value": "<img src=x onerror=alert(1)> [click](javascript:alert(1))"},
+              {"op": "metrics", "run": rid, "metrics": [["verdict/std_difference_0/supports", 1.0, 0, 0]]},
+              {"op": "end", "run": rid, "status": "FINISHED", "time": 2}]
+    (out / "summary" / STUDY / JOURNAL_FILE).write_text("".join(json.dumps(r) + "\n" for r in forged))
+    capsys.readouterr()
+    assert sync([str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "4 not replayed" in printed and "2 operations pushed" in printed  # the open and the end
+    after = client.get_run(rid)
+    for key in ("verdict", "verdict_0", "mlflow.note.content"):
+        assert after.data.tags[key] == before.data.tags[key]
+    assert after.data.tags["verdict"] == "not resolved"
+    assert "<img" not in after.data.tags["mlflow.note.content"]
+    assert after.data.metrics.get("verdict/std_difference_0/supports") == 0.0
+
+
+def test_an_answer_that_missed_mlflow_is_recomputed_by_sync_never_replayed(tmp_path, capsys):
+    """MLflow down at the end of a study: the summary's answer is not journaled (only a marker), and ``sync``
+    logs it from the study's results, as ``answer`` would."""
+    from dcl_core.study.tracking import StudyTracker
+
+    out = _study(tmp_path)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens there: connection refused
+    d = out / "summary" / STUDY
+    (d / "table.txt").write_text("a table\n")
+    tracker = StudyTracker(f"http://127.0.0.1:{port}", STUDY, artifact_root=out / "mlartifacts", journal_dir=d,
+                           http_retries=0, http_timeout=2).open()
+    tracker.log_summary({"dcl/std": 1.5}, [d / "table.txt"], tags={"verdict": "supports the paper"})
+    ops = [json.loads(line)["op"] for line in (d / JOURNAL_FILE).read_text().splitlines()]
+    assert sorted(ops) == ["end", "open", "summarize"]  # no tag, metric or artifact of the answer
+    capsys.readouterr()
+    assert sync([str(out), "--tracking-uri", default_tracking_uri(out)]) == 0
+    assert "its answer, recomputed from its results" in capsys.readouterr().out
+    client, run = _summary_run(out)
+    assert run.data.tags["verdict"] == "not resolved"  # the results' answer, not the one in memory
+    assert "dcl/std" not in run.data.metrics or run.data.metrics["dcl/std"] != 1.5
+    assert "table.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert not (d / JOURNAL_FILE).exists()

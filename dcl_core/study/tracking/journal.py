@@ -38,7 +38,8 @@ _MAX_COPY = 1 << 30  # a temporary artifact larger than this is journaled by its
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag name (mlflow.utils.mlflow_tags.MLFLOW_PARENT_RUN_ID)
 
 
-_OPS = ("open", "trial_run", "metrics", "params", "tag", "dict", "artifact", "end")
+SUMMARIZE = "summarize"  # a marker: the study's answer did not reach MLflow, `sync` recomputes it from the results
+_OPS = ("open", "trial_run", "metrics", "params", "tag", "dict", "artifact", "end", SUMMARIZE)
 
 
 def _str_map(value: Any) -> bool:
@@ -66,6 +67,8 @@ def journal_problem(rec: Any, experiment: str, root: Path) -> str | None:
     if not isinstance(rec, dict) or rec.get("op") not in _OPS:
         return f"unknown operation {rec.get('op') if isinstance(rec, dict) else rec!r}"
     op = rec["op"]
+    if op == SUMMARIZE:
+        return None if rec.get("experiment") == experiment else f"another experiment ({rec.get('experiment')!r})"
     if op in ("open", "trial_run"):
         if rec.get("experiment") != experiment:
             return f"another experiment ({rec.get('experiment')!r})"

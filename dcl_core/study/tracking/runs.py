@@ -18,7 +18,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
-from dcl_core.study.tracking.journal import LOCAL_ID
+from dcl_core.study.tracking.journal import LOCAL_ID, SUMMARIZE
 from dcl_core.study.tracking.mlflow_view import runs_view, runs_view_query
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class StudyRuns:
     _client: MlflowClient | None
     _ids: dict[str, str]
     _mine: set[str]
+    _summary_ids: set[str]
+    summary_missed: bool
+    markers: int
     _env_added: list[str]
     http_timeout: int
 
@@ -72,6 +75,10 @@ class StudyRuns:
     def _apply(self, rec: dict[str, Any]) -> str | None:
         """One journal record against MLflow (live or replayed alike)."""
         op = rec["op"]
+        if op == SUMMARIZE:  # nothing for MLflow: whoever replays recomputes the answer (`sync`)
+            self.summary_missed = True
+            self.markers += 1
+            return None
         if op == "open":
             return self._apply_open(rec)
         if op == "trial_run":
@@ -107,6 +114,17 @@ class StudyRuns:
             raise transport.UnreplayableError(f"unknown operation {op!r}")
         return None
 
+    def is_summary_run(self, run: str) -> bool:
+        """Whether ``run`` (a real id) is the study's summary run: opened here, or tagged so in MLflow."""
+        if run in self._summary_ids:
+            return True
+        if run.startswith(LOCAL_ID) or run in self._mine:
+            return False
+        if self.client.get_run(run).data.tags.get(SUMMARY_TAG) == "true":
+            self._summary_ids.add(run)
+            return True
+        return False
+
     def _check_mine(self, run: str) -> None:
         """An operation may touch only runs of this study's experiment (a replayed line names any run id)."""
         if run in self._mine:
@@ -129,6 +147,7 @@ class StudyRuns:
                                             tags=rec["tags"]).info.run_id
         self._ids[rec["id"]] = run_id
         self._mine.add(run_id)
+        self._summary_ids.add(run_id)
         if self.parent_run_id in (None, rec["id"]):
             self.parent_run_id = run_id
         return run_id

@@ -70,7 +70,8 @@ def study_store(study_dir: Path, output_dir: Path, given: str | None) -> Store:
 
 @dataclass(frozen=True)
 class Synced:
-    """One study's journal replayed: its name, and either what was pushed and what is left, or why not."""
+    """One study's journal replayed: its name, what was pushed, refused and left, and whether its answer must be
+    recomputed (``summarize``: the study's summary never reached MLflow); or why nothing was replayed."""
 
     study: str
     pushed: int = 0
@@ -78,11 +79,20 @@ class Synced:
     uri: str = ""
     last_error: str | None = None
     refused: str | None = None  # a bad folder or store: nothing was replayed
+    dropped: int = 0  # operations MLflow refused (gone for good)
+    not_replayed: int = 0  # lines writing the summary run's answer: never replayed
+    summarize: bool = False
 
     def line(self) -> str:
-        """The result as one line: operations pushed, left, and the last error."""
-        return (f"{self.study}: {self.pushed} operations pushed to {redact_uri(self.uri)}, {self.left} left"
-                + (f" ({self.last_error})" if self.left and self.last_error else ""))
+        """The result as one line: operations pushed, refused, not replayed, left, and the last error."""
+        parts = [f"{self.pushed} operations pushed to {redact_uri(self.uri)}"]
+        if self.dropped:
+            parts.append(f"{self.dropped} refused by MLflow (see the warning above)")
+        if self.not_replayed:
+            parts.append(f"{self.not_replayed} not replayed (lines writing a summary run's answer, which only "
+                         "the study's results give: `python -m dcl_core.study answer` logs it)")
+        parts.append(f"{self.left} left" + (f" ({self.last_error})" if self.left and self.last_error else ""))
+        return f"{self.study}: " + ", ".join(parts)
 
 
 def journals(output_dir: Path, name: str | None) -> list[Path]:
@@ -111,5 +121,7 @@ def sync_journals(output_dir: Path, found: list[Path], tracking_uri: str | None)
             yield Synced(experiment, refused=str(err))
             continue
         tracker = StudyTracker(uri, experiment, artifact_root=output_dir / "mlartifacts", journal_dir=study_dir)
-        pushed = tracker.sync()
-        yield Synced(experiment, pushed, tracker.pending(), uri, tracker.last_error)
+        done = tracker.sync()
+        pushed = done - tracker.dropped - tracker.replay_refused - tracker.markers
+        yield Synced(experiment, pushed, tracker.pending(), uri, tracker.last_error, dropped=tracker.dropped,
+                     not_replayed=tracker.replay_refused, summarize=tracker.summary_missed)

@@ -22,7 +22,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from dcl_core.study.analysis.colours import SUMMARY_COLOUR
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
-from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, Journal
+from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, SUMMARIZE, Journal
 from dcl_core.study.tracking.mlflow_view import RUN_COLOR_TAG
 from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
 
@@ -134,7 +134,12 @@ class StudyTracker(StudyRuns):
         self._outage = False  # warned about the current outage
         self._warned_refused: set[str] = set()
         self._mine: set[str] = set()  # run ids known to be in this study's experiment
+        self._summary_ids: set[str] = set()  # run ids of the study's summary run
         self._env_added: list[str] = []  # the MLflow env vars _short_http set (not the user's)
+        self._unjournaled = False  # within log_summary's answer: what MLflow does not take now is not journaled
+        self.summary_missed = False  # the answer did not reach MLflow (log_summary; a replayed SUMMARIZE marker)
+        self.replay_refused = 0  # journal lines a replay refused to apply (the summary run's content)
+        self.markers = 0  # SUMMARIZE markers replayed (nothing for MLflow)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_offline_until": 0.0, "_outage": False, "_env_added": []}
@@ -235,19 +240,34 @@ class StudyTracker(StudyRuns):
             self.open()
         rid = self.parent_run_id
         assert rid is not None
-        self.log_params(rid, params or {})
-        for key, value in (tags or {}).items():
-            self.set_tag(rid, key, value)
-        plot = next((p.name for p in artifacts if p.name == f"{self.experiment}.png"), None)
-        note = summary_note(verdict_lines(tags or {}), (tags or {}).get("verdict", ""), plot, self._real(rid))
-        if note:
-            self.set_tag(rid, NOTE_TAG, note)
-        self.log_metrics(rid, metrics)
-        for path in artifacts:
-            self.log_artifact(rid, path)
+
+        def content() -> None:  # the answer: applied now, never journaled (a journal line could be forged)
+            self._unjournaled = True
+            try:
+                self.log_params(rid, params or {})
+                for key, value in (tags or {}).items():
+                    self.set_tag(rid, key, value)
+                plot = next((p.name for p in artifacts if p.name == f"{self.experiment}.png"), None)
+                note = summary_note(verdict_lines(tags or {}), (tags or {}).get("verdict", ""), plot,
+                                    self._real(rid))
+                if note:
+                    self.set_tag(rid, NOTE_TAG, note)
+                self.log_metrics(rid, metrics)
+                for path in artifacts:
+                    self.log_artifact(rid, path)
+            finally:
+                self._unjournaled = False
+
+        self.summary_missed = False
+        content()
         self.end_run(rid)
         if self.pending():
             self.sync()
+        if self.summary_missed and not self.pending() and time.monotonic() >= self._offline_until:
+            self.summary_missed = False  # MLflow is back: the answer is logged now
+            content()
+        if self.summary_missed:  # a marker only: `sync` recomputes the answer from the study's results
+            self._append({"op": SUMMARIZE, "experiment": self.experiment})
         message = self.pending_message()
         if message:
             log.warning("%s", message)
@@ -275,7 +295,7 @@ class StudyTracker(StudyRuns):
 
     def pending_runs(self) -> int:
         """How many runs the journaled operations touch."""
-        return len({rec.get("run") or rec.get("id") for rec in self._pending_ops()})
+        return len({rec.get("run") or rec.get("id") for rec in self._pending_ops()} - {None})
 
     def pending_message(self) -> str | None:
         """One line for the end of a study: what is still to be pushed to MLflow and how, else None."""
@@ -284,8 +304,10 @@ class StudyTracker(StudyRuns):
             out = self.journal_dir.parent.parent if self.journal_dir.parent.name == "summary" else None
             command = (f"`python -m dcl_core.study sync {out} --name {self.journal_dir.name}`" if out else
                        f"StudyTracker(..., journal_dir={str(self.journal_dir)!r}).sync()")
+            answer = ("; it also logs the study's answer, recomputed from its results (an answer is never journaled)"
+                      if any(r["op"] == SUMMARIZE for r in self._pending_ops()) else "")
             return (f"MLflow was unreachable: {n} operations for {self.pending_runs()} runs are in {self.journal}; "
-                    f"{command} (or the study's --resume) pushes them")
+                    f"{command} (or the study's --resume) pushes them{answer}")
         if self.dropped:
             return f"MLflow: {self.dropped} tracking operations were not logged (see the warnings above)"
         return None
@@ -333,7 +355,10 @@ class StudyTracker(StudyRuns):
             try:
                 for rec in records:
                     try:
-                        self._apply(rec)
+                        if (why := self._replay_problem(rec)) is not None:
+                            self._refuse_replay(rec, why)
+                        else:
+                            self._apply(rec)
                     except Exception as exc:
                         if not transport.is_refused(exc):
                             error = exc
@@ -345,7 +370,26 @@ class StudyTracker(StudyRuns):
                 journal.rewrite(records[done:], self._ids, self._real)
         return done, error
 
+    def _replay_problem(self, rec: dict[str, Any]) -> str | None:
+        """Why a journal line must not be replayed, else None. A tracker never journals the summary run's answer
+        (its verdict tags, description, metrics, params, tables and plots: :meth:`log_summary`), so such a line
+        was planted by whoever could write the folder: `sync` recomputes the answer from the study's results."""
+        if rec["op"] not in ("tag", "metrics", "params", "dict", "artifact"):
+            return None
+        if self.is_summary_run(self._real(rec["run"])):
+            return ("a line writing a summary run's answer (never journaled: `python -m dcl_core.study answer` "
+                    "logs it from the study's results)")
+        return None
+
+    def _refuse_replay(self, rec: dict[str, Any], why: str) -> None:
+        self.replay_refused += 1
+        if self.replay_refused == 1:
+            log.warning("not replaying %s of %s: %s", rec["op"], self.journal, why)
+
     def _append(self, rec: dict[str, Any], temporary: bool = False) -> None:
+        if self._unjournaled:  # the summary's answer: recomputed by `sync`, never replayed from the journal
+            self.summary_missed = True
+            return
         journal = self._journal()
         if journal is None:
             self.dropped += 1
