@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable, Iterator
@@ -18,10 +19,39 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, RunFailedError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# How a full disk reads when the OSError is not at hand: pyarrow's and SQLite's own messages
+_FULL_TEXT = re.compile(r"\[errno (28|122|27)\]|No space left on device|Disk quota exceeded|database or disk is full",
+                        re.IGNORECASE)
+
+
+class DiskFullError(RunFailedError):
+    """A write failed because the disk (or the quota) is full: exit code 1 and one line saying so."""
+
+
+def no_space(err: BaseException | str | None) -> bool:
+    """Whether ``err`` (or an exception it was raised from, or its text) is a full disk or quota."""
+    seen: set[int] = set()
+    while isinstance(err, BaseException) and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL:
+            return True
+        if _FULL_TEXT.search(str(err)):
+            return True
+        err = err.__cause__ or err.__context__
+    return isinstance(err, str) and bool(_FULL_TEXT.search(err))
+
+
+def disk_full(where: Path | str, resume: bool = False) -> DiskFullError:
+    """The one line for a full disk under ``where``; ``resume``: a study that stopped and can go on."""
+    then = ", then run the same command with --resume (finished trials are kept)" if resume else ""
+    return DiskFullError(f"no space left on the device holding {where}: free some space{then}")
 
 
 class UnsafePathError(ConfigError):

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 from dcl_core import cli
 from dcl_core.cli import setup_logging
-from dcl_core.config import ConfigError, InputError, apply_overrides, parse_overrides, preset
+from dcl_core.config import ConfigError, InputError, RunFailedError, apply_overrides, parse_overrides, preset
+from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
 from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.execution import rounds
@@ -277,6 +278,13 @@ def run_request(script: Script, request: StudyRequest) -> int:
             return cli.error(err, cli.EXIT_BAD_INPUT)
         except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
             return _interrupted(request, err, terminated=bool(terminated))
+        except RunFailedError as err:  # a full disk (DiskFullError): one line, exit 1
+            return cli.error(err, cli.EXIT_FAILED)
+        except Exception as err:
+            if not no_space(err):
+                raise
+            where = request.options.output_dir.expanduser().resolve()
+            return cli.error(disk_full(where, resume=not request.reanalyze), cli.EXIT_FAILED)
     if outcome is None:  # a dry run or a re-analysis: printed already
         return 0
     from dcl_core.study.execution.results import summary_lines  # imported with the study already
@@ -538,6 +546,10 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
             code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
         except ConfigError as err:
             code = cli.error(f"{d.name}: {err}")
+        except Exception as err:  # a full disk: one line, and the other studies are still tried
+            if not no_space(err):
+                raise
+            code = max(code, cli.error(f"{d.name}: {disk_full(output_dir)}", cli.EXIT_FAILED))
     return code
 
 

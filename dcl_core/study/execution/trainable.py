@@ -16,7 +16,7 @@ from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
-from dcl_core.files import open_append
+from dcl_core.files import no_space, open_append
 from dcl_core.study import tracking
 from dcl_core.study.analysis.rows import error_text
 from dcl_core.study.execution.ray_env import setup_worker
@@ -82,9 +82,13 @@ def _train_or_restart(cfg: Config, callbacks: list[Any], resume: bool) -> None:
 
 def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -> None:
     """Re-raise (Tune retries the trial from its checkpoint, up to --max-failures), unless this trial already
-    failed the same way once: then a retry would only repeat it (bad data, bad config), so the trial ends as
-    failed, with the cause in plain text."""
+    failed the same way once, or the disk is full: then a retry would only repeat it (bad data, bad config, no
+    space), so the trial ends as failed, with the cause in plain text."""
     cause = error_text(err)
+    if no_space(err):  # a retry would fail the same way; the driver stops the study (tune_state.DiskFullStop)
+        log.error("trial failed: %s", cause)
+        tracking.report_failed(metrics, cause)
+        return
     log_file = trial_dir / FAILURES_FILE
     seen = log_file.read_text().splitlines() if log_file.exists() else []
     with open_append(log_file) as f:

@@ -28,9 +28,10 @@ from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metric_names as M
 from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
-from dcl_core.study.execution import console, ray_env
+from dcl_core.study.execution import console, ray_env, tune_state
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
@@ -159,6 +160,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if options.verbosity < console.VERBOSE:
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
+            tune_state.quiet_tune_restore_advice()
         if not local:
             _warn_if_cluster_too_small(options.resources, ray.cluster_resources())
         if options.workers > 1 and options.max_concurrent is None:
@@ -174,9 +176,12 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
         rows: list[Row] = []
         progress = {"total": sum(_trials_of(spec, e) for e in exps), "done": 0, "started": time.time()}
+        tune_state.DISK_FULL.clear()
         for experiment in exps:
             results = _run_tune_experiment(spec, experiment, options, tracker, progress)
             progress["done"] += _trials_of(spec, experiment)
+            if tune_state.DISK_FULL.is_set():  # stopped as Ctrl-C stops it: every other trial would fail too
+                raise disk_full(options.output_dir, resume=True)
             _raise_if_interrupted(storage_join(storage, experiment.name))
             rows.extend(tune_rows(results))
         return summarize(spec, rows, options.output_dir, tracker)
@@ -193,6 +198,10 @@ def _check_restorable(exp_uris: list[str]) -> None:
         try:
             trials = tune.ExperimentAnalysis(uri).trials
         except Exception as err:  # whatever Tune's reader raises on a truncated or foreign file
+            local = Path(uri) if "://" not in uri else None
+            if local is not None and tune_state.restore_backup(local):  # its save cut short by a full disk
+                _check_restorable([uri])
+                continue
             raise ConfigError(damaged.format(str(err).strip().splitlines()[0][:120] if str(err).strip()
                                              else type(err).__name__)) from None
         for t in trials:
@@ -365,7 +374,8 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
             name=experiment.name, storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            callbacks=[callback, console_line], verbose=2 if options.verbosity >= console.VERBOSE else 0,
+            callbacks=[callback, console_line, tune_state.StateBackup(), tune_state.DiskFullStop()],
+            verbose=2 if options.verbosity >= console.VERBOSE else 0,
         ),
     )
     with _tune_output(verbose=options.verbosity >= console.VERBOSE):

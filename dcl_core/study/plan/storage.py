@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
-from dcl_core.files import open_fd, write_text
+from dcl_core.files import disk_full, no_space, open_fd, write_text
 
 T = TypeVar("T")
 
@@ -157,8 +157,14 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
     path = output_dir / f".{study}.lock"
     new_dir = not output_dir.exists()
     new_lock = not path.exists() and not path.is_symlink()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = open_fd(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as err:
+        if no_space(err):
+            _remove_new(path if new_lock else None, output_dir if new_dir else None)
+            raise disk_full(output_dir) from None
+        raise
     refused = False
     try:
         os.fchmod(fd, 0o600)  # a lock file an older version left readable by all
@@ -170,8 +176,14 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
                               "use another --name or --output-dir") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "command": " ".join(redact_args(sys.argv))[:300]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError as err:
+            if not no_space(err):
+                raise
+            refused = True  # nothing began: leave the folder as it was found
+            raise disk_full(output_dir) from None
         try:
             yield path
         except ConfigError:
@@ -185,6 +197,15 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
         if refused and new_dir:
             with contextlib.suppress(OSError):
                 output_dir.rmdir()  # only if empty
+
+
+def _remove_new(lock: Path | None, folder: Path | None) -> None:
+    """Remove a lock file and an (empty) output folder that a refused start created."""
+    with contextlib.suppress(OSError):
+        if lock is not None:
+            lock.unlink()
+        if folder is not None:
+            folder.rmdir()  # only if empty
 
 
 def default_tracking_uri(output_dir: Path) -> str:

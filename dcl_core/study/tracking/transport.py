@@ -49,6 +49,11 @@ def reason(exc: BaseException) -> str:
     return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]*@", r"\1***@", line)[:300]
 
 
+def _quiet_db_errors(record: logging.LogRecord) -> bool:
+    """False for MLflow's own traceback of a failed SQL statement (the tracker journals and warns instead)."""
+    return "SQLAlchemy database error" not in record.getMessage()
+
+
 @contextlib.contextmanager
 def short_http(retries: int, timeout: int) -> Iterator[list[str]]:
     """MLflow's HTTP client reads these on every request: ``retries`` retries and a ``timeout`` in seconds for
@@ -62,10 +67,13 @@ def short_http(retries: int, timeout: int) -> Iterator[list[str]]:
     os.environ.update({k: wanted[k] for k in added})
     urllib3_log = logging.getLogger("urllib3.connectionpool")
     urllib3_log.addFilter(_quiet_retries)  # one warning per outage is the tracker's; no "Retrying ..." per call
+    db_log = logging.getLogger("mlflow.store.db.utils")
+    db_log.addFilter(_quiet_db_errors)  # a full disk or a locked SQLite file: the tracker's one warning says it
     try:
         yield added
     finally:
         urllib3_log.removeFilter(_quiet_retries)
+        db_log.removeFilter(_quiet_db_errors)
         for k in added:
             os.environ.pop(k, None)
 

@@ -1,0 +1,179 @@
+"""A full disk loses nothing: the first trial that fails for lack of space stops the study as Ctrl-C does, and a
+copy of Tune's last readable state lets ``--resume`` continue after Tune's own save was cut short.
+
+Tune saves an experiment's state (``experiment_state-*.json``, its searcher's ``*-state-*.json``, ``tuner.pkl``)
+by copying its driver's files to the study's storage; on a full disk the copy is cut short, and Tune can no longer
+restore the experiment. :class:`StateBackup` keeps a copy of the last state that reads back
+(``<experiment>/.dcl_state_backup/``), taken as trials start and finish; :func:`restore_backup` puts it back when
+the state is damaged. A trial finished after the copy is resumed from its last checkpoint (its final epoch's): it
+reports its result again, nothing retrains. Local storage only (a ``s3://`` store is not copied).
+
+:class:`DiskFullStop` sees each trial's end: at the first one that failed for a full disk every other trial would
+fail the same way, so it ends the experiment the way Ctrl-C does (a SIGINT to the driver, Tune's documented
+graceful stop: its state is saved, unfinished trials stay unfinished for ``--resume``), and the study then says in
+one line that the disk is full (:data:`DISK_FULL`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from dcl_core import metric_names as M
+from dcl_core.files import is_regular_file, no_space, write_with
+
+log = logging.getLogger(__name__)
+
+BACKUP_DIR = ".dcl_state_backup"
+DISK_FULL = threading.Event()  # set by DiskFullStop in the driver (a restored experiment's callbacks are copies)
+
+
+def _state_files(exp_dir: Path) -> list[Path]:
+    """Tune's state files of an experiment folder (regular files only)."""
+    names = [*exp_dir.glob("experiment_state-*.json"), *exp_dir.glob("*-state-*.json"), exp_dir / "tuner.pkl"]
+    return sorted({p for p in names if is_regular_file(p)})
+
+
+def readable_state(files: list[Path]) -> bool:
+    """Whether Tune's state files read back: every ``experiment_state-*.json`` parses with its trials, every
+    other state file is non-empty (a searcher's state and the tuner are pickles, which are not loaded here)."""
+    states = [p for p in files if p.name.startswith("experiment_state-")]
+    if not states:
+        return False
+    for p in files:
+        try:
+            if p in states:
+                if not isinstance(json.loads(p.read_text()).get("trial_data"), list):
+                    return False
+            elif p.stat().st_size == 0:
+                return False
+        except (OSError, ValueError, AttributeError):
+            return False
+    return True
+
+
+def _local_dir(path: Any) -> Path | None:
+    """A trial's experiment folder when the study's storage is a local folder, else None."""
+    storage = getattr(path, "storage", None)
+    fs_path = getattr(storage, "experiment_fs_path", None)
+    filesystem = getattr(storage, "storage_filesystem", None)
+    if fs_path is None or getattr(filesystem, "type_name", "local") != "local":
+        return None
+    return Path(fs_path)
+
+
+def _write_all(f: Any, data: bytes) -> None:
+    f.write(data)
+
+
+def backup(exp_dir: Path) -> bool:
+    """Copy the experiment's state into ``<exp_dir>/.dcl_state_backup/`` if it reads back (atomically, file by
+    file; a failed copy, e.g. on a full disk, leaves the previous one). Returns whether it was copied."""
+    files = _state_files(exp_dir)
+    if not readable_state(files):
+        return False
+    target = exp_dir / BACKUP_DIR
+    try:
+        staged = [(p, p.read_bytes()) for p in files]
+        for p, data in staged:
+            write_with(target / p.name, functools.partial(_write_all, data=data))
+        keep = {p.name for p in files}
+        for old in target.iterdir():
+            if old.name not in keep and is_regular_file(old):
+                old.unlink()
+    except OSError as err:
+        log.debug("no copy of Tune's state in %s: %s", target, err)
+        return False
+    return True
+
+
+def restore_backup(exp_dir: Path) -> bool:
+    """Put the last copy of Tune's state back in place of a damaged one; returns whether there was one."""
+    saved = exp_dir / BACKUP_DIR
+    files = _state_files(saved) if saved.is_dir() and not saved.is_symlink() else []
+    if not readable_state(files):
+        return False
+    for damaged in _state_files(exp_dir):
+        damaged.unlink()
+    for p in files:
+        shutil.copyfile(p, exp_dir / p.name)
+    log.warning("Tune's saved state in %s was damaged (a full disk cuts its save short): put back its last "
+                "readable copy; trials finished since resume from their last checkpoint", exp_dir)
+    return True
+
+
+def _not_for_this_study(record: logging.LogRecord) -> bool:
+    """False for Tune's lines that a study says better itself (a logging filter)."""
+    message = record.getMessage()
+    if "Tuner.restore(" in message or "Experiment has been interrupted" in message:
+        return False  # the study prints its own resume line (the same command with --resume)
+    return not (DISK_FULL.is_set() and record.levelno >= logging.ERROR and "Saving experiment state" in message)
+
+
+def quiet_tune_restore_advice() -> None:
+    """Without ``-v``: no ``Tuner.restore(path=...)`` advice (a study resumes with ``--resume``), no list of the
+    unfinished trials' missing results (each ``--resume`` or interrupt read of an unfinished experiment printed
+    one line per trial), no traceback of Tune's last save on a full disk (the study says so in one line)."""
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller"):
+        logger = logging.getLogger(name)
+        if _not_for_this_study not in logger.filters:
+            logger.addFilter(_not_for_this_study)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+
+
+class StateBackup(tune.Callback):
+    """Copies an experiment's Tune state (:func:`backup`) as trials start and finish: at the first chance, then at
+    most every ``every`` seconds (a large study's state is megabytes) and at every trial's end."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self._last: dict[Path, float] = {}
+
+    def _backup(self, trial: Any, force: bool) -> None:
+        exp_dir = _local_dir(trial)
+        if exp_dir is None:
+            return
+        now = time.monotonic()
+        if exp_dir in self._last and not force and now - self._last[exp_dir] < self.every:
+            return
+        if backup(exp_dir):
+            self._last[exp_dir] = now
+
+    def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Tune's hook: a trial started (the first copy comes before any trial can fill the disk)."""
+        self._backup(trial, force=False)
+
+    def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Tune's hook: a trial finished."""
+        self._backup(trial, force=True)
+
+
+class DiskFullStop(tune.Callback):
+    """Ends the experiment as Ctrl-C does at the first trial that failed for a full disk (:data:`DISK_FULL`)."""
+
+    def _check(self, cause: object) -> None:
+        if DISK_FULL.is_set() or not no_space(cause if isinstance(cause, BaseException) else str(cause)):
+            return
+        DISK_FULL.set()
+        log.error("a trial failed: no space left on its device; stopping the study (finished trials are kept)")
+        os.kill(os.getpid(), signal.SIGINT)  # Tune's graceful stop: its state saved, unfinished trials kept
+
+    def on_trial_result(self, iteration: int, trials: list[Any], trial: Any, result: dict[str, Any],
+                        **info: Any) -> None:
+        """Tune's hook: a trial reported (a trial that gave up reports ``failed`` with its cause)."""
+        if result.get(M.FAILED):
+            self._check(result.get(M.ERROR, ""))
+
+    def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Tune's hook: a trial raised."""
+        self._check(trial.get_error() or "")
