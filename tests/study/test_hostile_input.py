@@ -3,6 +3,7 @@ before Ray starts, and nothing outside the study's own folders is touched. Real 
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -406,9 +407,20 @@ def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path)
     out = tmp_path / "o"
     proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "2")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (state,) = sorted((out / "ray_results" / "temperature_sweep").glob("experiment_state-*.json"))
+    exp_dir = out / "ray_results" / "temperature_sweep"
+    (state,) = sorted(exp_dir.glob("experiment_state-*.json"))
     text = state.read_text()
+    results = {p: p.read_bytes() for p in exp_dir.glob("*/result.json")}
     state.write_text(text[: len(text) // 2])
+    # The study kept a copy of Tune's last readable state (a full disk cuts Tune's save short): put back, resumed,
+    # nothing retrained.
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "2", "--resume")
+    assert proc.returncode == 0 and "put back its last readable copy" in proc.stderr, proc.stderr[-3000:]
+    assert {p: p.read_bytes() for p in exp_dir.glob("*/result.json")} == results
+    # Without that copy: one line, exit 2.
+    for state in exp_dir.glob("experiment_state-*.json"):  # the resume wrote its own state beside the first
+        state.write_text(state.read_text()[:1000])
+    shutil.rmtree(exp_dir / ".dcl_state_backup")
     started = time.monotonic()
     proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "2", "--resume")
     assert proc.returncode == 2, proc.stderr[-3000:]
