@@ -35,7 +35,7 @@ from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
-from dcl_core.study.plan.record import recorded_command, recorded_seeds
+from dcl_core.study.plan.record import recorded_command, recorded_round_seeds
 from dcl_core.study.plan.spec import (
     PROGRESS,
     QUIET,
@@ -84,6 +84,58 @@ class SpecArgs:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {"script": script, **values, "set": list(self.set),
                 "design": None if self.design is None else dict(self.design)}
+
+
+def spec_args_from_record(recorded: Mapping[str, Any], base: SpecArgs, where: str) -> SpecArgs:
+    """``base`` with the values a study recorded (its ``study_options.json``'s ``command``), each checked with the
+    command line's own types and bounds (a folder someone else wrote is input like a command line): ConfigError
+    naming the first bad value, before anything runs."""
+
+    def bad(key: str, why: str) -> ConfigError:
+        return ConfigError(f"{where}'s command.{key} {why}: the file is damaged or not a study's; --overwrite "
+                           "starts the study afresh")
+
+    def integer(key: str, low: int, high: int) -> int | None:
+        value = recorded.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise bad(key, f"must be a whole number in [{low}, {high}], got {str(value)[:40]!r}")
+        return value
+
+    def text(key: str, limit: int) -> str | None:
+        value = recorded.get(key)
+        if value is not None and (not isinstance(value, str) or len(value) > limit):
+            raise bad(key, f"must be text of at most {limit} characters")
+        return value
+
+    given: dict[str, Any] = {}
+    for key in ("preset", "search"):
+        if (value := text(key, 40)) is not None:
+            given[key] = value
+    if "search" in given and given["search"] not in ("grid", "optuna"):
+        raise bad("search", f"must be grid or optuna, got {given['search']!r}")
+    for key, high in (("num_samples", 10_000), ("seeds", MAX_SEEDS)):
+        if key in recorded:
+            given[key] = integer(key, 1, high)
+    if "asha" in recorded:
+        if not isinstance(recorded["asha"], bool):
+            raise bad("asha", "must be true or false")
+        given["asha"] = recorded["asha"]
+    for key in ("losses", "data_root", "name"):
+        if key in recorded:
+            given[key] = text(key, 4096)
+    if given.get("name") is None:
+        given.pop("name", None)
+    if "set" in recorded:
+        values = recorded["set"] or []
+        if not isinstance(values, list) or not all(isinstance(v, str) and len(v) <= 4096 for v in values):
+            raise bad("set", "must be a list of KEY=VALUE texts")
+        given["set"] = tuple(values)
+    if "design" in recorded:
+        rounds.from_record(recorded["design"])  # its own bounds: ConfigError
+        given["design"] = recorded["design"]
+    return replace(base, **given)
 
 
 class SpecBuilder(Protocol):
@@ -301,8 +353,15 @@ def _continued(request: StudyRequest) -> StudyRequest:
     a, o = request.spec_args, request.options
     if not (o.resume or request.reanalyze):
         return request
-    recorded = recorded_command(o.output_dir.expanduser().resolve(), a.name)
-    has = recorded_seeds(recorded)
+    out = o.output_dir.expanduser().resolve()
+    recorded = recorded_command(out, a.name)
+    where = str(summary_dir(out, a.name) / OPTIONS_FILE)
+    checked = spec_args_from_record({k: recorded[k] for k in ("seeds", "design") if k in recorded}, SpecArgs(), where)
+    has = checked.seeds
+    ran = recorded_round_seeds(out, a.name)
+    if has is not None and ran is not None and has != ran:
+        raise ConfigError(f"{where}'s command.seeds ({has}) disagrees with the {ran} seed(s) per cell its trials "
+                          "were started with (seed_rounds): the file is damaged; --overwrite starts the study afresh")
     # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
     more = request.until_resolved and has is not None and a.seeds is not None and has > a.seeds
     seeds = has if a.seeds is None or more else a.seeds
@@ -465,10 +524,9 @@ def reanalyze_recorded(script: Script, recorded: Mapping[str, Any], output_dir: 
                        quiet: bool) -> int:
     """Re-analyse a study from the options its outputs recorded (``study_options.json``'s ``command``)."""
     ns = build_parser(script.doc, script.name, script.presets).parse_args([])
-    given = {k: recorded[k] for k in (f.name for f in dataclasses.fields(SpecArgs)) if k in recorded}
-    if "set" in given:
-        given["set"] = tuple(given["set"] or ())
-    args = replace(spec_args_of(ns), **given)
+    args = spec_args_from_record(recorded, spec_args_of(ns), f"{output_dir}/summary/{script.name}/{OPTIONS_FILE}")
+    if args.preset not in script.presets:
+        raise ConfigError(f"the recorded preset {args.preset[:40]!r} is not one of {', '.join(script.presets)}")
     options = StudyOptions(output_dir=output_dir, tracking_uri=tracking_uri, asha=args.asha,
                            verbosity=QUIET if quiet else PROGRESS)
     return run_request(script, StudyRequest(args, options, reanalyze=True))

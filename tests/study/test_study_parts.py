@@ -19,7 +19,6 @@ from dcl_core.study.plan.record import (
     check_same_study,
     read_options,
     recorded_rounds,
-    recorded_seeds,
     span,
     spec_fingerprint,
 )
@@ -53,9 +52,6 @@ def test_recorded_rounds_seeds_and_spans():
     assert recorded_rounds({}, [0, 1, 2]) == [[0, 1, 2]]  # a study recorded before rounds existed: one round
     assert recorded_rounds({"seed_rounds": [[0], []]}, [0, 1]) == [[0, 1]]  # not what a study writes: ignored
     assert (span([3, 4, 5]), span([7])) == ("3-5", "7")
-    assert recorded_seeds({"seeds": 4}) == 4
-    assert recorded_seeds({"seeds": True}) is None and recorded_seeds({"seeds": 0}) is None
-    assert recorded_seeds({}) is None
 
 
 @pytest.mark.parametrize(("content", "why"), [("{not json", "not JSON"), ('{"spec": []}', "not the options"),

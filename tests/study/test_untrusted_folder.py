@@ -249,3 +249,39 @@ def test_an_answer_that_missed_mlflow_is_recomputed_by_sync_never_replayed(tmp_p
     assert "dcl/std" not in run.data.metrics or run.data.metrics["dcl/std"] != 1.5
     assert "table.txt" in {a.path for a in client.list_artifacts(run.info.run_id)}
     assert not (d / JOURNAL_FILE).exists()
+
+
+def _with_options(out: Path, **changes) -> None:
+    path = out / "summary" / STUDY / "study_options.json"
+    options = json.loads(path.read_text())
+    for key, value in changes.items():
+        if key == "command":
+            options["command"].update(value)
+        else:
+            options[key] = value
+    path.write_text(json.dumps(options))
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"command": {"design": {"first": 2, "max_seeds": 100_000, "step": 1}}}, "recorded sequential design"),
+    ({"command": {"design": {"first": 2.5, "max_seeds": 5, "step": 1}}}, "recorded sequential design"),
+    ({"command": {"seeds": "x"}}, "command.seeds must be a whole number"),
+    ({"command": {"seeds": 0.5}}, "command.seeds must be a whole number"),
+    ({"command": {"seeds": 40}, "seed_rounds": [[0, 1]]}, "disagrees with the 2 seed(s) per cell"),
+    ({"command": {"set": "optim.epochs=1"}}, "command.set must be a list"),
+    ({"command": {"preset": "huge"}}, "recorded preset 'huge' is not one of"),
+    ({"tracking_uri": 123}, None),  # not a string: nothing recorded, the folder's own store
+])
+def test_every_recorded_value_is_checked_like_the_command_line(tmp_path, capsys, changes, message):
+    """Issue reproduction: a recorded design with max_seeds 100000 had ``answer`` OOM-killed; ``command.seeds: 40``
+    with 2 recorded seeds planned 160 trials; ``command.seeds: "x"`` and ``design.first: 2.5`` gave tracebacks."""
+    out = _study(tmp_path)
+    _with_options(out, **changes)
+    code = answer([str(out), "-q"])
+    err = capsys.readouterr().err
+    if message is None:
+        assert code == 0, err
+        return
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert message in line, line

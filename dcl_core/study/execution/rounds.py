@@ -61,10 +61,18 @@ def from_record(value: Any) -> Sequential | None:
     """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one."""
     if value is None:
         return None
+    shown = str(value)[:120]
+    ok = (isinstance(value, dict) and set(value) <= {"first", "max_seeds", "step"}
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values())
+          and value.get("max_seeds", 0) <= MAX_SEEDS_PLANNED)
+    if not ok:  # what the command line allows (its bounds), or the design's simulation could take all memory
+        raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds and step "
+                          f"must be whole numbers, max_seeds at most {MAX_SEEDS_PLANNED}); --overwrite starts the "
+                          "study afresh")
     try:
         return Sequential(**value)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"the study's recorded sequential design {value!r} is damaged ({err}); --overwrite "
+        raise ConfigError(f"the study's recorded sequential design {shown} is damaged ({err}); --overwrite "
                           "starts the study afresh") from None
 
 

@@ -118,7 +118,15 @@ def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
     return command if isinstance(command, dict) else {}
 
 
-def recorded_seeds(command: dict[str, Any]) -> int | None:
-    """The ``--seeds`` of a recorded command (:func:`recorded_command`), None when it holds none."""
-    seeds = command.get("seeds")
-    return seeds if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds > 0 else None
+def recorded_round_seeds(output_dir: Path, study: str) -> int | None:
+    """How many seeds per cell the study's trials were started with (its recorded ``seed_rounds``), None when
+    nothing readable is recorded."""
+    path = summary_dir(output_dir, study) / OPTIONS_FILE
+    try:
+        rounds = read_options(path).get("seed_rounds") if path.is_file() else None
+    except ConfigError:
+        return None
+    if not (isinstance(rounds, list) and all(isinstance(r, list) and all(isinstance(x, int) for x in r)
+                                             for r in rounds)):
+        return None
+    return len({x for r in rounds for x in r}) or None
