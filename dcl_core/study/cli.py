@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 import os
 import re
 import shlex
@@ -604,10 +605,13 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
             code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
         except ConfigError as err:
             code = cli.error(f"{d.name}: {err}")
-        except Exception as err:  # a full disk: one line, and the other studies are still tried
-            if not no_space(err):
-                raise
-            code = max(code, cli.error(f"{d.name}: {disk_full(output_dir)}", cli.EXIT_FAILED))
+        except Exception as err:  # one line, and the other studies are still re-analysed
+            if no_space(err):
+                code = max(code, cli.error(f"{d.name}: {disk_full(output_dir)}", cli.EXIT_FAILED))
+                continue
+            logging.getLogger(__name__).debug("re-analysis of %s failed", d.name, exc_info=True)
+            code = cli.error(f"{d.name}: could not be re-analysed ({type(err).__name__}: "
+                             f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else 'no message'})")
     return code
 
 

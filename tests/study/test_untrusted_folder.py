@@ -285,3 +285,59 @@ def test_every_recorded_value_is_checked_like_the_command_line(tmp_path, capsys,
     assert code == 2 and "Traceback" not in err, err
     (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
     assert message in line, line
+
+
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("knn_top1", float("nan"), "knn_top1 of a finished trial must be an accuracy in [0, 100] %"),
+    ("knn_top1", float("inf"), "knn_top1 must be a finite number or empty"),
+    ("knn_top1", 1e302, "knn_top1 of a finished trial must be an accuracy"),
+    ("q_mean", float("-inf"), "q_mean must be a finite number or empty"),
+    ("temperature", "hot", "temperature must be a finite number or empty"),
+    ("loss", "$\\foo{$", "loss must be a name of at most 80"),
+    ("loss", "x" * 2_000_000, "loss must be a name of at most 80"),
+    ("seed", 0.5, "seed must be a whole number"),
+    ("knn_top1", None, "has no column 'knn_top1'"),  # None here: the column removed
+])
+def test_results_rows_are_checked_before_anything_is_computed(tmp_path, capsys, column, value, message):
+    """Issue reproduction: NaN/inf/text kNN, a text in the swept column, a missing column and a loss name matplotlib
+    cannot render gave tracebacks; a kNN of 1e302 and a q_B of -inf were silently read as missing; a 2 MB loss
+    name took minutes. Now one line each, and the table is not rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = _study(tmp_path)
+    path = out / "summary" / STUDY / "results.parquet"
+    rows = pq.read_table(path).to_pylist()
+    for r in rows:
+        if value is None:
+            r.pop(column)
+        elif column in ("temperature", "seed", "loss"):
+            r[column] = str(r[column]) if isinstance(value, str) else float(r[column])
+        else:
+            r[column] = r.get(column)
+    if value is not None:
+        rows[0][column] = value
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    before = path.read_bytes()
+    assert answer([str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and path.read_bytes() == before
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert message in line and len(line) < 600, line[:600]
+
+
+def test_one_damaged_study_does_not_stop_the_others_and_unknown_columns_are_kept(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = _study(tmp_path)
+    path = out / "summary" / STUDY / "results.parquet"
+    rows = [{**r, "my_note": "kept"} for r in pq.read_table(path).to_pylist()]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    other = out / "summary" / "batch_size_sweep"
+    other.mkdir()
+    (other / "results.parquet").write_bytes(b"PAR1 not really")
+    (other / "study_options.json").write_text(json.dumps({"command": {"script": "batch_size_sweep"}}))
+    assert answer([str(out), "-q"]) == 2
+    assert "=== temperature_sweep" in capsys.readouterr().out  # re-analysed after the damaged one
+    assert "my_note" in pq.read_table(path).column_names  # the stored results are never rewritten

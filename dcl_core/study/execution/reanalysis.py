@@ -6,11 +6,17 @@ exactly as the study does (``summary/<study>/table.txt``, the plots, the MLflow 
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.columns import COLUMNS
+from dcl_core.files import is_regular_file
+from dcl_core.study.analysis.columns import COLUMNS, KNN_TOP1, Status, x_column
 from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
 from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
 from dcl_core.study.analysis.report import read_table
@@ -42,19 +48,62 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
+MAX_ROWS = 100_000  # results rows a re-analysis reads: a 1,000-seed grid of 11 τ × 2 losses is 22,000
+NAME = re.compile(r"[\w.+\-()=,: ]{1,80}")  # a loss, framework, method or series name as the studies write them
+_NAMES = ("status", "series", "loss", "framework", "method")
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """A study's results rows as the study summarized them: the table's columns, with each row's ``config`` (read
-    by a search's report) rebuilt from the columns that show config keys."""
-    if not path.is_file():
+    by a search's report) rebuilt from the columns that show config keys. Bounded: at most :data:`MAX_ROWS`."""
+    if not is_regular_file(path):
         raise ConfigError(f"nothing to re-analyse: {path} does not exist (has the study finished there?)")
     try:
+        rows_in_file = pq.ParquetFile(path).metadata.num_rows
+        if rows_in_file > MAX_ROWS:
+            raise ConfigError(f"{path} holds {rows_in_file:,} rows, more than a study writes (at most "
+                              f"{MAX_ROWS:,}): not re-analysed")
         rows = read_table(path)
+    except ConfigError:
+        raise
     except Exception as exc:  # pyarrow's errors for a file that is not Parquet
         raise ConfigError(f"{path} is not a results table: {str(exc).splitlines()[0]}") from None
     keyed = [c for c in COLUMNS if c.key is not None]
     for r in rows:
         r["config"] = {c.key: r.get(c.name) for c in keyed}
     return rows
+
+
+def check_rows(rows: list[dict[str, Any]], path: Path, needed: Iterable[str]) -> None:
+    """ConfigError (one line) unless every row holds what a study writes: the ``needed`` columns (the trial id,
+    status, seed, kNN, the swept column and the series columns); names of at most 80 plain characters (no markup
+    MLflow's or matplotlib's text would read); whole seeds and counts; finite numbers (a kNN in [0, 100], a
+    missing value as null or NaN, never ±inf)."""
+    columns = {c.name: c for c in COLUMNS}
+    missing = [n for n in needed if rows and n not in rows[0]]
+    if missing:
+        raise ConfigError(f"{path} has no column {missing[0]!r}: not a results table of this study")
+    for i, r in enumerate(rows):
+        def bad(name: str, why: str, i: int = i, r: dict[str, Any] = r) -> ConfigError:
+            return ConfigError(f"{path}, row {i} (trial {str(r.get('trial_id'))[:40]!r}): {name} {why}")
+
+        for name, value in r.items():
+            column = columns.get(name)
+            if column is None or value is None:
+                continue
+            if name in _NAMES and not (isinstance(value, str) and NAME.fullmatch(value)):
+                raise bad(name, "must be a name of at most 80 letters, digits and .+-()=,: (got "
+                                f"{str(value)[:40]!r})")
+            if column.type is int and (not isinstance(value, int) or isinstance(value, bool)):
+                raise bad(name, f"must be a whole number, got {str(value)[:40]!r}")
+            if column.type is float and (not isinstance(value, int | float) or isinstance(value, bool)
+                                         or math.isinf(value)):
+                raise bad(name, f"must be a finite number or empty, got {str(value)[:40]!r}")
+        if r.get("status") not in {s.value for s in Status}:
+            raise bad("status", f"must be one of {', '.join(s.value for s in Status)}")
+        knn = r.get(KNN_TOP1)
+        if r["status"] == Status.OK and not (isinstance(knn, int | float) and 0 <= knn <= 100):
+            raise bad(KNN_TOP1, f"of a finished trial must be an accuracy in [0, 100] %, got {str(knn)[:40]!r}")
 
 
 def _check_same_study(spec: StudySpec, recorded: dict[str, Any], path: Path) -> None:
@@ -82,6 +131,8 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
     if (out / OPTIONS_FILE).is_file():
         _check_same_study(spec, read_json(out / OPTIONS_FILE), out / OPTIONS_FILE)
     rows = read_rows(out / RESULTS_FILE)
+    check_rows(rows, out / RESULTS_FILE, ("trial_id", "status", "seed", KNN_TOP1, x_column(spec.x_key),
+                                          *spec.series))
     with study_lock(options.output_dir, spec.name):
         tracker = StudyTracker(options.tracking_uri, spec.name, artifact_root=options.output_dir / "mlartifacts",
                                tags={"study": spec.name, "git_commit": git_commit()}, journal_dir=out,
@@ -100,6 +151,8 @@ def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
     rows = read_rows(out / TOY_FILE)
     if not rows or not set(TOY_COLUMNS) <= set(rows[0]):
         raise ConfigError(f"{out / TOY_FILE} is not the MI toy's table")
+    if not all(isinstance(r["k"], int) and not isinstance(r["k"], bool) and 1 <= r["k"] <= 1_000_000 for r in rows):
+        raise ConfigError(f"{out / TOY_FILE}: its k column must hold whole numbers of negatives (1 to 1,000,000)")
     ks = tuple(sorted({int(r["k"]) for r in rows}))
     table, metrics, tags = toy_answer(rows, ks)
     with study_lock(output_dir, TOY):

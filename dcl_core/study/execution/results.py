@@ -70,7 +70,10 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     for r in rows:
         r[SERIES] = "+".join(str(r.get(c)) for c in spec.series)
     out_dir = summary_dir(output_dir, spec.name)
-    parquet, csv = report.write_table(rows, out_dir)
+    if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too
+        parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"
+    else:
+        parquet, csv = report.write_table(rows, out_dir)
     table, shown = _table(spec, rows, x)
     found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
     claim = found.claim
@@ -78,7 +81,8 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
                       log_x=spec.log_x, series=SERIES, paper=paper_curves,
                       paper_label=f"paper: {claim.source}" if claim else "paper")
-    files = [parquet, csv, png, out_dir / "table.txt"]
+    stored = [p for p in (parquet, csv) if is_regular_file(p)]
+    files = [*stored, png, out_dir / "table.txt"]
     q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
     if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
@@ -97,7 +101,8 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found))
-    return StudyOutcome(rows, table, rob, [parquet, csv, png, *files[3:]], spec.name, tracker.tracking_uri,
+    shown_files = [parquet, csv, png, *files[len(stored) + 1:]]
+    return StudyOutcome(rows, table, rob, shown_files, spec.name, tracker.tracking_uri,
                         verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs_url(),
                         compare_url=tracker.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
                         power=[p.strip() for v in found.verdicts if (p := v.power_line())])
