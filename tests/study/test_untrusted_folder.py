@@ -341,3 +341,15 @@ def test_one_damaged_study_does_not_stop_the_others_and_unknown_columns_are_kept
     assert answer([str(out), "-q"]) == 2
     assert "=== temperature_sweep" in capsys.readouterr().out  # re-analysed after the damaged one
     assert "my_note" in pq.read_table(path).column_names  # the stored results are never rewritten
+
+
+def test_answer_while_the_study_runs_says_to_wait(tmp_path, capsys):
+    """Issue reproduction: ``answer`` blocked by a running study's lock said "use another --name or --output-dir"."""
+    from dcl_core.study.plan.storage import study_lock
+
+    out = _study(tmp_path)
+    with study_lock(out.resolve(), STUDY):
+        assert answer([str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "is already running" in err and "wait for it to finish, then re-analyse it" in err
+    assert "another --name" not in err

@@ -133,7 +133,7 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
     rows = read_rows(out / RESULTS_FILE)
     check_rows(rows, out / RESULTS_FILE, ("trial_id", "status", "seed", KNN_TOP1, x_column(spec.x_key),
                                           *spec.series))
-    with study_lock(options.output_dir, spec.name):
+    with study_lock(options.output_dir, spec.name, reanalysis=True):
         tracker = StudyTracker(options.tracking_uri, spec.name, artifact_root=options.output_dir / "mlartifacts",
                                tags={"study": spec.name, "git_commit": git_commit()}, journal_dir=out,
                                description=spec.description,
@@ -155,7 +155,7 @@ def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
         raise ConfigError(f"{out / TOY_FILE}: its k column must hold whole numbers of negatives (1 to 1,000,000)")
     ks = tuple(sorted({int(r["k"]) for r in rows}))
     table, metrics, tags = toy_answer(rows, ks)
-    with study_lock(output_dir, TOY):
+    with study_lock(output_dir, TOY, reanalysis=True):
         atomic_write_text(out / "table.txt", table + "\n")
         tracker = StudyTracker(tracking_uri, TOY, artifact_root=output_dir / "mlartifacts",
                                tags={"study": TOY, "git_commit": git_commit()}, journal_dir=out).open()

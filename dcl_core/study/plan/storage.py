@@ -148,12 +148,13 @@ def study_entries(study: str, experiments: Iterable[str] = ()) -> list[str]:
 
 
 @contextlib.contextmanager
-def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
+def study_lock(output_dir: Path, study: str, reanalysis: bool = False) -> Iterator[Path]:
     """Hold an exclusive lock on one study of an output folder for the whole run: a second run of the same
     study into the same folder (which would mix Tune state and log every trial twice) stops with ConfigError
     naming the holder. The lock is the kernel's (``flock``): a killed run (even ``kill -9``) releases it. The lock
     file is never opened through a link planted at its name (one line instead), is readable by its owner only, and
-    records the holder's command with credentials redacted."""
+    records the holder's command with credentials redacted. ``reanalysis``: a re-analysis asks for the lock (its
+    refusal says to wait, not to pick another folder)."""
     path = output_dir / f".{study}.lock"
     new_dir = not output_dir.exists()
     new_lock = not path.exists() and not path.is_symlink()
@@ -172,8 +173,9 @@ def study_lock(output_dir: Path, study: str) -> Iterator[Path]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            raise ConfigError(f"study {study} in {output_dir} is already running ({holder}); wait for it, or "
-                              "use another --name or --output-dir") from None
+            then = ("wait for it to finish, then re-analyse it" if reanalysis else
+                    "wait for it, or use another --name or --output-dir")
+            raise ConfigError(f"study {study} in {output_dir} is already running ({holder}); {then}") from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                 "command": " ".join(redact_args(sys.argv))[:300]}
         try:
