@@ -19,6 +19,10 @@ from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
 from dcl_core.study.analysis.report import read_table
 
+# Under pytest-xdist, never beside the two-node cluster (the same group, one worker): a `ray start --head` on this
+# machine and the cluster's head share /tmp/ray/ray_current_cluster, and a job's driver attached to the other.
+pytestmark = pytest.mark.xdist_group("ray_heads")
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RECIPE_MARK = "<!-- cluster recipe: tests/study/test_ray_job_submit.py runs the next block -->"

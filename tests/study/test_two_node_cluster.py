@@ -30,8 +30,8 @@ pytestmark = [
     pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
                        reason="embedded CIFAR-10 not present"),
     # Under pytest-xdist, one worker: the module's one cluster_run, and two clusters at once would clash (the
-    # namespaces' fixed addresses).
-    pytest.mark.xdist_group("two_node"),
+    # namespaces' fixed addresses); with test_ray_job_submit.py's heads (/tmp/ray/ray_current_cluster) as well.
+    pytest.mark.xdist_group("ray_heads"),
 ]
 # Measured per run, not properties of the study: they differ between any two runs.
 UNSTABLE = {"trial_id", "images_per_s"}
