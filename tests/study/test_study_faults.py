@@ -60,6 +60,8 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
     assert proc.returncode == code, stderr[-3000:]
     assert "--resume" in stderr and "Traceback" not in stderr.split("interrupted")[-1]
     assert "*** SIGTERM received" not in stderr and "PC: @" not in stderr
+    # Tune's own advice and its list of unfinished trials' missing results: the study's resume line says it all
+    assert "Tuner.restore(" not in stderr and "Could not fetch metrics" not in stderr
     assert not (summary_dir(out, "temperature_sweep") / "results.csv").exists()
 
     # The interrupted trial's checkpoints are damaged (a disk error, a partial copy on shared storage).
