@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 
 from dcl_core.config import ConfigError, parse_overrides
@@ -50,7 +51,7 @@ def test_evaluation_command_help(module):
 
 
 def test_evaluation_command_rejects_a_missing_checkpoint_in_one_line(tmp_path):
-    out = subprocess.run(
+    out = pyrun.run(
         [sys.executable, "-m", "dcl_core.evaluate", str(tmp_path / "none.pt"), "--device", "cpu"],
         capture_output=True, text=True, cwd=REPO, timeout=120,
     )
@@ -92,7 +93,7 @@ def test_run_command_is_the_one_exit_path(capsys):
     ["studies/eqco_mi_toy.py", "--alpha", "-1"],
 ])
 def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
-    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = pyrun.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

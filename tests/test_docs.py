@@ -9,11 +9,11 @@ subcommand, for `python -m dcl_core.study answer …`) is asked once per test se
 import functools
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyrun
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def help_text(target: str, subcommand: str | None) -> tuple[int, str]:
     argv = [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
     argv += [subcommand, "--help"] if subcommand else ["--help"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = pyrun.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     # argparse wraps long help lines at a hyphen ("--max-\n      seeds"): rejoin them.
     return proc.returncode, re.sub(r"-\n\s+", "-", proc.stdout + proc.stderr)
 

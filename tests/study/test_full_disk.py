@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyrun
 import pytest
 
 from dcl_core.data import resolve_data_root
@@ -70,7 +71,7 @@ def fill(where: Path, leave: int, name: str = "filler") -> Path:
 
 
 def study(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(STUDY), "--smoke", "--seeds", "2", "--num-cpus", "2",
+    return pyrun.run([sys.executable, str(STUDY), "--smoke", "--seeds", "2", "--num-cpus", "2",
                            "--output-dir", str(out), *args], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 
@@ -103,7 +104,7 @@ def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes(disk):
     assert len(rows) == 8 and all(r["status"] == "ok" and r["epochs"] == 1 for r in rows)
 
     fill(disk, leave=0)
-    answer = subprocess.run([sys.executable, "-m", "dcl_core.study", "answer", str(out), "-q"], capture_output=True,
+    answer = pyrun.run([sys.executable, "-m", "dcl_core.study", "answer", str(out), "-q"], capture_output=True,
                             text=True, timeout=300, cwd=REPO)
     assert answer.returncode == 1 and "Traceback" not in answer.stderr, answer.stderr[-3000:]
     assert "no space left on the device holding" in answer.stderr

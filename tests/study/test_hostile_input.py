@@ -5,11 +5,11 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pyrun
 import pytest
 
 from dcl_core.config import ConfigError
@@ -25,7 +25,7 @@ needs_data = pytest.mark.skipif(
 def study(out, *args, timeout=120):
     cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--output-dir", str(out),
            "--num-cpus", "2", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return pyrun.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 def assert_one_line_exit_2(proc, needle):
@@ -205,7 +205,7 @@ def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path
     out = tmp_path / "o"
     out.mkdir()
     (out / ".temperature_sweep.lock").symlink_to(precious)
-    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--output-dir",
+    proc = pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--output-dir",
                            str(out), "--resume"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("error: ") and "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
@@ -302,7 +302,7 @@ def test_a_folder_at_the_lock_path_exits_in_one_line(tmp_path):
 
 
 def _study_script(*args, cwd=REPO, env=None, timeout=300):
-    return subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", *args],
+    return pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 

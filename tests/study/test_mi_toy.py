@@ -2,10 +2,10 @@
 
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -44,7 +44,7 @@ def test_bounds_learn_and_respect_their_ceilings():
 
 @pytest.mark.slow  # runs the study script with real Ray
 def test_smoke_study_logs_table_to_mlflow(tmp_path):
-    proc = subprocess.run(
+    proc = pyrun.run(
         [
             sys.executable,
             str(REPO / "studies" / "eqco_mi_toy.py"),
@@ -78,7 +78,7 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
     # Re-analysis from the stored rows (python -m dcl_core.study answer): the same table and verdict, same run.
     table = tmp_path / "summary" / "eqco_mi_toy" / "table.txt"
     before = table.read_text()
-    again = subprocess.run([sys.executable, "-m", "dcl_core.study", "answer", str(tmp_path)], capture_output=True,
+    again = pyrun.run([sys.executable, "-m", "dcl_core.study", "answer", str(tmp_path)], capture_output=True,
                            text=True, timeout=300, cwd=REPO, env=os.environ.copy())
     assert again.returncode == 0, again.stderr[-2000:]
     assert table.read_text() == before and again.stdout.strip() == before.strip()
@@ -90,7 +90,7 @@ def test_smoke_study_logs_table_to_mlflow(tmp_path):
 @pytest.mark.slow  # runs studies/eqco_mi_toy.py as a subprocess
 def test_dry_run_lists_the_runs_and_an_estimate_without_starting_anything(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
+    proc = pyrun.run(
         [sys.executable, str(REPO / "studies" / "eqco_mi_toy.py"), "--smoke", "--dry-run", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=120, cwd=REPO, env=os.environ.copy(),
     )

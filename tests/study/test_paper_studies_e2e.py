@@ -4,10 +4,10 @@ One test per study script, each run as its own process as a user runs it (see te
 temperature/batch studies, resume, failures and DDP)."""
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -25,7 +25,7 @@ pytestmark = [
 
 
 def run_study(name, out, *args, paper_table=True):
-    proc = subprocess.run(
+    proc = pyrun.run(
         [sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir", str(out), "--num-cpus",
          "2", *args],
         capture_output=True, text=True, timeout=900, cwd=REPO, env=dict(os.environ),

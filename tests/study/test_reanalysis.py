@@ -4,10 +4,10 @@ study that ran) is refused. The round trip on real studies is in test_studies_e2
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 
 from dcl_core.study.analysis.report import write_table
@@ -89,13 +89,13 @@ def test_reanalyze_refuses_options_that_describe_another_study(tmp_path):
     """--reanalyze with a preset the study did not run would answer the wrong questions: one line, exit 2."""
     out, _ = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"},
                     spec={"base": {"optim.epochs": 1}, "grids": "[...]"})
-    proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir", str(out),
+    proc = pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir", str(out),
                            "--reanalyze"], capture_output=True, text=True, timeout=120, cwd=REPO, env=os.environ.copy())
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("error: --reanalyze must describe the study that ran")
     assert "optim.epochs" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     for flag in ("--resume", "--overwrite", "--dry-run"):
-        proc = subprocess.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir",
+        proc = pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir",
                                str(out), "--reanalyze", flag], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert proc.returncode == 2 and "--reanalyze trains nothing" in proc.stderr

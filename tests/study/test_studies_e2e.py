@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pyrun
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
@@ -42,10 +43,11 @@ def study_cmd(script, out, *args):
     return [sys.executable, str(STUDIES / script), "--output-dir", str(out), "--num-cpus", "2", *args]
 
 
-def run(cmd, timeout=600, env=None):
-    proc = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})}
-    )
+def run(cmd, timeout=600, env=None, fork=True):
+    """A python command, forked from tests/pyrun.py's fork server, or with ``fork=False`` a new interpreter (for what
+    happens at an interpreter's start and exit)."""
+    launch = pyrun.run if fork else subprocess.run
+    proc = launch(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -62,7 +64,8 @@ def runs_of(out, name):
 
 def test_temperature_study_smoke_end_to_end(tmp_path):
     out = tmp_path / "t"
-    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints"))
+    # a new interpreter, as a user starts it: its whole console, exit included
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints"), fork=False)
     # A console that answers: a line per finished trial, no Tune tables, no traceback, the answer last.
     assert "[4/4] " in proc.stdout and "Trial status" not in proc.stdout and "Configuration for experiment" not in (
         proc.stdout) and "Traceback" not in proc.stderr
@@ -199,7 +202,7 @@ def test_bad_input_exits_2_before_ray_starts(tmp_path):
         cases.append((["--gpus-per-worker", "1"], "--gpus-per-worker needs GPUs"))
     for args, needle in cases:
         t0 = time.monotonic()
-        proc = subprocess.run(
+        proc = pyrun.run(
             study_cmd("temperature_sweep.py", tmp_path / "x", "--smoke", *args),
             capture_output=True,
             text=True,
@@ -426,10 +429,10 @@ def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path):
     again = run(study_cmd("temperature_sweep.py", out, "--smoke", "--resume", "-q"))
     assert "adding seeds" not in again.stdout + again.stderr
     assert len(runs_of(out, "temperature_sweep")[1]) == 12
-    fewer = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume"),
+    fewer = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume"),
                            capture_output=True, text=True, timeout=300, cwd=REPO)
     assert fewer.returncode == 2 and "can add seeds, not drop them" in fewer.stderr, fewer.stderr[-2000:]
-    other = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
+    other = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
                                      "--losses", "dcl"), capture_output=True, text=True, timeout=300, cwd=REPO)
     assert other.returncode == 2 and "its grids changed" in other.stderr, other.stderr[-2000:]
 
@@ -465,7 +468,7 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path)
 
     run(study_cmd("temperature_sweep.py", out, "--smoke", "--reanalyze", "-q"))
     assert (summary / "table.txt").read_text() == table  # the recorded design, re-applied
-    beyond = subprocess.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume"),
+    beyond = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume"),
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert beyond.returncode == 2 and "void its 5% guarantee" in beyond.stderr, beyond.stderr[-2000:]
 

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyrun
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -69,7 +70,7 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
     assert ckpts
     for ckpt in ckpts:
         ckpt.write_bytes(ckpt.read_bytes()[:100])
-    resumed = subprocess.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    resumed = pyrun.run([*cmd, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert "Configuration for experiment" not in resumed.stdout + resumed.stderr  # quiet is the default, resumed too
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
@@ -82,7 +83,7 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
 @pytest.mark.slow  # runs the smoke study (real Ray)
 def test_a_trial_failing_the_same_way_twice_is_not_retried_and_a_study_that_only_failed_exits_1(tmp_path):
     out = tmp_path / "f"
-    proc = subprocess.run(study_cmd(out, "--max-failures", "5"), cwd=REPO, capture_output=True, text=True,
+    proc = pyrun.run(study_cmd(out, "--max-failures", "5"), cwd=REPO, capture_output=True, text=True,
                           timeout=600, env={**os.environ, "DCL_FAIL_EVERY_ATTEMPT": "1"})
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "error: every trial failed" in proc.stderr

@@ -3,10 +3,10 @@
 
 import importlib.util
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 
 from dcl_core import metric_names as M
@@ -113,7 +113,7 @@ def test_eqco_study_pairs_each_k_with_and_without_eqco():
     ("temperature_sweep", ["--set", "optim.epochs=2", "--set", "optim.epochs=3"], "--set optim.epochs is given twice"),
 ])
 def test_unsupported_options_exit_2_with_one_line(tmp_path, name, argv, needle):
-    proc = subprocess.run([sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir",
+    proc = pyrun.run([sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir",
                            str(tmp_path), *argv], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

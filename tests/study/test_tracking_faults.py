@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pyrun
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -163,7 +164,7 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_tria
 
         server.start()
         sync = [sys.executable, "-m", "dcl_core.study", "sync", str(out), "--name", study, "--tracking-uri", server.uri]
-        first = subprocess.run(sync, capture_output=True, text=True, timeout=600, cwd=REPO)
+        first = pyrun.run(sync, capture_output=True, text=True, timeout=600, cwd=REPO)
         # everything journaled is pushed; the answer is recomputed from the study's results, which this
         # hand-made study has none of: said in one line (exit 2), never replayed from memory or the journal
         assert first.returncode == 2, first.stdout + first.stderr
@@ -192,7 +193,7 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_tria
         assert summary.info.status == "FINISHED" and "dcl/std" not in summary.data.metrics
         assert "table.txt" not in artifact_paths(client, parent)
 
-        again = subprocess.run(sync, capture_output=True, text=True, timeout=600, cwd=REPO)
+        again = pyrun.run(sync, capture_output=True, text=True, timeout=600, cwd=REPO)
         assert again.returncode == 0 and "nothing to sync" in again.stdout, again.stdout + again.stderr
         assert tracker.sync() == 0
         assert len(client.search_runs([exp.experiment_id])) == 3
@@ -391,10 +392,10 @@ def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
     server.start()
     try:
         # the recorded server is named, never followed: sync asks for it, then pushes where it is told
-        refused = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], cwd=REPO,
+        refused = pyrun.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], cwd=REPO,
                                  capture_output=True, text=True, timeout=300)
         assert refused.returncode == 2 and "pass --tracking-uri" in refused.stderr, refused.stderr[-2000:]
-        sync = subprocess.run([sys.executable, "-m", "dcl_core.study", "sync", str(out), "--tracking-uri", server.uri],
+        sync = pyrun.run([sys.executable, "-m", "dcl_core.study", "sync", str(out), "--tracking-uri", server.uri],
                               cwd=REPO, capture_output=True, text=True, timeout=300)
         assert sync.returncode == 0, sync.stdout[-2000:] + sync.stderr[-2000:]
         client = MlflowClient(tracking_uri=server.uri)

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyrun
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, env=None, timeout=120):
-    return subprocess.run(
+    return pyrun.run(
         [sys.executable, "-m", "dcl_core.train", *args],
         capture_output=True,
         text=True,
@@ -92,7 +93,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     train = run_cli("--preset", "smoke", "--epochs", "1", "--output-dir", str(out), "--threads", "2", timeout=300)
     assert train.returncode == 0, train.stderr[-2000:]
     assert "epoch 1/1" in train.stderr and "kNN top-1" in train.stderr
-    ev = subprocess.run(
+    ev = pyrun.run(
         [sys.executable, "-m", "dcl_core.evaluate", str(out / "checkpoint.pt"), "--linear", "--device", "cpu"],
         capture_output=True,
         text=True,
@@ -112,7 +113,7 @@ def test_train_then_evaluate_the_saved_checkpoint(tmp_path):
     if not torch.cuda.is_available():
         bad.append((["--device", "cuda"], "no usable CUDA device"))
     for extra, needle in bad:
-        ev = subprocess.run([sys.executable, "-m", "dcl_core.evaluate", str(out / "checkpoint.pt"), *extra],
+        ev = pyrun.run([sys.executable, "-m", "dcl_core.evaluate", str(out / "checkpoint.pt"), *extra],
                             capture_output=True, text=True, cwd=REPO, timeout=300)
         errors = [line for line in ev.stderr.splitlines() if line.startswith("error:")]
         assert ev.returncode == 2 and len(errors) == 1 and needle in errors[0], ev.stderr[-2000:]

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyrun
 import pytest
 import torch
 from PIL import Image
@@ -27,7 +28,7 @@ needs_cifar = pytest.mark.skipif(
 
 
 def run(module, *args, timeout=300):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
+    return pyrun.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
                           timeout=timeout)
 
 
