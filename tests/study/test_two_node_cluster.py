@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyrun
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -122,8 +123,8 @@ def test_its_results_equal_an_uninterrupted_single_machine_run(cluster_run, tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     two_node = _two_node()
     command = two_node.study_command(resolve_data_root("cifar10", None), tmp_path / "local", two_node.STUDY_ARGS)
-    local = subprocess.run([sys.executable, *command[1:], "--num-cpus", "2"], cwd=REPO, capture_output=True,
-                           text=True, timeout=900)
+    local = pyrun.run([sys.executable, *command[1:], "--num-cpus", "2"], cwd=REPO, capture_output=True,
+                      text=True, timeout=900)
     assert local.returncode == 0, local.stderr[-3000:]
 
     def rows(output_dir):
