@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dcl_core.config import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +30,70 @@ def _autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractCon
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.autocast(device_type="cuda", dtype=dtype)
     return contextlib.nullcontext()
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a forward pass on ``device``: CUDA's free memory, or the OS's available memory (Linux's
+    ``MemAvailable``); ``None`` where neither is known."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def forward_bytes_per_image(backbone: nn.Module, image_shape: tuple[int, ...]) -> int | None:
+    """Memory one image costs in an inference forward pass of ``backbone``: its float input plus three times the
+    largest output of any of its modules (a residual block holds its input, its branch and their sum at once).
+    Traced on PyTorch's meta device (shapes only: no memory, no arithmetic); ``None`` if the trace fails."""
+    largest = 0
+
+    def record(_module: nn.Module, _inputs: object, output: object) -> None:
+        nonlocal largest
+        if isinstance(output, torch.Tensor) and output.ndim > 0:
+            largest = max(largest, output[0].numel())  # one image's share
+
+    try:
+        meta = copy.deepcopy(backbone).to("meta").eval()
+        for module in meta.modules():
+            module.register_forward_hook(record)
+        with torch.no_grad():
+            meta(torch.empty((1, *image_shape), device="meta"))
+    except Exception as err:  # an op without a meta kernel: no estimate, no cap
+        logger.debug("no memory estimate for the evaluation's forward pass: %s", err)
+        return None
+    return 4 * (math.prod(image_shape) + 3 * largest)  # float32
+
+
+def fitting_batch_size(backbone: nn.Module, image_shape: tuple[int, ...], batch_size: int, device: torch.device,
+                       available: int | None = None) -> int:
+    """``batch_size``, or the largest smaller batch whose forward pass takes at most half the memory free on
+    ``device`` (``available`` bytes if given): features do not depend on the batch in ``eval()`` mode.
+
+    Raises:
+        InputError: not even one image fits (one line, before any compute).
+    """
+    per_image = forward_bytes_per_image(backbone, image_shape)
+    available = available_memory(device) if available is None else available
+    if per_image is None or available is None:
+        return batch_size
+    fits = (available // 2) // per_image
+    if fits < 1:
+        raise InputError(
+            f"one {'x'.join(map(str, image_shape[1:]))} image takes {per_image / 1024**3:.1f} GB in the evaluation's "
+            f"forward pass, more than half the {available / 1024**3:.1f} GB free on {device}; use a smaller "
+            "data.image_size")
+    if fits < batch_size:
+        logger.info("evaluation batch %d -> %d: a %s px image takes %.0f MB in the forward pass, %.1f GB free on %s",
+                    batch_size, fits, "x".join(map(str, image_shape[1:])), per_image / 1024**2, available / 1024**3,
+                    device)
+        return int(fits)
+    return batch_size
 
 
 @torch.no_grad()

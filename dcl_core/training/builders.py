@@ -24,7 +24,7 @@ from dcl_core.data import (
     split_location,
 )
 from dcl_core.data.streaming import FolderSplit, TwoViews, epoch_loader, eval_batches, eval_transform, folder_split
-from dcl_core.eval.features import extract_features, extract_features_from_batches
+from dcl_core.eval.features import extract_features, extract_features_from_batches, fitting_batch_size
 from dcl_core.frameworks import FRAMEWORKS
 from dcl_core.frameworks.common import Framework
 from dcl_core.losses import LOSSES, ContrastiveLoss
@@ -143,6 +143,9 @@ class InMemoryData:
     ) -> torch.Tensor:
         """The backbone's features of the ``bank`` or ``test`` images."""
         images = {"bank": self.bank, "test": self.test}[split].images
+        if len(images):
+            shape = tuple(self.eval_transform(images[:1]).shape[1:])  # (3, S, S): the backbone's input
+            batch_size = fitting_batch_size(backbone, shape, batch_size, device)
         return extract_features(backbone, images, self.eval_transform, batch_size, device, normalize=normalize)
 
     def labels(self, split: str) -> torch.Tensor:
@@ -176,6 +179,8 @@ class StreamingData:
     ) -> torch.Tensor:
         """The backbone's features of the ``bank`` or ``test`` images, read by the DataLoader workers."""
         part = {"bank": self.bank, "test": self.test}[split]
+        if len(part):
+            batch_size = fitting_batch_size(backbone, tuple(part.dataset[0][0].shape), batch_size, device)
         batches = eval_batches(part, batch_size, self.workers, pin=device.type == "cuda")
         return extract_features_from_batches(backbone, batches, len(part), device, normalize=normalize)
 
