@@ -68,7 +68,11 @@ class UnusableError(Exception):
 
 
 class StoppedError(Exception):
-    """SIGTERM, handled like Ctrl-C."""
+    """SIGTERM or SIGHUP (the terminal closed), handled like Ctrl-C; ``args[0]`` is the signal's number."""
+
+
+# Stop the run and tear the cluster down: Ctrl-C (KeyboardInterrupt), and these, each with its exit status.
+STOP_SIGNALS = {signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 def study_command(data_root: Path, output_dir: Path, study_args: tuple[str, ...]) -> list[str]:
@@ -118,8 +122,8 @@ class Cluster:
     def create_network(self) -> None:
         """Create the two namespaces and the veth pair between them, addressed."""
         for ns in (self.head_ns, self.worker_ns):
+            self.created.append(ns)  # before `ip` makes it: a signal just after would otherwise leak it
             _ip("netns", "add", ns)
-            self.created.append(ns)
         _ip("link", "add", self.head_ns, "type", "veth", "peer", "name", self.worker_ns)
         for ns, addr in ((self.head_ns, HEAD_IP), (self.worker_ns, WORKER_IP)):
             _ip("link", "set", ns, "netns", ns)  # each end named after the namespace it moves into
@@ -426,11 +430,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     cluster = Cluster(work)
 
-    def stop(signum: int, _frame: Any) -> None:
-        raise StoppedError
+    stopping = False
 
-    signal.signal(signal.SIGTERM, stop)
+    def stop(signum: int, _frame: Any) -> None:
+        """The first Ctrl-C, SIGTERM or SIGHUP stops the run; any later one waits for the teardown it started."""
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        raise KeyboardInterrupt if signum == signal.SIGINT else StoppedError(signum)
+
     try:
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, stop)
         cluster.create_network()
         cluster.start_ray()
         print(f"== 2 nodes: head {HEAD_IP} (namespace {cluster.head_ns}), worker {WORKER_IP} "
@@ -448,14 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("two_node: interrupted; tearing the cluster down", file=sys.stderr)
         return 130
-    except StoppedError:
-        print("two_node: stopped (SIGTERM); tearing the cluster down", file=sys.stderr)
-        return 143
+    except StoppedError as stopped:
+        sig = signal.Signals(stopped.args[0])
+        print(f"two_node: stopped ({sig.name}); tearing the cluster down", file=sys.stderr)
+        return STOP_SIGNALS[sig]
     except (RuntimeError, subprocess.TimeoutExpired) as err:
         print(f"two_node: {err}", file=sys.stderr)
         return EXIT_FAILED
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the teardown short
+        stopping = True  # nothing cuts the teardown short: a Ctrl-C, SIGTERM or SIGHUP now waits until it is done
         cluster.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
     for line in failed:

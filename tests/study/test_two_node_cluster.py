@@ -155,7 +155,9 @@ def test_mlflow_holds_one_finished_run_per_trial(cluster_run):
 
 
 @pytest.mark.slow  # builds the two-node cluster
-def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_into_its_folder_is_refused(tmp_path):
+def test_a_closed_terminal_tears_down_its_own_cluster_whatever_follows_and_a_second_run_is_refused(tmp_path):
+    """SIGHUP (the terminal closed) mid-run stops it like Ctrl-C (exit 129); SIGTERM, Ctrl-C and SIGTERM again during
+    the teardown do not cut it short; nothing of the cluster is left and nothing else is touched."""
     _require_capability()
     bystander = subprocess.Popen(["sleep", "600"])  # another process of this machine
     # Two runs started at once on one empty folder: both pass the emptiness check, one claims the folder.
@@ -174,16 +176,45 @@ def test_ctrl_c_tears_down_its_own_cluster_and_nothing_else_and_a_second_run_int
         first = proc.stdout.readline()  # printed once both nodes are up
         assert first.startswith("== 2 nodes: head"), first + proc.stderr.read()[-3000:]
         time.sleep(3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGHUP)
+        said = [proc.stderr.readline() for _ in range(1)]
+        while "tearing the cluster down" not in said[-1] and said[-1] and len(said) < 200:
+            said.append(proc.stderr.readline())
+        assert "two_node: stopped (SIGHUP); tearing the cluster down" in said[-1], "".join(said)[-3000:]
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):  # impatient, during the teardown
+            time.sleep(0.3)
+            proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 130, stderr[-3000:]
-        assert "interrupted; tearing the cluster down" in stderr and "Traceback" not in stderr
+        assert proc.returncode == 129, "".join(said) + stderr[-3000:]
+        assert "Traceback" not in "".join(said) + stderr
         assert _leftovers(first) == []
         assert bystander.poll() is None
     finally:
         for p in (*runs, bystander):
             if p.poll() is None:
                 p.kill()
+
+
+def test_a_signal_the_moment_a_namespace_exists_leaks_no_namespace(tmp_path, monkeypatch):
+    """Ctrl-C as ``ip netns add`` returns: the namespace was recorded before it was made, so the teardown removes it."""
+    _require_capability()
+    two_node = _two_node()
+    cluster = two_node.Cluster(tmp_path / "w")
+    made = two_node._ip
+
+    def interrupted(*args: str) -> None:
+        made(*args)
+        if args[:2] == ("netns", "add"):
+            raise KeyboardInterrupt  # as if Ctrl-C arrived the moment `ip` returned
+
+    monkeypatch.setattr(two_node, "_ip", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cluster.create_network()
+    finally:
+        cluster.close()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert cluster.head_ns not in names and cluster.worker_ns not in names
 
 
 @pytest.mark.slow  # runs the two-node cluster script
