@@ -25,6 +25,7 @@ from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.execution import ray_session
 from dcl_core.study.tracking.mlflow_view import read_tag
 from dcl_core.study.tracking.tracker import rounded
 from dcl_core.training.checkpoint import load_checkpoint
@@ -261,9 +262,15 @@ def test_resume_after_killed_driver(tmp_path):
     _, trials_before, (parent,) = runs_of(out, "temperature_sweep")
     parent_before = parent.info.run_id
     assert parent.info.status == "RUNNING" and len(trials_before) == 2
+    # What the dead driver left of its own Ray (its raylet's agents and workers): the next start ends it.
+    session = json.loads((out / ".temperature_sweep.ray_session").read_text())["session_dir"]
+    left = ray_session._processes_of(session)
     time.sleep(2)
 
-    run([*cmd, "--resume"])
+    resumed = run([*cmd, "--resume"])
+    if left:
+        assert f"ended {len(left)} process(es) of this study's earlier Ray" in resumed.stderr, resumed.stderr[-3000:]
+    assert ray_session._processes_of(session) == []
     # The finished trial was not rerun; the interrupted one continued from its checkpoint (no restart at 1).
     assert (exp / finished / "result.json").read_text() == before_finished
     resumed = _epochs(exp / partial / "result.json")

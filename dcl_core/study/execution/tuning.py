@@ -31,7 +31,7 @@ from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
-from dcl_core.study.execution import console, ray_env, tune_state
+from dcl_core.study.execution import console, ray_env, ray_session, tune_state
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
@@ -72,17 +72,16 @@ from search_spaces import keys_of, to_optuna, to_tune
 log = logging.getLogger(__name__)
 
 
-
-
-
-def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None, quiet: bool = False) -> None:
+def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
+             quiet: bool = False) -> str | None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
-    The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages."""
+    The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages. Returns
+    the session folder of a local instance this call started (``None`` otherwise)."""
     levels: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
-        return
+        return None
     # Every worker of the study (trials, Ray Train workers, Tune's helpers) quiets its exit first; under `ray job
     # submit` this merges with the job's runtime_env (its working_dir).
     setup: dict[str, Any] = {
@@ -91,14 +90,16 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     with _own_sigterm():
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address or None, **setup)
-            return
+            return None
         # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
-        ray.init(
+        context = ray.init(
             address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
             _node_ip_address="127.0.0.1", **setup,
         )
         ray_env.protect_token_file()  # the token a new local instance may just have written
+    # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
+    return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
@@ -157,7 +158,11 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         if options.resume:
             _check_restorable([u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)])
 
-        init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
+        if local:  # what a driver killed by kill -9 or the OOM killer left of this study's own Ray
+            ray_session.end_dead_session(options.output_dir, spec.name)
+        session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
+        if session is not None:
+            ray_session.record_session(options.output_dir, spec.name, session)
         if options.verbosity < console.VERBOSE:
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
             tune_state.quiet_tune_restore_advice()
