@@ -54,6 +54,18 @@ def test_logged_metrics_carry_no_float32_noise(tmp_path):
     assert metrics["eval/knn_top1"] == knn  # the caller's numbers (the study's table) are untouched
 
 
+def test_a_metric_name_longer_than_mlflow_takes_loses_no_metric(tmp_path):
+    """A series named with 300 characters once made MLflow refuse the summary's whole batch, verdicts included."""
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "long", tmp_path / "mlartifacts").open()
+    run = tracker.trial_run("t0", "t0", {}, {})
+    long_a, long_b = "a" * 300 + "/std", "a" * 300 + "/range"
+    tracker.log_metrics(run, {long_a: 1.0, long_b: 2.0, "verdict/std_difference_0/ci_lo": 3.0})
+    logged = MlflowClient(uri).get_run(run).data.metrics
+    assert logged["verdict/std_difference_0/ci_lo"] == 3.0 and len(logged) == 3
+    assert {len(k) for k in logged} == {250, len("verdict/std_difference_0/ci_lo")}
+
+
 def test_the_summary_note_is_the_verdict_then_the_plot():
     lines = ["Q1: supports the paper — gap +2.1 [0.4, 3.8]", "Q_2: not resolved — *n* = 1"]
     note = summary_note(lines, "supports the paper; not resolved", "study.png", "abc123")

@@ -5,6 +5,7 @@ study's :class:`~dcl_core.study.tracking.journal.Journal` and is replayed later.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
 import re
@@ -31,9 +32,16 @@ log = logging.getLogger(__name__)
 assert PARENT_TAG == MLFLOW_PARENT_RUN_ID  # the journal names MLflow's tag without importing MLflow
 
 
+MAX_KEY = 250  # MLflow's longest metric key: one longer fails the whole batch (a study's every summary metric)
+
+
 def metric_name(name: str) -> str:
-    """An MLflow-valid metric name: characters MLflow rejects (``+ ( ) =`` …) become ``_``."""
-    return re.sub(r"[^/\w.\- :]", "_", name)
+    """An MLflow-valid metric name: characters MLflow rejects (``+ ( ) =`` …) become ``_``; a name longer than
+    MLflow takes is cut, with a digest of the whole name appended so that two long names stay two metrics."""
+    clean = re.sub(r"[^/\w.\- :]", "_", name)
+    if len(clean) > MAX_KEY:
+        clean = f"{clean[:MAX_KEY - 9]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return clean
 
 
 SIGNIFICANT_DIGITS = 6  # of a metric value logged to MLflow
