@@ -64,6 +64,8 @@ def test_ctrl_c_keeps_everything_and_a_corrupt_checkpoint_restarts_its_trial(tmp
     # Tune's own advice and its list of unfinished trials' missing results: the study's resume line says it all
     assert "Tuner.restore(" not in stderr and "Could not fetch metrics" not in stderr
     assert not (summary_dir(out, "temperature_sweep") / "results.csv").exists()
+    if sig == signal.SIGTERM:
+        return  # the resume below is the same after either signal: once is enough for the suite's time
 
     # The interrupted trial's checkpoints are damaged (a disk error, a partial copy on shared storage).
     ckpts = list((exp / partial).glob("checkpoint_*/checkpoint.pt"))
