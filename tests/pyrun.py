@@ -1,15 +1,16 @@
 """``subprocess.run([sys.executable, ...])`` without paying for the imports each time.
 
-A study or training command run as a subprocess spends ~8 CPU-seconds importing torch, torchvision, Ray, MLflow,
+A study or training command run as a subprocess spends ~7 CPU-seconds importing torch, torchvision, MLflow,
 Optuna and SciPy before it reads its first option; the suite runs a few hundred of them on 2 cores. ``run`` starts
 each command instead as a fresh process forked from a standard-library fork server (``multiprocessing``'s
-``forkserver``) that imported those third-party packages once: the command itself (the project's modules, its
-options, Ray, its files, its exit status, its stdout and stderr) runs exactly as in a new interpreter, from the
-script's own ``__main__``. The fork server is single-threaded, so forking it is safe.
+``forkserver``) that imported those third-party packages once: the command itself (the project's modules, Ray,
+its options, its files, its exit status, its stdout and stderr) runs exactly as in a new interpreter, from the
+script's own ``__main__``. The fork server is single-threaded, so forking it is safe. Ray is not preloaded: a
+study sets Ray's environment before importing it.
 
 What the fork server cannot give, ``run`` leaves to a real subprocess: a command that is not ``python`` with a
 script, ``-m module`` or ``-c code``; an environment that changes a variable the preloaded packages read on
-import (``RAY_*``, ``OMP_*``, ...); or ``DCL_TEST_SUBPROCESS=1``, which runs everything as real subprocesses (the
+import (``OMP_*``, ``CUDA_*``, ...); or ``DCL_TEST_SUBPROCESS=1``, which runs everything as real subprocesses (the
 way to check that the two agree). ``--help`` timings and import-time behaviour are tested with real subprocesses.
 """
 
@@ -29,16 +30,14 @@ from pathlib import Path
 from typing import Any
 
 # Third-party packages every study or training command imports (the project's own modules are not preloaded:
-# each command imports them afresh, as a user's does).
+# each command imports them afresh, as a user's does). Not Ray: a study sets Ray's and Tune's environment
+# (token authentication, Tune's warning threshold) before it imports them, and they read it on import.
 PRELOAD = [
-    "torch", "torchvision", "torchvision.transforms.v2", "ray", "ray.tune", "ray.train", "ray.train.torch",
-    "ray.tune.search.optuna", "mlflow", "mlflow.store.tracking.sqlalchemy_store", "optuna", "scipy.stats",
-    "matplotlib", "pyarrow.parquet",
+    "torch", "torchvision", "torchvision.transforms.v2", "mlflow", "mlflow.store.tracking.sqlalchemy_store",
+    "optuna", "scipy.stats", "matplotlib", "pyarrow.parquet",
 ]
 # Read by the preloaded packages when imported: a command that sets one differently gets a real subprocess.
-IMPORT_TIME_ENV = ("RAY_", "TUNE_", "OMP_", "MKL_", "CUDA_", "TORCH", "PYTORCH", "PYTHON", "LD_", "MPL", "MLFLOW_")
-# ... except those Ray and the studies set in a test's own process after their imports (in-process ray.init)
-SET_AFTER_IMPORT = {"RAY_CLIENT_MODE", "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S"}
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "CUDA_", "TORCH", "PYTORCH", "PYTHON", "LD_", "MPL", "MLFLOW_")
 
 _context: Any = None
 _server_env: dict[str, str] = {}
@@ -54,7 +53,7 @@ def _forkserver() -> Any:
 
 
 def _preloadable(env: dict[str, str]) -> bool:
-    keys = {k for k in set(env) | set(_server_env) if k.startswith(IMPORT_TIME_ENV) and k not in SET_AFTER_IMPORT}
+    keys = {k for k in set(env) | set(_server_env) if k.startswith(IMPORT_TIME_ENV)}
     return all(env.get(k) == _server_env.get(k) for k in keys)
 
 

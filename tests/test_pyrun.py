@@ -14,7 +14,7 @@ from pathlib import Path
 import pyrun
 import pytest
 
-pytestmark = pytest.mark.slow  # starts the fork server (it imports torch, Ray, MLflow: ~10 CPU-seconds)
+pytestmark = pytest.mark.slow  # starts the fork server (it imports torch, MLflow, SciPy: ~8 CPU-seconds)
 
 SCRIPT = """\
 import os, sys
@@ -73,9 +73,13 @@ def test_a_timeout_raises_and_leaves_no_process(script: Path, tmp_path: Path) ->
     assert time.monotonic() - t0 < 30
 
 
-def test_an_environment_read_on_import_gets_a_real_subprocess(tmp_path: Path) -> None:
+def test_an_environment_read_on_import_gets_a_real_subprocess(tmp_path: Path, monkeypatch) -> None:
+    code = [sys.executable, "-c", "import sys; print('torch' in sys.modules, 'ray' in sys.modules)"]
+    # what the studies set in the test process's own environment when run in-process changes nothing: still forked
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("TUNE_WARN_THRESHOLD_S", "30")
+    assert pyrun.run(code, timeout=60).stdout.split() == ["True", "False"]  # torch preloaded, Ray left to the study
     code = [sys.executable, "-c", "import sys; print('torch' in sys.modules)"]
-    assert pyrun.run(code, timeout=60).stdout.strip() == "True"  # forked: torch was preloaded
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch reads it on import
     assert pyrun.run(code, env=env, timeout=60).stdout.strip() == "False"  # a new interpreter
     real = {**os.environ, "DCL_TEST_SUBPROCESS": "1"}

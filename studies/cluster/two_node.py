@@ -47,12 +47,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-# dcl_core is imported where it is used: it imports torch, seconds in which a Ctrl-C would end in a traceback.
+# dcl_core is imported where it is used (it imports torch: seconds), a Ctrl-C held until the import is done.
 
 HEAD_IP, WORKER_IP, PREFIX = "198.51.100.1", "198.51.100.2", 24
 GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
@@ -280,6 +281,20 @@ def _tee(stream: TextIO, log: Path) -> threading.Thread:
     return thread
 
 
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C until the block is done, then raise it: torch's import runs C++ that a KeyboardInterrupt
+    cannot cross (the process aborted with "terminate called after throwing ... pybind11::error_already_set")."""
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
 def planned_trials(study_args: tuple[str, ...], data_root: Path) -> tuple[int, int]:
     """The study's trials and epochs per trial, from its own ``--dry-run`` (which also rejects bad options)."""
     cmd = [sys.executable, str(REPO / STUDY), "--smoke", *study_args, "--data-root", str(data_root), "--dry-run"]
@@ -336,8 +351,9 @@ class Run:
     def check(self, job_code: int) -> list[str]:
         """The failed checks, each in one line (none: the run did what it should)."""
         failed = [] if job_code == 0 else [f"the job failed (ray job submit exited {job_code})"]
-        from dcl_core.study import summary_dir
-        from dcl_core.study.analysis.report import read_table
+        with ctrl_c_deferred():
+            from dcl_core.study import summary_dir
+            from dcl_core.study.analysis.report import read_table
 
         table = summary_dir(self.output_dir, EXPERIMENT) / "results.parquet"
         rows = read_table(table) if table.exists() else []
@@ -399,7 +415,8 @@ def preflight(args: argparse.Namespace, study_args: tuple[str, ...]) -> tuple[Pa
         raise UnusableError("the `ip` command (iproute2) is not installed")
     if not Path(sys.executable).with_name("ray").exists():
         raise UnusableError(f"no `ray` command beside {sys.executable}: install the project (pip install -e .)")
-    from dcl_core.data import resolve_data_root
+    with ctrl_c_deferred():
+        from dcl_core.data import resolve_data_root
 
     data_root = resolve_data_root("cifar10", str(args.data_root) if args.data_root else None).resolve()
     if not (data_root / "train").is_dir():

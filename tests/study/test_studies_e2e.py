@@ -3,8 +3,10 @@
 Each study runs as its own process (as a user runs it), on the embedded CIFAR-10 at smoke scale.
 """
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -254,7 +256,7 @@ def test_resume_after_killed_driver(tmp_path):
                 break
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # kill -9 the driver (and its session)
+        os.kill(proc.pid, signal.SIGKILL)  # kill -9 the driver, as the OOM killer would
         proc.wait()
     assert finished and partial, "never saw one finished and one running trial"
     before_finished = (exp / finished / "result.json").read_text()
@@ -264,12 +266,17 @@ def test_resume_after_killed_driver(tmp_path):
     assert parent.info.status == "RUNNING" and len(trials_before) == 2
     # What the dead driver left of its own Ray (its raylet's agents and workers): the next start ends it.
     session = json.loads((out / ".temperature_sweep.ray_session").read_text())["session_dir"]
-    left = ray_session._processes_of(session)
     time.sleep(2)
+    agents = [p for p in ray_session._processes_of(session)  # these run on for minutes; the rest are exiting
+              if Path(f"/proc/{p}/comm").read_text().startswith(("ray::Dashboard", "ray::RuntimeEnv"))]
 
-    resumed = run([*cmd, "--resume"])
-    if left:
-        assert f"ended {len(left)} process(es) of this study's earlier Ray" in resumed.stderr, resumed.stderr[-3000:]
+    assert agents, "the dead driver's Ray left no agents: the case below is not tested"
+    try:
+        resumed = run([*cmd, "--resume"])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the dead driver's session group is left
+    assert re.search(r"ended \d+ process\(es\) of this study's earlier Ray", resumed.stderr), resumed.stderr[-3000:]
     assert ray_session._processes_of(session) == []
     # The finished trial was not rerun; the interrupted one continued from its checkpoint (no restart at 1).
     assert (exp / finished / "result.json").read_text() == before_finished
