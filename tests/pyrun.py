@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,8 @@ PRELOAD = [
     "optuna", "scipy.stats", "matplotlib", "pyarrow.parquet",
 ]
 # Read by the preloaded packages when imported: a command that sets one differently gets a real subprocess.
-IMPORT_TIME_ENV = ("OMP_", "MKL_", "CUDA_", "TORCH", "PYTORCH", "PYTHON", "LD_", "MPL", "MLFLOW_")
+# (MLflow reads its MLFLOW_* variables at each call, which the study's tracker sets in a test's own process.)
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "CUDA_", "TORCH", "PYTORCH", "PYTHON", "LD_", "MPL")
 
 _context: Any = None
 _server_env: dict[str, str] = {}
@@ -54,7 +56,10 @@ def _forkserver() -> Any:
 
 def _preloadable(env: dict[str, str]) -> bool:
     keys = {k for k in set(env) | set(_server_env) if k.startswith(IMPORT_TIME_ENV)}
-    return all(env.get(k) == _server_env.get(k) for k in keys)
+    differ = sorted(k for k in keys if env.get(k) != _server_env.get(k))
+    if differ:  # said, so that a variable drifting in the test process cannot quietly slow the suite down
+        warnings.warn(f"pyrun: a new interpreter, for {', '.join(differ)}", stacklevel=3)
+    return not differ
 
 
 def _child(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, new_session: bool) -> None:

@@ -78,10 +78,12 @@ def test_an_environment_read_on_import_gets_a_real_subprocess(tmp_path: Path, mo
     # what the studies set in the test process's own environment when run in-process changes nothing: still forked
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("TUNE_WARN_THRESHOLD_S", "30")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # the tracker's, set in-process
     assert pyrun.run(code, timeout=60).stdout.split() == ["True", "False"]  # torch preloaded, Ray left to the study
     code = [sys.executable, "-c", "import sys; print('torch' in sys.modules)"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch reads it on import
-    assert pyrun.run(code, env=env, timeout=60).stdout.strip() == "False"  # a new interpreter
+    with pytest.warns(UserWarning, match="a new interpreter, for OMP_NUM_THREADS"):
+        assert pyrun.run(code, env=env, timeout=60).stdout.strip() == "False"  # a new interpreter
     real = {**os.environ, "DCL_TEST_SUBPROCESS": "1"}
     os.environ["DCL_TEST_SUBPROCESS"] = "1"
     try:
