@@ -75,6 +75,12 @@ def test_a_timeout_raises_and_leaves_no_process(script: Path, tmp_path: Path) ->
 
 def test_an_environment_read_on_import_gets_a_real_subprocess(tmp_path: Path, monkeypatch) -> None:
     code = [sys.executable, "-c", "import sys; print('torch' in sys.modules, 'ray' in sys.modules)"]
+    pyrun._forkserver()
+    for key in {k for k in {*os.environ, *pyrun._server_env} if k.startswith(pyrun.IMPORT_TIME_ENV)}:
+        if key in pyrun._server_env:  # the fork server's import-time environment, whatever earlier tests left
+            monkeypatch.setenv(key, pyrun._server_env[key])
+        else:
+            monkeypatch.delenv(key, raising=False)
     # what the studies set in the test process's own environment when run in-process changes nothing: still forked
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("TUNE_WARN_THRESHOLD_S", "30")
