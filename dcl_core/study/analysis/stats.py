@@ -24,7 +24,6 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-from scipy import stats as sps
 
 from dcl_core.study.analysis.columns import KNN_TOP1, SEED, SERIES, STATUS, Status
 
@@ -101,6 +100,8 @@ def collect(rows: Sequence[Mapping[str, Any]], x_key: str, series_key: str = SER
 def t_quantile(q: float, df: int) -> float:
     """Student's t ``q``-quantile with ``df`` degrees of freedom (scipy's, cached: the calibration simulations ask
     for the same few hundred thousands of times)."""
+    from scipy import stats as sps  # ~1 s: a trial worker imports this module (via the spec), never this function
+
     return float(sps.t.ppf(q, df))
 
 
@@ -280,6 +281,8 @@ class Sequential:
 def _nominal_tail(looks: tuple[int, ...], tail: float) -> float:
     if len(looks) == 1:
         return tail
+    from scipy import stats as sps  # ~1 s: a trial worker imports this module (via the spec), never this function
+
     rng = np.random.default_rng(20261125)
     chunk, smallest = 20_000, []
     for _ in range(SEQUENTIAL_SIMULATIONS // chunk):

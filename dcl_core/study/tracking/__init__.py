@@ -15,23 +15,59 @@ A job a module:
 - :mod:`.transport`: short timeouts, credentials out of the URI, transient vs refused failures.
 - :mod:`.callback`: :class:`MLflowTrialCallback`, the Tune callback logging every trial through the tracker.
 
-The names below are the package's interface (a study pickled by Tune names ``dcl_core.study.tracking.X``).
+The names below are the package's interface (a study pickled by Tune names ``dcl_core.study.tracking.X``), each
+imported from its module on first use.
 """
 
-from dcl_core.study.plan.storage import redact_uri
-from dcl_core.study.tracking.callback import METRIC_PREFIXES, MLflowTrialCallback
-from dcl_core.study.tracking.journal import FILES_DIR, IDS_FILE, JOURNAL_FILE, LOCAL_ID, Journal, journal_problem
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Imported now: the function ``preflight`` would otherwise lose its name to its module once that is imported.
 from dcl_core.study.tracking.preflight import check_store_in_folder, preflight
-from dcl_core.study.tracking.reporting import (
-    TrainReporter,
-    TuneReporter,
-    report_diverged,
-    report_failed,
-    restore_latest_checkpoint,
-    trial_context,
-)
-from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
-from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
+
+if TYPE_CHECKING:
+    from dcl_core.study.plan.storage import redact_uri
+    from dcl_core.study.tracking.callback import METRIC_PREFIXES, MLflowTrialCallback
+    from dcl_core.study.tracking.journal import (
+        FILES_DIR,
+        IDS_FILE,
+        JOURNAL_FILE,
+        LOCAL_ID,
+        Journal,
+        journal_problem,
+    )
+    from dcl_core.study.tracking.reporting import (
+        TrainReporter,
+        TuneReporter,
+        report_diverged,
+        report_failed,
+        restore_latest_checkpoint,
+        trial_context,
+    )
+    from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
+    from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
+
+# Each name's module, imported on first use: a Ray trial worker needs only .reporting, and the driver's MLflow
+# (~1 s of a worker's start-up on 2 cores) stays out of every trial's process.
+_MODULES = {
+    "redact_uri": "dcl_core.study.plan.storage",
+    **dict.fromkeys(("METRIC_PREFIXES", "MLflowTrialCallback"), "dcl_core.study.tracking.callback"),
+    **dict.fromkeys(("FILES_DIR", "IDS_FILE", "JOURNAL_FILE", "LOCAL_ID", "Journal", "journal_problem"),
+                    "dcl_core.study.tracking.journal"),
+    **dict.fromkeys(("TrainReporter", "TuneReporter", "report_diverged", "report_failed",
+                     "restore_latest_checkpoint", "trial_context"), "dcl_core.study.tracking.reporting"),
+    **dict.fromkeys(("SUMMARY_TAG", "TRIAL_TAG", "local_ui_port", "runs_page"), "dcl_core.study.tracking.runs"),
+    **dict.fromkeys(("StudyTracker", "git_commit", "metric_name"), "dcl_core.study.tracking.tracker"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return getattr(importlib.import_module(_MODULES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "FILES_DIR",

@@ -15,8 +15,6 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 from urllib.request import url2pathname
 
-from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
-
 from dcl_core.config import ConfigError
 from dcl_core.study.plan.storage import redact_uri
 
@@ -65,6 +63,9 @@ def preflight(tracking_uri: str, timeout: float = 5) -> None:
         path = Path(url2pathname(parts.path)) if scheme else Path(tracking_uri)
         if scheme and parts.netloc not in ("", "localhost"):
             raise invalid("a file: URI on another host")
+        # MLflow's own reading of its switch; imported here, as the tracking package keeps MLflow out of trial workers
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+
         if not MLFLOW_ALLOW_FILE_STORE.get():
             raise invalid("MLflow 3's file store is in maintenance mode and refuses new runs; use sqlite:///PATH.db "
                           "(or set MLFLOW_ALLOW_FILE_STORE=true)")
