@@ -113,7 +113,8 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
                                "--backend-store-uri", store, "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # no job consumers
     try:
         tracking = f"http://127.0.0.1:{port}"
         wait_http(f"{tracking}/health")

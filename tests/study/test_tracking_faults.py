@@ -58,8 +58,10 @@ class Server:
         cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
                "--backend-store-uri", f"sqlite:///{self.root / 'server.db'}",
                "--artifacts-destination", str(self.root / "server-artifacts"), "--workers", "1"]
+        env = os.environ | {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no GenAI job consumers: 8 processes
         with open(self.root / "server.log", "ab") as log_file:
-            self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
