@@ -40,6 +40,10 @@ PRELOAD = [
 # Read by the preloaded packages when imported: a command that sets one differently gets a real subprocess.
 # (MLflow reads its MLFLOW_* variables at each call, which the study's tracker sets in a test's own process.)
 IMPORT_TIME_ENV = ("OMP_", "MKL_", "CUDA_", "TORCH", "PYTORCH", "PYTHON", "LD_", "MPL")
+# ... except those read at each use: Python consults PYTHONBREAKPOINT at every breakpoint() call, and ray.init sets
+# it in the process that calls it (a test running a study in-process), which would send every later command to a
+# new interpreter.
+READ_AT_USE = frozenset({"PYTHONBREAKPOINT"})
 
 _context: Any = None
 _server_env: dict[str, str] = {}
@@ -55,7 +59,7 @@ def _forkserver() -> Any:
 
 
 def _preloadable(env: dict[str, str]) -> bool:
-    keys = {k for k in set(env) | set(_server_env) if k.startswith(IMPORT_TIME_ENV)}
+    keys = {k for k in set(env) | set(_server_env) if k.startswith(IMPORT_TIME_ENV) and k not in READ_AT_USE}
     differ = sorted(k for k in keys if env.get(k) != _server_env.get(k))
     if differ:  # said, so that a variable drifting in the test process cannot quietly slow the suite down
         warnings.warn(f"pyrun: a new interpreter, for {', '.join(differ)}", stacklevel=3)

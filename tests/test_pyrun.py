@@ -85,10 +85,11 @@ def test_an_environment_read_on_import_gets_a_real_subprocess(tmp_path: Path, mo
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
     monkeypatch.setenv("TUNE_WARN_THRESHOLD_S", "30")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")  # the tracker's, set in-process
+    monkeypatch.setenv("PYTHONBREAKPOINT", "ray.util.rpdb.set_trace")  # what ray.init sets in its caller
     assert pyrun.run(code, timeout=60).stdout.split() == ["True", "False"]  # torch preloaded, Ray left to the study
     code = [sys.executable, "-c", "import sys; print('torch' in sys.modules)"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # torch reads it on import
-    with pytest.warns(UserWarning, match="a new interpreter, for OMP_NUM_THREADS"):
+    with pytest.warns(UserWarning, match="a new interpreter, for OMP_NUM_THREADS$"):
         assert pyrun.run(code, env=env, timeout=60).stdout.strip() == "False"  # a new interpreter
     real = {**os.environ, "DCL_TEST_SUBPROCESS": "1"}
     os.environ["DCL_TEST_SUBPROCESS"] = "1"
