@@ -71,7 +71,7 @@ def fill(where: Path, leave: int, name: str = "filler") -> Path:
 
 
 def study(out: Path, *args: str) -> subprocess.CompletedProcess:
-    return pyrun.run([sys.executable, str(STUDY), "--smoke", "--seeds", "2", "--num-cpus", "2",
+    return pyrun.run([sys.executable, str(STUDY), "--smoke", "--seeds", "2", "--num-cpus", "1",
                            "--output-dir", str(out), *args], capture_output=True, text=True, timeout=600, cwd=REPO)
 
 

@@ -25,9 +25,10 @@ pytestmark = [
 
 
 def run_study(name, out, *args, paper_table=True):
+    # One trial process: a second would import torch again (~12 CPU-seconds a study on 2 cores).
     proc = pyrun.run(
         [sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir", str(out), "--num-cpus",
-         "2", *args],
+         "1", *args],
         capture_output=True, text=True, timeout=900, cwd=REPO, env=dict(os.environ),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

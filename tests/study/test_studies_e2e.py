@@ -42,8 +42,10 @@ pytestmark = [
 ]
 
 
-def study_cmd(script, out, *args):
-    return [sys.executable, str(STUDIES / script), "--output-dir", str(out), "--num-cpus", "2", *args]
+def study_cmd(script, out, *args, cpus=1):
+    """A study's command line on ``cpus`` CPUs. One, unless a test is about trials running side by side: a study on
+    2 CPUs starts a second trial process importing torch (a smoke study 41 -> 29 CPU-seconds, the suite's cost)."""
+    return [sys.executable, str(STUDIES / script), "--output-dir", str(out), "--num-cpus", str(cpus), *args]
 
 
 def run(cmd, timeout=600, env=None, fork=True):
@@ -68,7 +70,7 @@ def runs_of(out, name):
 def test_temperature_study_smoke_end_to_end(tmp_path):
     out = tmp_path / "t"
     # a new interpreter, as a user starts it: its whole console, exit included
-    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints"), fork=False)
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints", cpus=2), fork=False)
     # A console that answers: a line per finished trial, no Tune tables, no traceback, the answer last.
     assert "[4/4] " in proc.stdout and "Trial status" not in proc.stdout and "Configuration for experiment" not in (
         proc.stdout) and "Traceback" not in proc.stderr
@@ -322,7 +324,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
         name="nan_study", base=base, grid={"optim.base_lr": Grid((0.03, 1e30))}, x_key="optim.base_lr", x_label="lr"
     )
     try:
-        outcome = run_study(spec, StudyOptions(out, num_cpus=2))
+        outcome = run_study(spec, StudyOptions(out, num_cpus=1))
     finally:
         import ray
 
@@ -338,7 +340,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 
     # --overwrite: the new study's runs replace the old ones in MLflow (soft-deleted, not mixed in).
     try:
-        run_study(spec, StudyOptions(out, num_cpus=2, overwrite=True))
+        run_study(spec, StudyOptions(out, num_cpus=1, overwrite=True))
     finally:
         import ray
 
@@ -362,6 +364,7 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
             "--cpus-per-worker",
             "0.9",  # no --max-concurrent: DDP trials are capped to what the 2 CPUs hold (one at a time)
             "--save-checkpoints",
+            cpus=2,
         ),
         timeout=600,
     )
@@ -392,16 +395,16 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     storage = (tmp_path / "ray").as_uri()  # file:///...: resolved by pyarrow exactly like s3:// or gs://
     out = tmp_path / "out"
     try:
-        first = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
+        first = run_study(spec, StudyOptions(out, storage=storage, num_cpus=1))
         ids = {r["framework"]: r["trial_id"] for r in first.rows}
         experiments = sorted(p.name for p in (tmp_path / "ray").iterdir())
         assert experiments == ["two_part+simclr", "two_part+simo"]  # at the URI's path, not in a folder "file:"
         with pytest.raises(ConfigError, match="study output exists at file://"):
-            run_study(spec, StudyOptions(out, storage=storage, num_cpus=2))
+            run_study(spec, StudyOptions(out, storage=storage, num_cpus=1))
         # As if the driver had died before the SiMo experiment started.
         fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part+simo"))
         fs.delete_dir(path)
-        resumed = run_study(spec, StudyOptions(out, storage=storage, num_cpus=2, resume=True))
+        resumed = run_study(spec, StudyOptions(out, storage=storage, num_cpus=1, resume=True))
     finally:
         import ray
 

@@ -365,7 +365,7 @@ def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
     server.start()
     out, epochs = tmp_path / "out", 6
     cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
-           "--output-dir", str(out), "--num-cpus", "2", "--tracking-uri", server.uri,
+           "--output-dir", str(out), "--num-cpus", "1", "--tracking-uri", server.uri,
            "--set", f"optim.epochs={epochs}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     exp = out / "ray_results" / "temperature_sweep"
