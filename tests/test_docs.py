@@ -7,6 +7,7 @@ Help texts are cheap: a study script's `--help` imports no torch. Each distinct 
 subcommand, for `python -m dcl_core.study answer …`) is asked once per test session."""
 
 import functools
+import importlib.util
 import os
 import re
 import sys
@@ -87,11 +88,20 @@ def target_exists(target: str) -> bool:
 
 
 @functools.cache
+def _checkout_is_installed() -> bool:
+    """Whether ``import dcl_core`` finds this checkout (an editable install, as CI's) rather than another copy."""
+    spec = importlib.util.find_spec("dcl_core")
+    return spec is not None and spec.origin is not None and Path(spec.origin).resolve().is_relative_to(REPO)
+
+
+@functools.cache
 def help_text(target: str, subcommand: str | None) -> tuple[int, str]:
     """`--help` of a script or module (and subcommand), run from the repository's root on this checkout."""
     argv = [sys.executable, target] if target.endswith(".py") else [sys.executable, "-m", target]
     argv += [subcommand, "--help"] if subcommand else ["--help"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = dict(os.environ)
+    if not _checkout_is_installed():  # PYTHONPATH is read at start: a new interpreter then, not a fork (pyrun)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     proc = pyrun.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     # argparse wraps long help lines at a hyphen ("--max-\n      seeds"): rejoin them.
     return proc.returncode, re.sub(r"-\n\s+", "-", proc.stdout + proc.stderr)
