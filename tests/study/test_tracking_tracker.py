@@ -158,3 +158,18 @@ def test_a_callback_pickled_before_cells_existed_still_tags_its_runs(tmp_path, f
     del state.__dict__["cell"], state.__dict__["series"]
     state.on_trial_start(0, [], fake_trial("t0", {"loss.name": "dcl"}))
     assert MlflowClient(uri).get_run(state.runs["t0"]).data.tags["mlflow.runColor"] == "#1f77b4"
+
+
+def test_every_name_of_the_tracking_package_resolves_to_what_its_module_defines():
+    # The package imports its names on first use (a trial's process needs only .reporting): each name of __all__
+    # must reach its module's object, never a submodule of the same name (``preflight``: module and function).
+    import importlib
+    import types
+
+    from dcl_core.study import tracking
+
+    for name in tracking.__all__:
+        value = getattr(tracking, name)
+        assert not isinstance(value, types.ModuleType), name
+    importlib.import_module("dcl_core.study.tracking.preflight")
+    assert callable(tracking.preflight) and not isinstance(tracking.preflight, types.ModuleType)
