@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The suite runs 2 pytest workers on 2 cores, each starting studies, Ray and torch processes of its own, so torch's
+# OpenMP threads always share cores with other processes. Left to spin while they wait (libgomp's default), they
+# burn the cores the other processes need: tests/training took 158 s over 2 workers, 108 s with PASSIVE (sleep while
+# waiting; same results, scheduling only). Set before any test module imports torch; every subprocess inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _pytest.nodeid import coerce_node_id  # pytest 9.2's node ids: the one way to give an item a new one
 
 
