@@ -49,6 +49,7 @@ from dcl_core.study.plan.spec import (
     validate_spec,
     with_asha,
     with_base,
+    with_effects_of_interest,
 )
 from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, redact_args, summary_dir
 
@@ -79,12 +80,14 @@ class SpecArgs:
     set: tuple[str, ...] = ()
     name: str = ""
     design: Mapping[str, int] | None = None  # the sequential design of --until-resolved, once planned
+    effect_of_interest: tuple[str, ...] = ()  # --effect-of-interest KEY=VALUE, each as given
 
     def record(self, script: str) -> dict[str, Any]:
         """The ``command`` a study's options record: its script and these values."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return {"script": script, **values, "set": list(self.set),
-                "design": None if self.design is None else dict(self.design)}
+                "design": None if self.design is None else dict(self.design),
+                "effect_of_interest": list(self.effect_of_interest)}
 
 
 def spec_args_from_record(recorded: Mapping[str, Any], base: SpecArgs, where: str) -> SpecArgs:
@@ -133,6 +136,12 @@ def spec_args_from_record(recorded: Mapping[str, Any], base: SpecArgs, where: st
         if not isinstance(values, list) or not all(isinstance(v, str) and len(v) <= 4096 for v in values):
             raise bad("set", "must be a list of KEY=VALUE texts")
         given["set"] = tuple(values)
+    if "effect_of_interest" in recorded:
+        values = recorded["effect_of_interest"] or []
+        if not isinstance(values, list) or len(values) > 64 or not all(isinstance(v, str) and len(v) <= 200
+                                                                       for v in values):
+            raise bad("effect_of_interest", "must be a list of KEY=VALUE texts")
+        given["effect_of_interest"] = tuple(values)
     if "design" in recorded:
         rounds.from_record(recorded["design"])  # its own bounds: ConfigError
         given["design"] = recorded["design"]
@@ -164,7 +173,7 @@ class Script:
             spec = replace(spec, description=" ".join(self.doc.strip().split("\n\n")[0].split()))
         design = rounds.from_record(args.design)
         rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
-        spec = replace(spec, design=design)
+        spec = with_effects_of_interest(replace(spec, design=design), args.effect_of_interest)
         validate_spec(spec)
         check_set_not_swept(spec, parse_overrides(list(args.set)))
         return spec if data_root is None else with_base(spec, {"data.root": data_root})
@@ -220,6 +229,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     g.add_argument("--losses", default=None, help="comma-separated losses (default: preset's)")
     g.add_argument("--seeds", type=int, default=None, help="number of seeds per cell (default: preset's)")
     g.add_argument("--data-root", default=None, help="dataset root (default: embedded CIFAR-10 / $DCL_DATA_ROOT)")
+    g.add_argument("--effect-of-interest", action="append", default=[], metavar="KEY=VALUE",
+                   help="δ for a question, in its statistic's units, e.g. std_difference=1.0 (repeatable; KEY: "
+                        "the statistic or <statistic>_<i>): the verdict also says whether the data rule out an effect "
+                        "that large (default: the paper's like-for-like value)")
     g.add_argument("--dry-run", action="store_true",
                    help="print the trials, their resources, total epochs and images, and an estimated cost (CPU "
                         "minutes on this machine, GPU-hours), then exit: no Ray, nothing written")
@@ -265,7 +278,8 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
 def spec_args_of(ns: argparse.Namespace) -> SpecArgs:
     """The :class:`SpecArgs` of parsed options."""
     return SpecArgs(preset=ns.preset, search=ns.search, num_samples=ns.num_samples, asha=ns.asha, losses=ns.losses,
-                    seeds=ns.seeds, data_root=ns.data_root, set=tuple(ns.set), name=ns.name)
+                    seeds=ns.seeds, data_root=ns.data_root, set=tuple(ns.set), name=ns.name,
+                    effect_of_interest=tuple(ns.effect_of_interest))
 
 
 def request_of(ns: argparse.Namespace, argv: Sequence[str] | None = None) -> StudyRequest:

@@ -49,6 +49,39 @@ def test_planted_effect_supports_and_the_verdict_is_printed_last():
     assert "0.07" in text and "NPC regime" in text
 
 
+def test_a_null_that_excludes_the_papers_size_rules_it_out_and_a_given_effect_of_interest_replaces_it():
+    """No effect, little noise: Δstd's interval contains 0 and lies below Table 18's like-for-like value, so the
+    data rule out an effect as large as the paper's; the verdict says so, logs it and its δ, and counts as settled
+    (--until-resolved stops on it). A δ given inside the interval (--effect-of-interest) leaves it unresolved."""
+    a = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [FLATTER], paper="temperature_sweep")
+    (v,) = a.verdicts
+    assert v.estimate.lo < 0 < v.estimate.hi < v.paper_value and v.delta == v.paper_value
+    assert v.words is VerdictWord.RULES_OUT and a.resolved and v.power_line() is None
+    assert v.line().startswith(f"DCL flatter across τ than InfoNCE: rules out the paper's size — no effect as large "
+                               f"as the paper's {v.paper_value:+.2f} at this scale: Δstd ")
+    metrics, tags = answer_metrics(a), answer_tags(a)
+    assert metrics["verdict/std_difference_0/rules_out"] == 1.0 and metrics["verdict/std_difference_0/supports"] == 0
+    assert metrics["verdict/std_difference_0/effect_of_interest"] == pytest.approx(v.paper_value)
+    assert tags["verdict_0"] == "rules out the paper's size"
+
+    inside = Question(**{**FLATTER.__dict__, "effect_of_interest": v.estimate.hi / 2})
+    (w,) = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [inside], paper="temperature_sweep").verdicts
+    assert w.words is VerdictWord.NOT_RESOLVED and w.delta == pytest.approx(v.estimate.hi / 2)
+    assert "(--effect-of-interest)" in w.line() and w.paper_value == v.paper_value  # the paper's still printed
+
+
+def test_a_supporting_interval_says_whether_the_effect_is_smaller_or_larger_than_the_papers():
+    small = build_answer(rows(effect=0.1, noise=0.05), "temperature", "tau", [FLATTER], paper="temperature_sweep")
+    (v,) = small.verdicts
+    assert 0 < v.estimate.lo < v.estimate.hi < v.paper_value
+    assert v.words is VerdictWord.SUPPORTS and v.line().startswith(
+        "DCL flatter across τ than InfoNCE: supports the paper, smaller than the paper's — Δstd")
+    assert answer_tags(small)["verdict_0_size"] == "smaller than the paper's"
+    large = build_answer(rows(effect=1.0, noise=0.2), "temperature", "tau", [FLATTER], paper="temperature_sweep")
+    (w,) = large.verdicts
+    assert w.estimate.lo > w.paper_value and "supports the paper, larger than the paper's" in w.line()
+
+
 def test_planted_null_is_not_resolved_with_a_power_estimate():
     a = build_answer(rows(effect=0.0, noise=2.0), "temperature", "tau", [GAP])
     (v,) = a.verdicts

@@ -61,6 +61,21 @@ def test_null_studies_are_resolved_at_most_5_percent_of_the_time(report, kind):
 
 
 @pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
+@pytest.mark.parametrize("kind", SMOOTH + BEST)
+def test_studies_whose_truth_is_the_effect_of_interest_rule_it_out_at_most_5_percent_of_the_time(report, kind):
+    """"Rules out the paper's size" is wrong when the truth is δ: with δ = the planted effect's true value, the
+    planted studies say it no more often than 5% (the interval misses the truth on one side: 2.5% expected),
+    pooled and in every setting on its own; null studies say it more often with more seeds."""
+    for n, cell in report.planted[kind].items():
+        assert binomial_upper(cell.ruled_out, cell.studies, one_sided=0.001), (kind, n, cell)
+    for (what, k, setting, n), cell in report.blocks.items():
+        if what == "planted" and k == kind:
+            assert binomial_upper(cell.ruled_out, cell.studies, one_sided=1e-4), (kind, setting, n, cell)
+    rates = [cell.ruled_out / cell.studies for _, cell in sorted(report.null[kind].items())]
+    assert rates[-1] > rates[0] and rates[-1] > 0.5, (kind, rates)
+
+
+@pytest.mark.slow  # the calibration: 48,000 simulated studies (module fixture report)
 @pytest.mark.parametrize("kind", SMOOTH)
 def test_smooth_statistics_are_not_conservative_either(report, kind):
     """A test that never resolves anything is calibrated too: from 3 seeds on, the t-intervals resolve close to
@@ -148,6 +163,7 @@ def test_format_report_lists_every_kind(report):
     text = format_report(report)
     assert all(kind in text for kind in SMOOTH + BEST)
     assert "null, 2 seeds" in text and "found at 2.5 SD, 5 seeds" in text
+    assert "null rules out δ, 5 seeds" in text and "planted rules out δ (wrong)" in text
 
 
 # ------------------------------------------------------------------------------------ sequential (--until-resolved)

@@ -24,6 +24,7 @@ from dcl_core.study.analysis.statistics import (
 from dcl_core.study.analysis.stats import (
     MAX_SEEDS_PROJECTED,
     Estimate,
+    Size,
     VerdictWord,
     cell_means,
     collect,
@@ -35,6 +36,9 @@ from dcl_core.study.analysis.stats import (
     seeds_needed,
     t_interval,
     verdict,
+)
+from dcl_core.study.analysis.stats import (
+    size as stats_size,
 )
 
 TAUS = (0.1, 0.5, 1.0)
@@ -340,6 +344,29 @@ def test_verdict_boundaries(lo, hi, sign, words):
     assert verdict(Estimate(est, lo, hi, 3), sign) == words
 
 
+# δ, the effect of interest: the paper's +1.38 (temperature study) or −3 for a claim of a negative statistic
+@pytest.mark.parametrize(("lo", "hi", "sign", "delta", "words", "size"), [
+    (-0.45, 0.87, +1, 1.38, VerdictWord.RULES_OUT, None),  # contains 0, excludes δ: no effect as large
+    (-0.45, 1.38, +1, 1.38, VerdictWord.NOT_RESOLVED, None),  # touching δ
+    (-0.45, 1.50, +1, 1.38, VerdictWord.NOT_RESOLVED, None),  # contains both
+    (-0.45, 0.87, +1, None, VerdictWord.NOT_RESOLVED, None),  # no δ: as without one
+    (-0.45, 0.87, +1, math.nan, VerdictWord.NOT_RESOLVED, None),
+    (0.20, 0.87, +1, 1.38, VerdictWord.SUPPORTS, Size.SMALLER),  # an effect, smaller than the paper's
+    (0.20, 1.50, +1, 1.38, VerdictWord.SUPPORTS, None),  # an effect, as large as the paper's for all we know
+    (1.50, 2.50, +1, 1.38, VerdictWord.SUPPORTS, Size.LARGER),
+    (-2.0, -0.1, +1, 1.38, VerdictWord.CONTRADICTS, None),  # the other side: contradicts, δ aside
+    (-2.0, 1.0, -1, -3.0, VerdictWord.RULES_OUT, None),  # a negative claim: δ = −3 lies below the interval
+    (-2.5, -0.5, -1, -3.0, VerdictWord.SUPPORTS, Size.SMALLER),
+    (-4.5, -3.5, -1, -3.0, VerdictWord.SUPPORTS, Size.LARGER),
+    (0.2, 0.8, +1, -1.0, VerdictWord.SUPPORTS, None),  # δ on the other side of 0 than the claim: no size
+    (math.nan, math.nan, +1, 1.38, VerdictWord.NOT_RESOLVED, None),
+])
+def test_verdict_against_the_effect_of_interest(lo, hi, sign, delta, words, size):
+    est = Estimate((lo + hi) / 2 if math.isfinite(lo) else 1.0, lo, hi, 3)
+    assert verdict(est, sign, delta) == words
+    assert stats_size(est, sign, delta) == size
+
+
 def test_verdict_rejects_a_bad_sign():
     with pytest.raises(ValueError):
         verdict(Estimate(1.0, 0.5, 1.5, 3), 0)
@@ -381,5 +408,8 @@ def test_estimate_properties_and_format():
 
 def test_verdict_words_are_the_printed_strings():
     """The enum's values are exactly the words table.txt prints and the summary run's tags hold."""
-    assert [str(w) for w in VerdictWord] == ["supports the paper", "contradicts the paper", "not resolved"]
+    assert [str(w) for w in VerdictWord] == ["supports the paper", "contradicts the paper",
+                                             "rules out the paper's size", "not resolved"]
+    assert [str(s) for s in Size] == ["smaller than the paper's", "larger than the paper's"]
+    assert [w.settled for w in VerdictWord] == [True, True, True, False]
     assert f"{VerdictWord.NOT_RESOLVED}" == "not resolved" and VerdictWord("supports the paper") is VerdictWord.SUPPORTS

@@ -201,6 +201,10 @@ def test_bad_input_exits_2_before_ray_starts(tmp_path):
         (["--data-root", str(tmp_path / "empty")], "CIFAR-10 not found"),  # exists, but holds no dataset
         (["--set", "optim.batch_size=1"], "batch_size must be >= 2"),
         (["--set", "loss.alpha=256"], "loss.alpha is EqCo's and has no effect"),
+        (["--effect-of-interest", "gap_slope=1"], "not a question of study temperature_sweep (its questions: "
+                                                  "std_difference_0)"),
+        (["--effect-of-interest", "std_difference=0"], "must be a finite, non-zero number"),
+        (["--effect-of-interest", "std_difference"], "takes KEY=VALUE"),
     ]
 
     if not torch.cuda.is_available():  # a local Ray without GPUs would leave every trial pending forever

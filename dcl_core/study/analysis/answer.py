@@ -51,6 +51,8 @@ class Question:
         x_min: the smallest x within the range the paper claims its result for (``None``: every x); cells below
             it are shown but left out of the statistic.
         range_note: where the paper states that range, e.g. ``"K ≥ 16, EqCo Sec. 1"``.
+        effect_of_interest: δ, the size of effect the question is about (``--effect-of-interest``); None: the
+            paper's like-for-like value (:meth:`paper`), or none when the paper has no number.
     """
 
     claim: str
@@ -64,6 +66,7 @@ class Question:
     at_x: Any = None
     x_min: Any = None
     range_note: str = ""
+    effect_of_interest: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistic", statistics.statistic(self.statistic))
@@ -138,22 +141,41 @@ class PaperValue:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A question's answer: its estimate, the words that say it, the paper's value and the seeds it needs."""
+    """A question's answer: its estimate, the words that say it, the paper's value and the seeds it needs.
+
+    ``delta`` is the effect of interest the words weigh the interval against (the question's given
+    ``effect_of_interest``, else the paper's value; None: neither), ``size`` where a supporting interval lies
+    against it."""
 
     question: Question
     estimate: stats.Estimate
     words: VerdictWord
     paper: PaperValue
     seeds_needed: int | None
+    delta: float | None = None
+    size: stats.Size | None = None
 
     @property
     def paper_value(self) -> float | None:
         """The paper's value of the statistic, or None when the paper gives none."""
         return self.paper.value
 
+    @property
+    def delta_given(self) -> bool:
+        """Whether δ was given (``--effect-of-interest``) rather than taken from the paper."""
+        return self.question.effect_of_interest is not None
+
+    def phrase(self) -> str:
+        """The verdict's words with what they say of δ: ``supports the paper, smaller than the paper's``."""
+        if self.size is not None:
+            return f"{self.words}, {self.size}" if not self.delta_given else \
+                f"{self.words}, {self.size.value.replace('the paper', 'the effect of interest')}"
+        return str(self.words)
+
     def line(self) -> str:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
-        [−0.90, +2.10] (paper: +1.38 over tau 0.07, 0.2, 0.5, 1; ...)``."""
+        [−0.90, +2.10] (paper: +1.38 over tau 0.07, 0.2, 0.5, 1; ...)``; a verdict that rules out δ says so:
+        ``…: rules out the paper's size — no effect as large as the paper's +1.38 at this scale: Δstd …``."""
         e = self.estimate
         if e.has_interval:
             value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
@@ -163,12 +185,17 @@ class Verdict:
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
         else:  # stats.t_interval: the seeds' values were identical
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
+        if self.words is VerdictWord.RULES_OUT and self.delta is not None:
+            whose = "the effect of interest" if self.delta_given else "the paper's"
+            value = f"no effect as large as {whose} {self.delta:+.2f} at this scale: {value}"
         scope = f" [{self.question.range_note}]" if self.question.range_note else ""
-        return f"{self.question.claim}{scope}: {self.words} — {value} (paper: {self.paper.text})"
+        given = (f"; effect of interest {self.delta:+.2f} (--effect-of-interest)"
+                 if self.delta_given and self.delta is not None else "")
+        return f"{self.question.claim}{scope}: {self.phrase()} — {value} (paper: {self.paper.text}{given})"
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
-        if self.words is not VerdictWord.NOT_RESOLVED or math.isnan(self.estimate.estimate):
+        if self.words.settled or math.isnan(self.estimate.estimate):
             return None
         if self.seeds_needed is None:
             if self.estimate.n < 2:
@@ -201,8 +228,9 @@ class Answer:
 
     @property
     def resolved(self) -> bool:
-        """Every question has a verdict other than "not resolved" (False for a study that asks none)."""
-        return bool(self.verdicts) and all(v.words is not VerdictWord.NOT_RESOLVED for v in self.verdicts)
+        """Every question is settled either way, i.e. has a verdict other than "not resolved" (False for a study
+        that asks none)."""
+        return bool(self.verdicts) and all(v.words.settled for v in self.verdicts)
 
     def outside(self) -> list[str]:
         """``K=4: outside the paper's claimed range for simclr+eqco(α=256) (K ≥ 16, EqCo Sec. 1)``, one line per
@@ -292,11 +320,18 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
     verdicts = []
     xs = sorted({x for by_x in data.values() for x in by_x})
     for q in questions:
-        est = q.estimate(data, design)
-        words = stats.verdict(est, q.paper_sign)
-        verdicts.append(Verdict(q, est, words, q.paper(claim, xs, x_label), stats.seeds_needed(est, est.n)))
+        verdicts.append(judge(q, q.estimate(data, design), q.paper(claim, xs, x_label)))
     bases = [pair[1] for pair in pairs if pair[1] in q_b] or list(q_b)
     return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions), design)
+
+
+def judge(question: Question, est: stats.Estimate, paper: PaperValue) -> Verdict:
+    """The verdict on ``question`` of its estimate: the words, weighed against δ (the question's
+    ``effect_of_interest``, else the paper's value), and the seeds an unresolved one would need."""
+    delta = question.effect_of_interest if question.effect_of_interest is not None else paper.value
+    words = stats.verdict(est, question.paper_sign, delta)
+    return Verdict(question, est, words, paper, stats.seeds_needed(est, est.n), delta,
+                   stats.size(est, question.paper_sign, delta))
 
 
 def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:

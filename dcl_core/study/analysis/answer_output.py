@@ -104,7 +104,8 @@ def format_answer(answer: Answer) -> str:
         power = [p for v in answer.verdicts if (p := v.power_line())]
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
-                "by the interval alone; calibrated by simulated studies, docs/statistics.md#calibration)")
+                "by the interval alone, against 0 and against the effect of interest, the paper's value unless "
+                "--effect-of-interest gives one; calibrated by simulated studies, docs/statistics.md#calibration)")
         parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
                                 *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
@@ -140,12 +141,15 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
 
 def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
     """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
-    ``ci_hi``, ``supports``, ``contradicts``, ``paper``, ``seeds_needed``), finite values only."""
+    ``ci_hi``, ``supports``, ``contradicts``, ``rules_out``, ``paper``, ``effect_of_interest``,
+    ``seeds_needed``), finite values only."""
     key = f"verdict/{v.question.statistic.name}_{i}"
     out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
            f"{key}/supports": float(v.words is VerdictWord.SUPPORTS),
            f"{key}/contradicts": float(v.words is VerdictWord.CONTRADICTS),
-           f"{key}/paper": v.paper_value, f"{key}/seeds_needed": v.seeds_needed}
+           f"{key}/rules_out": float(v.words is VerdictWord.RULES_OUT),
+           f"{key}/paper": v.paper_value, f"{key}/effect_of_interest": v.delta,
+           f"{key}/seeds_needed": v.seeds_needed}
     return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
 
 
@@ -154,6 +158,8 @@ def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
     tags = {}
     for i, v in enumerate(verdicts):
         tags[f"verdict_{i}"] = str(v.words)
+        if v.size is not None:
+            tags[f"verdict_{i}_size"] = str(v.size)
         tags[f"verdict_{i}_line"] = v.line()
     if verdicts:
         tags["verdict"] = "; ".join(v.words for v in verdicts)

@@ -201,20 +201,23 @@ class Cell:
     studies: int = 0
     resolved: int = 0  # supports or contradicts
     right: int = 0  # resolved in the planted effect's direction
+    ruled_out: int = 0  # "rules out the paper's size" with δ = the planted effect's true value
     covered: int = 0  # the interval covers the true value
     with_interval: int = 0
 
 
 def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: int, rng: np.random.Generator,
-              truth: float | None = None) -> Cell:
-    """``studies`` simulated studies through ``Question.estimate`` and ``stats.verdict``."""
+              truth: float | None = None, delta: float | None = None) -> Cell:
+    """``studies`` simulated studies through ``Question.estimate`` and ``stats.verdict``, the verdict weighed
+    against the effect of interest ``delta`` (None: none)."""
     q = kind.question(setting)
     out = Cell()
     for _ in range(studies):
         est = q.estimate(simulate(kind, setting, seeds, effect, rng))
-        words = stats.verdict(est, q.paper_sign)
+        words = stats.verdict(est, q.paper_sign, delta)
         out.studies += 1
-        if words is not VerdictWord.NOT_RESOLVED:
+        out.ruled_out += words is VerdictWord.RULES_OUT
+        if words in (VerdictWord.SUPPORTS, VerdictWord.CONTRADICTS):
             out.resolved += 1
             out.right += words is VerdictWord.SUPPORTS
         if est.has_interval:
@@ -281,18 +284,20 @@ class Report:
 def calibrate(studies: int = 200, seeds: Sequence[int] = SEEDS, settings: Sequence[Setting] = SETTINGS,
               kinds: Sequence[Kind] = KINDS, effect: float = EFFECT, power_seeds: Sequence[int] = (3, 5, 8),
               rng_seed: int = 0) -> Report:
-    """Every kind × setting × seed count, under the null and (at ``power_seeds``) with ``effect`` planted."""
+    """Every kind × setting × seed count, under the null and (at ``power_seeds``) with ``effect`` planted; the
+    effect of interest δ is the planted effect's true value (so a null study that rules it out is right, a
+    planted one wrong)."""
     rng = np.random.default_rng(rng_seed)
     report = Report(studies)
     for kind in kinds:
         for setting in settings:
             planted = true_value(kind, setting, effect)
             for n in seeds:
-                block = run_block(kind, setting, n, 0.0, studies, rng, truth=0.0)
+                block = run_block(kind, setting, n, 0.0, studies, rng, truth=0.0, delta=planted)
                 report.blocks[("null", kind.name, setting.name, n)] = block
                 _add(report.null.setdefault(kind.name, {}).setdefault(n, Cell()), block)
                 if n in power_seeds:
-                    block = run_block(kind, setting, n, effect, studies, rng, truth=planted)
+                    block = run_block(kind, setting, n, effect, studies, rng, truth=planted, delta=planted)
                     report.blocks[("planted", kind.name, setting.name, n)] = block
                     _add(report.planted.setdefault(kind.name, {}).setdefault(n, Cell()), block)
                     if setting.plain:
@@ -301,7 +306,7 @@ def calibrate(studies: int = 200, seeds: Sequence[int] = SEEDS, settings: Sequen
 
 
 def _add(total: Cell, block: Cell) -> None:
-    for f in ("studies", "resolved", "right", "covered", "with_interval"):
+    for f in ("studies", "resolved", "right", "ruled_out", "covered", "with_interval"):
         setattr(total, f, getattr(total, f) + getattr(block, f))
 
 
@@ -318,14 +323,17 @@ def binomial_upper(k: int, n: int, p: float = 1 - LEVEL, one_sided: float = 0.00
 
 
 def format_report(report: Report) -> str:
-    """The README's table: per kind, the null resolution rate at each seed count and, with the effect planted,
-    the rate it is found and the interval's coverage of the true value."""
+    """The calibration table: per kind, the null resolution rate at each seed count; with the effect planted,
+    the rate it is found and the interval's coverage of the true value; and with δ = that true value, how often
+    a null study rules δ out (right) and a planted one does (wrong, every setting pooled)."""
     seeds = sorted({n for by_n in report.null.values() for n in by_n})
     power_seeds = sorted({n for by_n in report.power.values() for n in by_n})
     head = ("| statistic | " + " | ".join(f"null, {n} seeds" for n in seeds) + " | "
             + " | ".join(f"found at {EFFECT:g} SD, {n} seeds" for n in power_seeds)
-            + " | coverage, planted |")
-    lines = [head, "|" + "---|" * (2 + len(seeds) + len(power_seeds))]
+            + " | coverage, planted | "
+            + " | ".join(f"null rules out δ, {n} seeds" for n in power_seeds)
+            + " | planted rules out δ (wrong) |")
+    lines = [head, "|" + "---|" * (3 + len(seeds) + 2 * len(power_seeds))]
     for kind, by_n in report.null.items():
         cells = [f"{100 * c.resolved / c.studies:.1f}%" for _, c in sorted(by_n.items())]
         power = report.power.get(kind, {})
@@ -333,5 +341,9 @@ def format_report(report: Report) -> str:
         planted = report.planted.get(kind, {}).values()
         cov_n = sum(c.with_interval for c in planted)
         cov = f"{100 * sum(c.covered for c in planted) / cov_n:.1f}%" if cov_n else "-"
-        lines.append(f"| {kind} | " + " | ".join(cells) + " | " + " | ".join(found) + f" | {cov} |")
+        ruled = [f"{100 * by_n[n].ruled_out / by_n[n].studies:.0f}%" if n in by_n else "-" for n in power_seeds]
+        studies = sum(c.studies for c in planted)
+        wrong = f"{100 * sum(c.ruled_out for c in planted) / studies:.1f}%" if studies else "-"
+        lines.append(f"| {kind} | " + " | ".join(cells) + " | " + " | ".join(found) + f" | {cov} | "
+                     + " | ".join(ruled) + f" | {wrong} |")
     return "\n".join(lines)

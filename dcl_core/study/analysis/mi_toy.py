@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.answer import Question, Verdict
+from dcl_core.study.analysis.answer import Question, Verdict, judge
 from dcl_core.study.analysis.answer_output import verdict_metrics, verdict_tags
 from dcl_core.study.analysis.paper import PAPER_KS, PAPER_TABLE5, paper_claim
 from dcl_core.study.analysis.report import pyplot, save_figure
@@ -80,8 +80,7 @@ def toy_verdict(rows: list[dict[str, Any]]) -> Verdict:
                  series["infonce"], series["eqco"], label="slope of I_NCE − I_EqCo per doubling of K (nats)")
     est = q.estimate(data)
     ks = sorted({k for by_k in data.values() for k in by_k})
-    return Verdict(q, est, stats.verdict(est, q.paper_sign), q.paper(paper_claim("eqco_mi_toy"), ks, "K"),
-                   stats.seeds_needed(est, est.n))
+    return judge(q, est, q.paper(paper_claim("eqco_mi_toy"), ks, "K"))
 
 
 def toy_answer(rows: list[dict[str, Any]], ks: tuple[int, ...]) -> tuple[str, dict[str, float], dict[str, str]]:

@@ -202,6 +202,43 @@ def with_asha(spec: StudySpec, asha: bool) -> StudySpec:
     return with_base(spec, {"eval.knn_every": 1})
 
 
+def question_keys(spec: StudySpec) -> list[str]:
+    """The names ``--effect-of-interest`` knows the study's questions by: ``<statistic>_<i>``, as the summary
+    run's ``verdict/<statistic>_<i>/…`` metrics name them."""
+    return [f"{q.statistic.name}_{i}" for i, q in enumerate(spec.questions)]
+
+
+def with_effects_of_interest(spec: StudySpec, given: Sequence[str]) -> StudySpec:
+    """The study with δ set on the questions ``--effect-of-interest KEY=VALUE`` names: KEY is a question's
+    ``<statistic>_<i>`` or its statistic's name (every question of that statistic), VALUE the effect in the
+    statistic's own units, signed (e.g. ``std_difference=1.0``: a Δstd of one point of kNN accuracy). ConfigError
+    (one line) for a KEY the study does not ask about or a VALUE that is not a finite, non-zero number."""
+    if not given:
+        return spec
+    keys = question_keys(spec)
+    deltas: dict[int, float] = {}
+    for item in given:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ConfigError(f"--effect-of-interest takes KEY=VALUE, got {item[:80]!r}")
+        try:
+            value = float(text)
+        except ValueError:
+            raise ConfigError(f"--effect-of-interest {key}: {text[:40]!r} is not a number") from None
+        if not math.isfinite(value) or value == 0:
+            raise ConfigError(f"--effect-of-interest {key}: the effect must be a finite, non-zero number, got {text!r}")
+        which = [i for i, k in enumerate(keys) if key in (k, k.rsplit("_", 1)[0])]
+        if not which:
+            known = ", ".join(keys) or "none"
+            raise ConfigError(f"--effect-of-interest: {key[:60]!r} is not a question of study {spec.name} "
+                              f"(its questions: {known})")
+        deltas |= dict.fromkeys(which, value)
+    questions = tuple(replace(q, effect_of_interest=deltas[i]) if i in deltas else q
+                      for i, q in enumerate(spec.questions))
+    return replace(spec, questions=questions)
+
+
 def grid_points(grid: Space) -> list[dict[str, Any]]:
     """Every combination of the grid's ``Grid`` values (constants included in each)."""
     points: list[dict[str, Any]] = [{}]
