@@ -243,9 +243,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     cli.add_set_option(g, "override a base config key for every trial, e.g. --set optim.epochs=50")
     r = p.add_argument_group("seeds until resolved")
     r.add_argument("--until-resolved", action="store_true",
-                   help="add seeds to every cell in rounds until every question is resolved or a cap is hit; each "
-                        "look's interval is the sequential design's, so looking after every round resolves no more "
-                        "than 5%% of null studies (needs --max-seeds and/or --max-minutes)")
+                   help="add seeds to every cell in rounds until every question is settled (its interval excludes "
+                        "0 or the effect of interest) or a cap is hit; each look's interval is the sequential "
+                        "design's, so looking after every round resolves no more than 5%% of null studies (needs "
+                        "--max-seeds and/or --max-minutes)")
     r.add_argument("--max-seeds", type=int, default=None,
                    help="the last look: at most this many seeds per cell (default with --max-minutes: as many as "
                         "the cost estimate fits in it)")

@@ -70,6 +70,15 @@ def test_a_null_that_excludes_the_papers_size_rules_it_out_and_a_given_effect_of
     assert "(--effect-of-interest)" in w.line() and w.paper_value == v.paper_value  # the paper's still printed
 
 
+def test_a_paper_value_over_the_papers_own_x_is_no_effect_of_interest():
+    """Where the grids share no x the paper's value is over its own x (said so in the line): not like for like,
+    so it is no δ, and the same null rows that rule out Table 18's value over shared τ stay unresolved."""
+    null = rows(effect=0.0, noise=0.3, taus=(0.15, 0.25, 0.35))
+    (v,) = build_answer(null, "temperature", "tau", [FLATTER], paper="temperature_sweep").verdicts
+    assert "over its own tau" in v.line() and v.paper_value is not None and not v.paper.like_for_like
+    assert v.delta is None and v.words is VerdictWord.NOT_RESOLVED and v.estimate.hi < v.paper_value
+
+
 def test_a_supporting_interval_says_whether_the_effect_is_smaller_or_larger_than_the_papers():
     small = build_answer(rows(effect=0.1, noise=0.05), "temperature", "tau", [FLATTER], paper="temperature_sweep")
     (v,) = small.verdicts

@@ -181,6 +181,43 @@ def test_a_sequential_study_resolves_a_null_at_most_5_percent_of_the_time_over_a
         assert binomial_upper(cell.resolved, cell.studies), (setting.name, cell.resolved, cell.studies)
 
 
+NEAR = 1.0  # a planted effect of 1 cell-noise SD: small for 3-10 seeds, so studies often end near a boundary
+
+
+@pytest.mark.slow  # a sequential simulation of 1,000 studies per smooth kind, 200 per best-of kind, and 2 x 200
+@pytest.mark.parametrize("kind", KINDS, ids=[k.name for k in KINDS])
+def test_a_sequential_study_that_stops_once_settled_rules_out_a_true_effect_at_most_5_percent_of_the_time(kind):
+    """--until-resolved stops a question once it is settled either way, "rules out the paper's size" included.
+    With δ the planted effect's true value, studies whose truth is δ end ruling it out in at most 5% (the design's
+    two-sided boundary, applied around δ, allows 2.5%); null studies, which now stop once they rule a large δ
+    out, use fewer seeds than when only excluding 0 could stop them, and still resolve at most 5%."""
+    design = stats.Sequential(first=3, max_seeds=10)
+    setting = SETTINGS[3]  # 6 x, a missing trial
+    delta = true_value(kind, setting, NEAR)
+    at_delta = run_sequential(kind, setting, design, NEAR, 1000 if kind.name in SMOOTH else 200,
+                              np.random.default_rng(12), delta=delta)
+    assert binomial_upper(at_delta.ruled_out, at_delta.studies), at_delta
+    large = true_value(kind, setting, EFFECT)
+    null = run_sequential(kind, setting, design, 0.0, 200, np.random.default_rng(13), delta=large)
+    assert binomial_upper(null.resolved, null.studies), null
+    without = run_sequential(kind, setting, design, 0.0, 200, np.random.default_rng(13))
+    assert null.mean_seeds < without.mean_seeds and null.ruled_out > null.studies / 2, (null, without)
+
+
+@pytest.mark.slow  # a sequential simulation of 1,000 studies
+def test_ruling_out_at_the_fixed_level_after_every_seed_would_not_be_calibrated():
+    """The test above can fail: the fixed 95% interval looked at after every seed rules out a true δ in more than
+    5% of the studies (the same simulation with the one-look level at every look)."""
+    class EveryLookAtTheFixedLevel(stats.Sequential):
+        def tail(self, tail: float) -> float:
+            return tail
+
+    kind, setting = KINDS[1], SETTINGS[3]
+    cell = run_sequential(kind, setting, EveryLookAtTheFixedLevel(3, 10), NEAR, 1000, np.random.default_rng(12),
+                          delta=true_value(kind, setting, NEAR))
+    assert not binomial_upper(cell.ruled_out, cell.studies), cell
+
+
 @pytest.mark.slow  # a sequential simulation of 300-400 studies
 def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
     """The reason for the design: the fixed 95% interval looked at after every seed resolves a null study far

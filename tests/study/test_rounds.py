@@ -95,7 +95,7 @@ def loop(first_resolved_at=None, design=None, first_seconds=1.0, max_minutes=Non
 
 def test_the_loop_stops_at_the_first_resolved_look():
     ran, said, why = loop(first_resolved_at=5)
-    assert ran == [4, 5] and why.startswith("stopped: every question resolved at 5 seeds per cell (look 3)")
+    assert ran == [4, 5] and why.startswith("stopped: every question settled at 5 seeds per cell (look 3)")
     assert [line for line in said if line.startswith("look")] == [
         f"look {i} of 4: {n} seeds per cell, 0.0 min spent" for i, n in ((1, 3), (2, 4), (3, 5))]
     assert "  verdict at 4" in said and "  ≈13 seeds" in said

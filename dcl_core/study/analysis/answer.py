@@ -108,7 +108,8 @@ class Question:
         shared = [x for x in ours if x in theirs]
         f = self.function()
         value = f({s: {x: v for x, v in c.items() if x in shared} for s, c in curves.items()}) if shared else nan
-        if math.isfinite(value):
+        like_for_like = math.isfinite(value)
+        if like_for_like:
             missing = [x for x in ours if x not in theirs]
             where = f"over {x_label} {_xs(shared)}" + (f"; it has no {x_label} {_xs(missing)}" if missing else "")
         else:
@@ -124,7 +125,7 @@ class Question:
         reported = claim.headline if self.paper_key is None else None
         if reported is not None and abs(reported - value) > 0.005:
             text += f"; it reports {reported:+.2f}: {claim.headline_source}"
-        return PaperValue(value, text)
+        return PaperValue(value, text, like_for_like)
 
 
 def _xs(xs: Sequence[Any]) -> str:
@@ -133,10 +134,12 @@ def _xs(xs: Sequence[Any]) -> str:
 
 @dataclass(frozen=True)
 class PaperValue:
-    """The paper's value of a question's statistic (None: the paper prints none) and how it was obtained."""
+    """The paper's value of a question's statistic (None: the paper prints none) and how it was obtained;
+    ``like_for_like``: computed over x values both grids share (only then is it a default effect of interest)."""
 
     value: float | None
     text: str
+    like_for_like: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,8 +147,8 @@ class Verdict:
     """A question's answer: its estimate, the words that say it, the paper's value and the seeds it needs.
 
     ``delta`` is the effect of interest the words weigh the interval against (the question's given
-    ``effect_of_interest``, else the paper's value; None: neither), ``size`` where a supporting interval lies
-    against it."""
+    ``effect_of_interest``, else the paper's like-for-like value; None: neither), ``size`` where a supporting
+    interval lies against it."""
 
     question: Question
     estimate: stats.Estimate
@@ -328,7 +331,9 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
 def judge(question: Question, est: stats.Estimate, paper: PaperValue) -> Verdict:
     """The verdict on ``question`` of its estimate: the words, weighed against δ (the question's
     ``effect_of_interest``, else the paper's value), and the seeds an unresolved one would need."""
-    delta = question.effect_of_interest if question.effect_of_interest is not None else paper.value
+    delta = question.effect_of_interest
+    if delta is None and paper.like_for_like:  # a value over the paper's own x (few epochs: 100/200) is no δ here
+        delta = paper.value
     words = stats.verdict(est, question.paper_sign, delta)
     return Verdict(question, est, words, paper, stats.seeds_needed(est, est.n), delta,
                    stats.size(est, question.paper_sign, delta))

@@ -232,9 +232,10 @@ class SequentialCell:
     """Results of simulated studies run through a sequential design (:class:`~.stats.Sequential`)."""
 
     studies: int = 0
-    resolved: int = 0  # at some look
+    resolved: int = 0  # supports or contradicts, at some look
     right: int = 0  # resolved in the planted effect's direction
-    seeds: int = 0  # seeds per cell spent, summed over studies (a study stops at its first resolving look)
+    ruled_out: int = 0  # ended with "rules out the paper's size"
+    seeds: int = 0  # seeds per cell spent, summed over studies (a study stops at its first settling look)
 
     @property
     def mean_seeds(self) -> float:
@@ -243,10 +244,11 @@ class SequentialCell:
 
 
 def run_sequential(kind: Kind, setting: Setting, design: stats.Sequential, effect: float, studies: int,
-                   rng: np.random.Generator) -> SequentialCell:
+                   rng: np.random.Generator, delta: float | None = None) -> SequentialCell:
     """``studies`` simulated studies, each looked at with ``design.looks`` seeds per cell (the first seeds of one
-    simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``stats.verdict``,
-    stopping at the first look that resolves, as ``--until-resolved`` does."""
+    simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``stats.verdict``
+    against the effect of interest ``delta``, stopping at the first look that settles the question either way
+    (any verdict but "not resolved"), as ``--until-resolved`` does."""
     q = kind.question(setting)
     out = SequentialCell()
     for _ in range(studies):
@@ -255,13 +257,14 @@ def run_sequential(kind: Kind, setting: Setting, design: stats.Sequential, effec
         for n in design.looks:
             seen = {s: {x: {k: v for k, v in cell.items() if k < n} for x, cell in by_x.items()}
                     for s, by_x in data.items()}
-            words = stats.verdict(q.estimate(seen, design), q.paper_sign)
-            if words is not VerdictWord.NOT_RESOLVED:
+            words = stats.verdict(q.estimate(seen, design), q.paper_sign, delta)
+            if words.settled:
                 used = n
                 break
         out.studies += 1
         out.seeds += used
-        if words is not VerdictWord.NOT_RESOLVED:
+        out.ruled_out += words is VerdictWord.RULES_OUT
+        if words in (VerdictWord.SUPPORTS, VerdictWord.CONTRADICTS):
             out.resolved += 1
             out.right += words is VerdictWord.SUPPORTS
     return out

@@ -1,9 +1,12 @@
-"""``--until-resolved``: seeds in rounds until every question is resolved or a cap is hit.
+"""``--until-resolved``: seeds in rounds until every question is settled either way or a cap is hit.
 
-The verdicts are looked at after every round, so each look uses the sequential design's interval
+A question is settled when its verdict is anything but "not resolved": its interval excludes 0 (supports or
+contradicts the paper) or excludes the effect of interest δ (rules out the paper's size). The verdicts are looked
+at after every round, so each look uses the sequential design's interval
 (:class:`~dcl_core.study.analysis.stats.Sequential`,
 Pocock's constant boundary): all looks together resolve at most 5% of
-null studies. The design (first look, last look, seeds per round) is fixed before the first look and recorded with
+null studies, and (the same two-sided boundary, applied around δ) rule δ out in at most 2.5% of studies whose
+truth is δ. The design (first look, last look, seeds per round) is fixed before the first look and recorded with
 the study, so a resume continues it and a re-analysis reproduces its intervals. ``--max-minutes`` only stops
 early, which removes looks and can only lower the null rate; without ``--max-seeds`` the last look is planned from
 the cost estimate (what ``--dry-run`` prints).
@@ -163,7 +166,7 @@ def until_resolved(outcome: StudyOutcome, design: Sequential, seeds: int, first_
         for line in [*outcome.verdicts, *outcome.power]:
             say(f"  {line}")
         if outcome.resolved:
-            return outcome, f"stopped: every question resolved at {seeds} seeds per cell (look {look})"
+            return outcome, f"stopped: every question settled at {seeds} seeds per cell (look {look})"
         if seeds >= design.max_seeds:
             return outcome, f"stopped: not resolved at the last look ({design.max_seeds} seeds per cell, --max-seeds)"
         add = min(design.step, design.max_seeds - seeds)
