@@ -89,6 +89,9 @@ def test_a_supporting_interval_says_whether_the_effect_is_smaller_or_larger_than
     large = build_answer(rows(effect=1.0, noise=0.2), "temperature", "tau", [FLATTER], paper="temperature_sweep")
     (w,) = large.verdicts
     assert w.estimate.lo > w.paper_value and "supports the paper, larger than the paper's" in w.line()
+    given = Question(**{**FLATTER.__dict__, "effect_of_interest": w.estimate.hi + 1})
+    (g,) = build_answer(rows(effect=1.0, noise=0.2), "temperature", "tau", [given], paper="temperature_sweep").verdicts
+    assert ": supports the paper, smaller than the effect of interest — " in g.line()
 
 
 def test_planted_null_is_not_resolved_with_a_power_estimate():

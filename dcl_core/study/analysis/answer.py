@@ -170,10 +170,11 @@ class Verdict:
 
     def phrase(self) -> str:
         """The verdict's words with what they say of δ: ``supports the paper, smaller than the paper's``."""
-        if self.size is not None:
-            return f"{self.words}, {self.size}" if not self.delta_given else \
-                f"{self.words}, {self.size.value.replace('the paper', 'the effect of interest')}"
-        return str(self.words)
+        if self.size is None:
+            return str(self.words)
+        if not self.delta_given:
+            return f"{self.words}, {self.size}"
+        return f"{self.words}, {'smaller' if self.size is stats.Size.SMALLER else 'larger'} than the effect of interest"
 
     def line(self) -> str:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
