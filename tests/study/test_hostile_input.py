@@ -400,12 +400,12 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
 
 @pytest.mark.slow  # runs the smoke study (real Ray)
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
-def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path):
+def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path, ray_head):
     """Issue reproduction: a half-truncated ray_results/<study>/experiment_state-*.json turned --resume into a trial
     with params {} (full CIFAR-10, ResNet-18, 200 epochs) after a Tune traceback, with an MLflow run left
     RUNNING. Now: one line, exit 2, and nothing started."""
     out = tmp_path / "o"
-    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "1")
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--address", ray_head.address, env=ray_head.env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     exp_dir = out / "ray_results" / "temperature_sweep"
     (state,) = sorted(exp_dir.glob("experiment_state-*.json"))
@@ -414,7 +414,8 @@ def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path)
     state.write_text(text[: len(text) // 2])
     # The study kept a copy of Tune's last readable state (a full disk cuts Tune's save short): put back, resumed,
     # nothing retrained.
-    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "1", "--resume")
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--address", ray_head.address, "--resume",
+                         env=ray_head.env)
     assert proc.returncode == 0 and "put back its last readable copy" in proc.stderr, proc.stderr[-3000:]
     assert {p: p.read_bytes() for p in exp_dir.glob("*/result.json")} == results
     # Without that copy: one line, exit 2.
@@ -422,7 +423,8 @@ def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path)
         state.write_text(state.read_text()[:1000])
     shutil.rmtree(exp_dir / ".dcl_state_backup")
     started = time.monotonic()
-    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--num-cpus", "1", "--resume")
+    proc = _study_script("--output-dir", str(out), "--losses", "dcl", "--address", ray_head.address, "--resume",
+                         env=ray_head.env)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "cannot resume: Tune's saved state in" in errors[0] and "damaged" in errors[0]

@@ -3,7 +3,6 @@
 One test per study script, each run as its own process as a user runs it (see test_studies_e2e.py for the
 temperature/batch studies, resume, failures and DDP)."""
 
-import os
 import sys
 from pathlib import Path
 
@@ -24,12 +23,13 @@ pytestmark = [
 ]
 
 
-def run_study(name, out, *args, paper_table=True):
-    # One trial process: a second would import torch again (~12 CPU-seconds a study on 2 cores).
+def run_study(name, out, *args, head, paper_table=True):
+    # Attached to the suite's Ray head (conftest.py's ``ray_head``: 1 CPU, so one trial process; a second would
+    # import torch again, ~12 CPU-seconds a study on 2 cores).
     proc = pyrun.run(
-        [sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir", str(out), "--num-cpus",
-         "1", *args],
-        capture_output=True, text=True, timeout=900, cwd=REPO, env=dict(os.environ),
+        [sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir", str(out), "--address",
+         head.address, *args],
+        capture_output=True, text=True, timeout=900, cwd=REPO, env=head.env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = read_table(summary_dir(out, name) / "results.parquet")
@@ -57,8 +57,8 @@ def check_answer(stdout, summary, paper_table=True):
     assert summary.data.tags["npc_regime"] in stdout
 
 
-def test_eqco_negatives_sweep(tmp_path):
-    stdout, rows, *_ = run_study("eqco_negatives_sweep", tmp_path)
+def test_eqco_negatives_sweep(tmp_path, ray_head):
+    stdout, rows, *_ = run_study("eqco_negatives_sweep", tmp_path, head=ray_head)
     # SimCLR and SiMo, K in {4, 16}, alpha = K (InfoNCE over K negatives) and alpha = 256 (EqCo).
     assert sorted((r["framework"], r["num_negatives"], r["method"]) for r in rows) == sorted(
         (fw, k, m) for fw in ("simclr", "simo") for k in (4, 16) for m in ("eqco(α=K)", "eqco(α=256)")
@@ -74,8 +74,8 @@ def test_eqco_negatives_sweep(tmp_path):
     assert all(r["mi_bound"] is not None for r in rows)
 
 
-def test_queue_size_sweep(tmp_path):
-    stdout, rows, _, trials, summary, _ = run_study("queue_size_sweep", tmp_path)
+def test_queue_size_sweep(tmp_path, ray_head):
+    stdout, rows, _, trials, summary, _ = run_study("queue_size_sweep", tmp_path, head=ray_head)
     assert sorted((r["loss"], r["queue_size"]) for r in rows) == sorted(
         (lo, q) for lo in ("infonce", "dcl") for q in (32, 64)
     )
@@ -85,20 +85,21 @@ def test_queue_size_sweep(tmp_path):
     assert all(r.data.params["framework.name"] == "moco" for r in trials)
 
 
-def test_dclw_sigma_sweep_grid_and_optuna(tmp_path):
-    stdout, rows, *_ = run_study("dclw_sigma_sweep", tmp_path / "grid")
+def test_dclw_sigma_sweep_grid_and_optuna(tmp_path, ray_head):
+    stdout, rows, *_ = run_study("dclw_sigma_sweep", tmp_path / "grid", head=ray_head)
     assert sorted(r["sigma"] for r in rows) == [0.5, 1000.0] and {r["loss"] for r in rows} == {"dclw"}
     # Table 2's claim at its σ first, with Table 2's value; then the best σ of the grid
     assert "DCLW (σ = 0.5) beats DCL (σ = 1000): not resolved — σ 0.5 − DCL " in stdout
     assert "(paper: +0.60 over sigma 0.5, 1000)" in stdout and "DCLW (best σ) beats DCL (σ = 1000): " in stdout
-    stdout, rows, *_ = run_study("dclw_sigma_sweep", tmp_path / "optuna", "--search", "optuna", "--num-samples", "2")
+    stdout, rows, *_ = run_study("dclw_sigma_sweep", tmp_path / "optuna", "--search", "optuna", "--num-samples", "2",
+                                 head=ray_head)
     assert len(rows) == 2 and all(0.1 <= r["sigma"] <= 4.0 for r in rows)
     assert "best dclw: kNN top-1" in stdout and "loss.sigma=" in stdout
     assert "DCLW (best σ) beats DCL (σ = 1000): not resolved" in stdout
 
 
-def test_tau_lr_search_with_asha_logs_optuna_plots(tmp_path):
-    stdout, rows, _, _, _, arts = run_study("tau_lr_search", tmp_path, "--asha")
+def test_tau_lr_search_with_asha_logs_optuna_plots(tmp_path, ray_head):
+    stdout, rows, _, _, _, arts = run_study("tau_lr_search", tmp_path, "--asha", head=ray_head)
     assert len(rows) == 6 and {r["loss"] for r in rows} == {"infonce", "dcl"}
     assert all(0.05 <= r["temperature"] <= 1.0 and 0.003 <= r["base_lr"] <= 0.3 for r in rows)
     assert "best dcl: kNN top-1" in stdout and "best infonce: kNN top-1" in stdout
@@ -107,8 +108,8 @@ def test_tau_lr_search_with_asha_logs_optuna_plots(tmp_path):
         assert f"optuna_history_{loss}.png" in arts and f"optuna_importance_{loss}.png" in arts
 
 
-def test_few_epochs(tmp_path):
-    stdout, rows, client, trials, _, _ = run_study("few_epochs", tmp_path)
+def test_few_epochs(tmp_path, ray_head):
+    stdout, rows, client, trials, _, _ = run_study("few_epochs", tmp_path, head=ray_head)
     assert sorted((r["loss"], r["epoch_budget"], r["epochs"]) for r in rows) == sorted(
         (lo, b, b) for lo in ("infonce", "dcl") for b in (1, 2)
     )
@@ -119,10 +120,10 @@ def test_few_epochs(tmp_path):
         assert steps == list(range(1, int(r.data.params["optim.epochs"]) + 1))
 
 
-def test_lr_in_regime(tmp_path):
+def test_lr_in_regime(tmp_path, ray_head):
     """Both losses at each base lr of the regime cell (batch 16, τ 0.07), paired by seed; two verdicts: tuned
     against tuned (best lr each) and the gap at the shared lr; the paper has no table for this cell."""
-    _, rows, _, _, summary, _ = run_study("lr_in_regime", tmp_path, "--seeds", "2", paper_table=False)
+    _, rows, _, _, summary, _ = run_study("lr_in_regime", tmp_path, "--seeds", "2", paper_table=False, head=ray_head)
     assert sorted((r["loss"], r["base_lr"], r["seed"]) for r in rows) == sorted(
         (lo, lr, s) for lo in ("infonce", "dcl") for lr in (0.12, 0.24) for s in (0, 1))
     assert {(r["temperature"], r["batch_size"]) for r in rows} == {(0.07, 16)}

@@ -42,10 +42,13 @@ pytestmark = [
 ]
 
 
-def study_cmd(script, out, *args, cpus=1):
-    """A study's command line on ``cpus`` CPUs. One, unless a test is about trials running side by side: a study on
-    2 CPUs starts a second trial process importing torch (a smoke study 41 -> 29 CPU-seconds, the suite's cost)."""
-    return [sys.executable, str(STUDIES / script), "--output-dir", str(out), "--num-cpus", str(cpus), *args]
+def study_cmd(script, out, *args, cpus=1, head=None):
+    """A study's command line on ``cpus`` CPUs of a local Ray of its own, or attached to the suite's shared
+    ``head`` (conftest.py's ``ray_head``, 1 CPU; run it with ``env=head.env``). One CPU, unless a test is about
+    trials running side by side: a study on 2 CPUs starts a second trial process importing torch (a smoke study
+    41 -> 29 CPU-seconds, the suite's cost)."""
+    where = ["--address", head.address] if head is not None else ["--num-cpus", str(cpus)]
+    return [sys.executable, str(STUDIES / script), "--output-dir", str(out), *where, *args]
 
 
 def run(cmd, timeout=600, env=None, fork=True):
@@ -165,9 +168,10 @@ def assert_reanalysis_reproduces(out, name, proc, script, args):
     assert flag.stdout == printed and table.read_bytes() == before
 
 
-def test_batch_study_with_optuna_search(tmp_path):
+def test_batch_study_with_optuna_search(tmp_path, ray_head):
     out = tmp_path / "b"
-    proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--search", "optuna", "--num-samples", "2"))
+    proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--search", "optuna", "--num-samples", "2",
+                         head=ray_head), env=ray_head.env)
     assert "DCL−base" in proc.stdout  # Table 1's gap row
     rows = read_table(summary_dir(out, "batch_size_sweep") / "results.parquet")
     # one Optuna search (2 samples) per (loss, batch size); tau and lr sampled inside the space's bounds
@@ -316,8 +320,11 @@ def test_crashed_trial_is_retried_from_its_checkpoint(tmp_path):
     assert len(trials) == 2
 
 
-def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
+def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path, ray_head, monkeypatch):
     out = tmp_path / "n"
+    for key, value in ray_head.env.items():  # this process attaches to the suite's Ray head (its token)
+        if key.startswith("RAY_"):
+            monkeypatch.setenv(key, value)
     # A grid over the learning rate where the huge one diverges.
     from dcl_core.config import apply_overrides, preset
     from dcl_core.study import StudyOptions, StudySpec, run_study
@@ -328,7 +335,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
         name="nan_study", base=base, grid={"optim.base_lr": Grid((0.03, 1e30))}, x_key="optim.base_lr", x_label="lr"
     )
     try:
-        outcome = run_study(spec, StudyOptions(out, num_cpus=1))
+        outcome = run_study(spec, StudyOptions(out, address=ray_head.address))
     finally:
         import ray
 
@@ -344,7 +351,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 
     # --overwrite: the new study's runs replace the old ones in MLflow (soft-deleted, not mixed in).
     try:
-        run_study(spec, StudyOptions(out, num_cpus=1, overwrite=True))
+        run_study(spec, StudyOptions(out, address=ray_head.address, overwrite=True))
     finally:
         import ray
 
@@ -420,18 +427,19 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     assert len(summary) == 1  # the resumed study's summary replaced the first one
 
 
-def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path):
+def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path, ray_head):
     """``--seeds 3 --resume`` on a finished 2-seed study: the 2 finished seeds' trials stay as they are (no rerun,
     one MLflow run each), only seed 2's run, in their own Tune experiment, and the answer counts all 3 seeds."""
     out = tmp_path / "t"
-    run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "-q"))
+    run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "-q", head=ray_head), env=ray_head.env)
     first = out / "ray_results" / "temperature_sweep"
     before = {p: p.read_bytes() for p in first.glob("*/result.json")}
     assert len(before) == 8  # 2 losses x 2 τ x 2 seeds
     _, trials, _ = runs_of(out, "temperature_sweep")
     first_runs = {r.info.run_id for r in trials}
 
-    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "3", "--resume"))
+    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "3", "--resume", head=ray_head),
+               env=ray_head.env)
     assert "adding seeds 2 to every cell (2 finished seeds kept)" in proc.stdout + proc.stderr
     assert {p: p.read_bytes() for p in first.glob("*/result.json")} == before  # nothing of the first 8 reran
     added = [json.loads(p.read_text().splitlines()[-1])["config"]["seed"]
@@ -447,25 +455,26 @@ def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path):
     assert "3 seed(s) per cell" in (summary_dir(out, "temperature_sweep") / "table.txt").read_text()
 
     # A plain --resume (no --seeds) continues with the 3 seeds it has; fewer seeds are refused in one line.
-    again = run(study_cmd("temperature_sweep.py", out, "--smoke", "--resume", "-q"))
+    again = run(study_cmd("temperature_sweep.py", out, "--smoke", "--resume", "-q", head=ray_head), env=ray_head.env)
     assert "adding seeds" not in again.stdout + again.stderr
     assert len(runs_of(out, "temperature_sweep")[1]) == 12
-    fewer = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume"),
-                           capture_output=True, text=True, timeout=300, cwd=REPO)
+    fewer = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume", head=ray_head),
+                           capture_output=True, text=True, timeout=300, cwd=REPO, env=ray_head.env)
     assert fewer.returncode == 2 and "can add seeds, not drop them" in fewer.stderr, fewer.stderr[-2000:]
     other = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
-                                     "--losses", "dcl"), capture_output=True, text=True, timeout=300, cwd=REPO)
+                                "--losses", "dcl", head=ray_head),
+                      capture_output=True, text=True, timeout=300, cwd=REPO, env=ray_head.env)
     assert other.returncode == 2 and "its grids changed" in other.stderr, other.stderr[-2000:]
 
 
-def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path):
+def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path, ray_head):
     """``--until-resolved --max-seeds 3`` from 2 seeds: a look after each round, each verdict at the sequential
     design's level (what the summary run logs is the design's interval, not the fixed one), the design recorded so
     that a re-analysis reproduces the answer and a later --resume cannot look past it; a time cap stops after the
     first look."""
     out = tmp_path / "u"
     proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--until-resolved",
-                         "--max-seeds", "3"))
+                         "--max-seeds", "3", head=ray_head), env=ray_head.env)
     assert "look 1 of 2: 2 seeds per cell" in proc.stdout, proc.stdout[-3000:]
     summary = summary_dir(out, "temperature_sweep")
     record = json.loads((summary / "study_options.json").read_text())
@@ -487,13 +496,13 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path)
     assert logged["verdict/std_difference_0/ci_lo"] == rounded(sequential.lo)
     assert logged["verdict/std_difference_0/ci_hi"] == rounded(sequential.hi)
 
-    run(study_cmd("temperature_sweep.py", out, "--smoke", "--reanalyze", "-q"))
+    run(study_cmd("temperature_sweep.py", out, "--smoke", "--reanalyze", "-q", head=ray_head), env=ray_head.env)
     assert (summary / "table.txt").read_text() == table  # the recorded design, re-applied
-    beyond = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume"),
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    beyond = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume", head=ray_head),
+                            capture_output=True, text=True, timeout=300, cwd=REPO, env=ray_head.env)
     assert beyond.returncode == 2 and "void its 5% guarantee" in beyond.stderr, beyond.stderr[-2000:]
 
     capped = run(study_cmd("temperature_sweep.py", tmp_path / "c", "--smoke", "--seeds", "2", "--until-resolved",
-                           "--max-seeds", "5", "--max-minutes", "0.02"))
+                           "--max-seeds", "5", "--max-minutes", "0.02", head=ray_head), env=ray_head.env)
     assert "look 1 of 4: 2 seeds per cell" in capped.stdout and "would end after --max-minutes 0.02" in capped.stdout
     assert len(read_table(summary_dir(tmp_path / "c", "temperature_sweep") / "results.parquet")) == 8

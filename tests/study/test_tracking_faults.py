@@ -358,16 +358,17 @@ def test_temporary_artifacts_are_copied_only_when_journaled(tmp_path):
 @pytest.mark.skipif(
     not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present"
 )
-def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path):
+def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path, ray_head):
     """The issue's case: the tracking server dies mid-study. Training goes on, the summary is written, the
     study says what is pending, and the sync command pushes it once a server is back."""
     server = Server(tmp_path, free_port())
     server.start()
     out, epochs = tmp_path / "out", 6
     cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
-           "--output-dir", str(out), "--num-cpus", "1", "--tracking-uri", server.uri,
-           "--set", f"optim.epochs={epochs}"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--output-dir", str(out), "--address", ray_head.address, "--tracking-uri", server.uri,
+           "--set", f"optim.epochs={epochs}"]  # attached to the suite's Ray head (conftest.py's ray_head)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ray_head.env)
     exp = out / "ray_results" / "temperature_sweep"
     try:
         deadline = time.monotonic() + 300
