@@ -59,9 +59,9 @@ the study's ``summary/<study>/results.csv`` (``ours`` with ASHA, ``baseline`` wi
 goal ≤ 0.40 with every loss's best within the seed spread). ``best kNN``: per loss, the best final kNN top-1
 of any trial (``ratio`` = ASHA − full, in points; goal ≥ −1.5: the seed spread is taken as 1.5 points, the
 CPU-default temperature sweep (docs/results.md) having cells ±1-2 over 3 seeds; ``--study-dir`` on a several-seed
-study prints its measured spread). Quick: ``--smoke`` at one loss and 2 samples (plumbing only; the run without ASHA
-is the one the quick overhead and CPU-busy rows measure); full: the CPU preset with 5 samples per loss instead
-of 10.
+study prints its measured spread). Quick: ``--smoke`` at one loss, 2 samples and 1 CPU (plumbing only; the run
+without ASHA is the one the quick overhead and CPU-busy rows measure); full: the CPU preset with 5 samples per loss
+instead of 10.
 """
 
 from __future__ import annotations
@@ -608,8 +608,8 @@ def _search_result(run_: Launch, study: str = "tau_lr_search") -> SearchResult:
 
 
 # The (τ, lr) search with and without ASHA: (its arguments, what they mean), quick and full.
-SEARCH = {True: (["--smoke", "--losses", "dcl", "--num-samples", "2"],
-                 "smoke preset, dcl only, 2 samples, 2 epochs (plumbing only)"),
+SEARCH = {True: (["--smoke", "--losses", "dcl", "--num-samples", "2", "--num-cpus", "1"],
+                 "smoke preset, dcl only, 2 samples, 2 epochs, 1 CPU: one trial process (plumbing only)"),
           False: (["--num-samples", "5"], "CPU preset (6 epochs, 2,500 images) with 5 samples per loss instead of 10")}
 
 

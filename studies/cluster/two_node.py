@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 HEAD_IP, WORKER_IP, PREFIX = "198.51.100.1", "198.51.100.2", 24
 GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
 STUDY, EXPERIMENT = "studies/temperature_sweep.py", "temperature_sweep"
-STUDY_ARGS = ("--seeds", "2", "--set", "optim.epochs=10")  # 8 trials of 10 epochs (of the smoke preset's 160 images)
+STUDY_ARGS = ("--seeds", "2", "--set", "optim.epochs=10", "--set", "data.train_per_class=40")  # 8 trials of 10 epochs
 JOIN_TIMEOUT_S, JOB_TIMEOUT_S = 180, 1200
 CLAIM = ".two_node"  # in the work folder: this run owns it
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
