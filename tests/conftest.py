@@ -52,12 +52,12 @@ class RayHead:
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
-    """One local Ray head (1 CPU, token auth, no dashboard) per pytest process, for the studies whose subject is
-    not Ray's start, stop or a driver's death: they attach with ``--address`` (as on a cluster) instead of each
-    starting and stopping a Ray of its own (~9 CPU-seconds of Ray's daemons and ~8 s wall each, measured on 2
-    idle cores). Its own ``--temp-dir``: a ``ray start --head`` writes the address file ``ray_current_cluster``
-    there, which the README recipe's and the two-node cluster's heads read in /tmp/ray. ``--block``: stopping this
-    one process stops the whole head."""
+    """One local Ray head (1 CPU, token auth, ``--include-dashboard=false``) per pytest process, for the studies
+    whose subject is not Ray's start, stop or a driver's death: they attach with ``--address`` (as on a cluster)
+    instead of each starting and stopping a Ray of its own (~9 CPU-seconds of Ray's daemons and ~8 s wall each,
+    measured on 2 idle cores). Its own ``--temp-dir``: a ``ray start --head`` writes the address file
+    ``ray_current_cluster`` there, never in /tmp/ray, where docs/cluster.md's recipe and the two-node cluster keep
+    theirs. ``--block``: stopping this one process stops the whole head."""
     home = tmp_path_factory.mktemp("ray_head")
     token = home / "auth_token"
     token.write_text(secrets.token_hex(32))
@@ -69,10 +69,11 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
         port = s.getsockname()[1]
     temp = tempfile.mkdtemp(prefix="dclray", dir="/tmp")  # short: Ray's socket paths live under it
     ray = Path(sys.executable).parent / "ray"
+    log = (home / "head.log").open("w")
     head = subprocess.Popen([str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
                              "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
                              f"--temp-dir={temp}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=(home / "head.log").open("w"))
+                            env=env, stdout=subprocess.DEVNULL, stderr=log)
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 180
@@ -87,4 +88,5 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             head.kill()
+        log.close()
         shutil.rmtree(temp, ignore_errors=True)

@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
 from dcl_core.study.analysis.report import read_table
+from dcl_core.study.execution import ray_session
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +33,7 @@ def run_study(name, out, *args, head, paper_table=True):
         capture_output=True, text=True, timeout=900, cwd=REPO, env=head.env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not ray_session.record_path(out, name).exists()  # attached: no Ray of its own was started
     rows = read_table(summary_dir(out, name) / "results.parquet")
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name(name)
