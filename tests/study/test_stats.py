@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
+from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import (
     GAP_AT,
@@ -413,3 +414,47 @@ def test_verdict_words_are_the_printed_strings():
     assert [str(s) for s in Size] == ["smaller than the paper's", "larger than the paper's"]
     assert [w.settled for w in VerdictWord] == [True, True, True, False]
     assert f"{VerdictWord.NOT_RESOLVED}" == "not resolved" and VerdictWord("supports the paper") is VerdictWord.SUPPORTS
+
+
+# ------------------------------------------------------------------------------ the group-sequential design's parts
+def test_a_group_sequential_design_has_equally_spaced_looks_and_three_bounds_of_rising_tail():
+    design = stats.GroupSequential(3, 19)
+    assert design.looks == (3, 7, 11, 15, 19)
+    assert stats.GroupSequential(5, 5).looks == (5,) and stats.GroupSequential(5, 7).looks == (5, 6, 7)
+    other, paper, futility = (design.side(e).tail(0.025) for e in (stats.OTHER_SIDE_ERROR, stats.PAPER_SIDE_ERROR,
+                                                                    stats.FUTILITY_ERROR))
+    assert other < paper < futility < stats.FUTILITY_ERROR  # each stricter than one look at its error
+    assert stats.GroupSequential(5, 5).side(stats.PAPER_SIDE_ERROR).tail(0.025) == stats.PAPER_SIDE_ERROR
+    with pytest.raises(ValueError):
+        stats.GroupSequential(1, 5)
+
+
+def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futility_bound():
+    """A look's interval: the paper's side from the paper's boundary, the other from the other side's; its
+    futility interval (narrower) rules δ out even where the look's own upper bound does not."""
+    rng = np.random.default_rng(3)
+    values = list(rng.normal(0.2, 1.0, 12))
+    design = stats.GroupSequential(3, 12)
+
+    def estimate(boundary):
+        return stats.t_interval(values, 1 - 2 * boundary.tail(0.025))
+
+    up = stats.group_look(estimate, design, paper_sign=1)
+    down = stats.group_look(estimate, design, paper_sign=-1)
+    paper = estimate(design.side(stats.PAPER_SIDE_ERROR))
+    other = estimate(design.side(stats.OTHER_SIDE_ERROR))
+    assert (up.lo, up.hi) == (paper.lo, other.hi) and (down.lo, down.hi) == (other.lo, paper.hi)
+    flo, fhi = up.futility
+    assert up.lo < flo < fhi < up.hi
+    delta = (fhi + up.hi) / 2  # beyond the futility bound, inside the look's interval
+    assert stats.verdict(up, 1, delta) is stats.VerdictWord.RULES_OUT
+    assert stats.verdict(stats.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta) is stats.VerdictWord.NOT_RESOLVED
+    below = (down.lo + down.futility[0]) / 2  # a paper claiming a negative effect: δ's side is below
+    assert down.lo < 0 < down.hi and stats.verdict(down, -1, below) is stats.VerdictWord.RULES_OUT
+
+
+def test_the_last_look_is_planned_from_the_fixed_design():
+    assert stats.fixed_design_seeds(1.26 / math.sqrt(2)) == 12  # the gap of 1.26 cell SDs (test_calibration)
+    assert stats.plan_last_look(math.sqrt(2), 1.26, first=3, most=200) == math.ceil(1.15 * 12)
+    assert stats.plan_last_look(math.sqrt(2), 1.26, first=3, most=10) == 10
+    assert stats.plan_last_look(math.nan, 1.26, first=3, most=50) == 50

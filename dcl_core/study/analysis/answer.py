@@ -88,11 +88,17 @@ class Question:
         """The cells of ``means`` the statistic reads (within the claimed range)."""
         return self.statistic.inputs(self, self._restrict(means))
 
-    def estimate(self, data: stats.Data, design: stats.Sequential | None = None) -> stats.Estimate:
+    def estimate(self, data: stats.Data, design: stats.Sequential | stats.GroupSequential | None = None
+                 ) -> stats.Estimate:
         """The statistic on the study's cells with its 95% interval (smooth: t over seeds of each seed's own
         statistic; best-of: paired t bounds corrected for the selection). With a sequential ``design`` the
-        interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`)."""
-        return self.statistic.estimate(self, data, self.function(), self.inputs, design)
+        interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`; a
+        :class:`~dcl_core.study.analysis.stats.GroupSequential` look adds its futility bounds)."""
+        function = self.function()
+        if isinstance(design, stats.GroupSequential):
+            return stats.group_look(lambda b: self.statistic.estimate(self, data, function, self.inputs, b), design,
+                                    self.paper_sign)
+        return self.statistic.estimate(self, data, function, self.inputs, design)
 
     def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
         """The paper's value of this statistic, like for like: computed from its table over the x values both

@@ -194,6 +194,20 @@ def true_value(kind: Kind, setting: Setting, effect: float, draws: int = 20_000)
     return float(np.mean(list(stats.per_seed(data, q.function(), q.inputs).values())))
 
 
+def true_sd(kind: Kind, setting: Setting, effect: float, draws: int = 20_000) -> float:
+    """SD over seeds of one seed's value of a smooth (per-seed) statistic, by Monte Carlo (seeded): what the fixed
+    design's power depends on (:func:`fixed_seeds`)."""
+    q = kind.question(setting)
+    data = simulate(kind, replace(setting, missing=False), draws, effect, np.random.default_rng(54321))
+    return float(np.std(list(stats.per_seed(data, q.function(), q.inputs).values()), ddof=1))
+
+
+def fixed_seeds(kind: Kind, setting: Setting, effect: float) -> int | None:
+    """Seeds per cell the fixed design (one look at 95%) needs for 80% power at this planted effect, for a smooth
+    statistic (its per-seed values are normal: :func:`.stats.fixed_design_seeds` at true value / true SD)."""
+    return stats.fixed_design_seeds(true_value(kind, setting, effect) / true_sd(kind, setting, effect))
+
+
 @dataclass
 class Cell:
     """Results of one (kind, setting, seeds, effect) block of simulated studies."""
