@@ -79,7 +79,7 @@ class SpecArgs:
     data_root: str | None = None
     set: tuple[str, ...] = ()
     name: str = ""
-    design: Mapping[str, int] | None = None  # the sequential design of --until-resolved, once planned
+    design: Mapping[str, int | None] | None = None  # the sequential design of --until-resolved, once planned
     effect_of_interest: tuple[str, ...] = ()  # --effect-of-interest KEY=VALUE, each as given
 
     def record(self, script: str) -> dict[str, Any]:
@@ -244,8 +244,9 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     r = p.add_argument_group("seeds until resolved")
     r.add_argument("--until-resolved", action="store_true",
                    help="add seeds to every cell in rounds until every question is settled (its interval excludes "
-                        "0 or the effect of interest) or a cap is hit; each look's interval is the sequential "
-                        "design's, so looking after every round resolves no more than 5%% of null studies (needs "
+                        "0, or its futility bound the effect of interest) or a cap is hit; 5 looks, each at the "
+                        "group-sequential design's bounds, so that all looks together resolve no more than 5%% of "
+                        "null studies and rule out a true effect of interest in no more than 5%% (needs "
                         "--max-seeds and/or --max-minutes)")
     r.add_argument("--max-seeds", type=int, default=None,
                    help="the last look: at most this many seeds per cell (default with --max-minutes: as many as "
@@ -253,7 +254,8 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     r.add_argument("--max-minutes", type=float, default=None,
                    help="start no round that would end after this many minutes of this run (at the last round's "
                         "pace); stopping early only removes looks")
-    r.add_argument("--seeds-per-round", type=int, default=None, help="seeds added per round (default 1)")
+    r.add_argument("--seeds-per-round", type=int, default=None,
+                   help="a look every N seeds instead of 5 looks equally spaced from the first to the last")
     o = p.add_argument_group("where results go")
     o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
     cli.add_store_options(o, "study folder: Ray results, MLflow store, summary")

@@ -11,7 +11,7 @@ from dcl_core.study.analysis.answer import Question, build_answer, gap_points, r
 from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
 from dcl_core.study.analysis.paper import paper_claim
 from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
-from dcl_core.study.analysis.stats import VerdictWord
+from dcl_core.study.analysis.stats import GroupSequential, VerdictWord, collect
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
 GAP = Question("DCL beats InfoNCE at the smallest τ", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")
@@ -68,6 +68,26 @@ def test_a_null_that_excludes_the_papers_size_rules_it_out_and_a_given_effect_of
     (w,) = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [inside], paper="temperature_sweep").verdicts
     assert w.words is VerdictWord.NOT_RESOLVED and w.delta == pytest.approx(v.estimate.hi / 2)
     assert "(--effect-of-interest)" in w.line() and w.paper_value == v.paper_value  # the paper's still printed
+
+
+def test_a_group_sequential_look_rules_out_by_its_futility_bound_and_says_which_bound():
+    """Under --until-resolved's group-sequential design a look's interval is wider than one fixed look's, and δ
+    is ruled out by its futility bound: a δ between that bound and the look's upper bound is ruled out, the line
+    names the bound, the summary run logs it. Without the design the same δ is judged by the 95% interval."""
+    data = rows(effect=0.0, noise=0.3)
+    one = build_answer(data, "temperature", "tau", [FLATTER], paper="temperature_sweep").verdicts[0]
+    design = GroupSequential(3, 12)
+    look = FLATTER.estimate(collect(data, "temperature"), design)
+    assert look.futility is not None and look.lo < one.estimate.lo and one.estimate.hi < look.hi
+    delta = (look.futility[1] + look.hi) / 2  # beyond the futility bound, inside the look's own interval
+    given = Question(**{**FLATTER.__dict__, "effect_of_interest": delta})
+    a = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep", design=design)
+    (v,) = a.verdicts
+    assert v.words is VerdictWord.RULES_OUT and v.estimate.hi > delta
+    assert f"at this scale (the design's futility bound {look.futility[1]:+.2f}): Δstd " in v.line()
+    assert answer_metrics(a)["verdict/std_difference_0/futility_hi"] == pytest.approx(look.futility[1])
+    (w,) = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep").verdicts
+    assert (w.words is VerdictWord.RULES_OUT) == (w.estimate.hi < delta) and "futility" not in w.line()
 
 
 def test_a_paper_value_over_the_papers_own_x_is_no_effect_of_interest():

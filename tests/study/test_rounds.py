@@ -5,7 +5,7 @@ Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
 import pytest
 
 from dcl_core.config import ConfigError, preset
-from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.analysis.stats import GROUP_LOOKS, GroupSequential, Sequential
 from dcl_core.study.cli import build_parser, request_of
 from dcl_core.study.execution import rounds
 from dcl_core.study.execution.results import StudyOutcome
@@ -42,12 +42,18 @@ def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
     def plan(r, seeds=5, per_seed=None, design=None):
         return rounds.plan(spec_with(seeds), design, r.max_seeds, r.max_minutes, r.seeds_per_round, lambda: per_seed)
 
-    assert plan(request("--until-resolved", "--max-seeds", "12")) == Sequential(5, 12, 1)
-    assert plan(request("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == Sequential(5, 12, 3)
-    # --max-minutes alone: as many seeds as the estimate (plus each round's overhead) fits
-    per = 60.0 - rounds.ROUND_OVERHEAD_S
-    assert plan(request("--until-resolved", "--max-minutes", "30"), per_seed=per) == Sequential(5, 30, 1)
-    assert plan(request("--until-resolved", "--max-minutes", "1"), per_seed=per) == Sequential(5, 5, 1)
+    assert plan(request("--until-resolved", "--max-seeds", "12")) == GroupSequential(5, 12)
+    assert plan(request("--until-resolved", "--max-seeds", "12")).looks == (5, 7, 9, 10, 12)
+    assert plan(request("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == GroupSequential(
+        5, 12, step=3)
+    # --max-minutes alone: as many seeds as the estimate fits, less each round's overhead
+    per = 60.0
+    overhead = rounds.ROUND_OVERHEAD_S * (GROUP_LOOKS - 1)
+    assert plan(request("--until-resolved", "--max-minutes", "30"), per_seed=per) == GroupSequential(
+        5, (30 * 60 - int(overhead)) // 60)
+    assert plan(request("--until-resolved", "--max-minutes", "1"), per_seed=per) == GroupSequential(5, 5)
+    with_rounds = request("--until-resolved", "--max-minutes", "30", "--seeds-per-round", "1")
+    assert plan(with_rounds, per_seed=per - rounds.ROUND_OVERHEAD_S) == GroupSequential(5, 30, step=1)
     with pytest.raises(ConfigError, match="one trial does not fit"):
         plan(request("--until-resolved", "--max-minutes", "30"))
     with pytest.raises(ConfigError, match="below the first look"):
@@ -62,9 +68,14 @@ def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
 
 
 def test_the_recorded_design_round_trips_and_bounds_later_seeds():
-    d = Sequential(3, 20, 2)
+    d = Sequential(3, 20, 2)  # a study recorded before the group-sequential design keeps its own
     assert rounds.from_record(rounds.to_record(d)) == d and rounds.from_record(None) is None
-    for damaged in ({"first": 3}, {"first": 9, "max_seeds": 4, "step": 1}, "3-20", {"first": 3, "x": 1}):
+    for g in (GroupSequential(3, 20), GroupSequential(3, 20, step=2), GroupSequential(3, 20, 4)):
+        assert rounds.from_record(rounds.to_record(g)) == g
+    assert rounds.from_record({"first": 3, "max_seeds": 20, "step": 2}) == Sequential(3, 20, 2)
+    for damaged in ({"first": 3}, {"first": 9, "max_seeds": 4, "step": 1}, "3-20", {"first": 3, "x": 1},
+                    {"first": 3, "max_seeds": 20, "looks": 0}, {"first": 3, "max_seeds": 20, "looks": True},
+                    {"first": 3, "max_seeds": 20, "looks": 10**6}, {"max_seeds": 20, "looks": 5}):
         with pytest.raises(ConfigError, match=r"recorded sequential design .* is damaged"):
             rounds.from_record(damaged)
     rounds.check_within(d, 20)
@@ -105,6 +116,9 @@ def test_the_loop_stops_at_the_first_resolved_look():
 def test_the_loop_stops_at_the_last_look_and_rounds_never_pass_it():
     ran, _, why = loop(design=Sequential(3, 8, step=2))
     assert ran == [5, 7, 8] and why.startswith("stopped: not resolved at the last look (8 seeds per cell")
+    ran, said, why = loop(design=GroupSequential(3, 11))  # rounds go from look to look: 3, 5, 7, 9, 11
+    assert ran == [5, 7, 9, 11] and why.startswith("stopped: not resolved at the last look (11 seeds per cell")
+    assert "look 2 of 5: 5 seeds per cell, 0.0 min spent" in said
 
 
 def test_the_time_cap_starts_no_round_that_would_end_after_it():

@@ -26,7 +26,7 @@ from dcl_core.study.analysis.answer import Question, build_answer
 from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.statistics import STD_DIFFERENCE
-from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.analysis.stats import GroupSequential
 from dcl_core.study.execution import ray_session
 from dcl_core.study.tracking.mlflow_view import read_tag
 from dcl_core.study.tracking.tracker import rounded
@@ -475,7 +475,7 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
     assert "look 1 of 2: 2 seeds per cell" in proc.stdout, proc.stdout[-3000:]
     summary = summary_dir(out, "temperature_sweep")
     record = json.loads((summary / "study_options.json").read_text())
-    assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "step": 1}
+    assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "looks": 5, "step": None}
     rows = read_table(summary / "results.parquet")
     # 2 smoke seeds leave Δstd's interval tens of points wide: the first look cannot resolve, one more round runs
     assert "look 2 of 2: 3 seeds per cell" in proc.stdout and len(rows) == 12
@@ -485,7 +485,7 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
 
     question = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
     x = x_column("loss.temperature")
-    sequential = build_answer(rows, x, "tau", [question], design=Sequential(2, 3)).verdicts[0].estimate
+    sequential = build_answer(rows, x, "tau", [question], design=GroupSequential(2, 3)).verdicts[0].estimate
     fixed = build_answer(rows, x, "tau", [question]).verdicts[0].estimate
     assert sequential.hi - sequential.lo > fixed.hi - fixed.lo  # the design's interval is wider than one look's
     logged = runs_of(out, "temperature_sweep")[2][0].data.metrics
@@ -502,4 +502,5 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
     capped = run(study_cmd("temperature_sweep.py", tmp_path / "c", "--smoke", "--seeds", "2", "--until-resolved",
                            "--max-seeds", "5", "--max-minutes", "0.02", head=ray_head), env=ray_head.env)
     assert "look 1 of 4: 2 seeds per cell" in capped.stdout and "would end after --max-minutes 0.02" in capped.stdout
+    # (5 looks from 2 to 5 round to 4: 2, 3, 4, 5)
     assert len(read_table(summary_dir(tmp_path / "c", "temperature_sweep") / "results.parquet")) == 8

@@ -88,8 +88,7 @@ class Question:
         """The cells of ``means`` the statistic reads (within the claimed range)."""
         return self.statistic.inputs(self, self._restrict(means))
 
-    def estimate(self, data: stats.Data, design: stats.Sequential | stats.GroupSequential | None = None
-                 ) -> stats.Estimate:
+    def estimate(self, data: stats.Data, design: stats.Design | None = None) -> stats.Estimate:
         """The statistic on the study's cells with its 95% interval (smooth: t over seeds of each seed's own
         statistic; best-of: paired t bounds corrected for the selection). With a sequential ``design`` the
         interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`; a
@@ -197,7 +196,11 @@ class Verdict:
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
         if self.words is VerdictWord.RULES_OUT and self.delta is not None:
             whose = "the effect of interest" if self.delta_given else "the paper's"
-            value = f"no effect as large as {whose} {self.delta:+.2f} at this scale: {value}"
+            bound = ""
+            if e.futility is not None:  # a group-sequential look rules δ out by its futility bound
+                b = e.futility[1] if self.delta > 0 else e.futility[0]
+                bound = f" (the design's futility bound {b:+.2f})"
+            value = f"no effect as large as {whose} {self.delta:+.2f} at this scale{bound}: {value}"
         scope = f" [{self.question.range_note}]" if self.question.range_note else ""
         given = (f"; effect of interest {self.delta:+.2f} (--effect-of-interest)"
                  if self.delta_given and self.delta is not None else "")
@@ -234,7 +237,7 @@ class Answer:
     verdicts: list[Verdict] = field(default_factory=list)
     claim: PaperClaim | None = None
     questions: list[Question] = field(default_factory=list)
-    design: stats.Sequential | None = None  # the verdicts' sequential design (--until-resolved), None: one look
+    design: stats.Design | None = None  # the verdicts' sequential design (--until-resolved), None: one look
 
     @property
     def resolved(self) -> bool:
@@ -306,7 +309,7 @@ def _paired(data: stats.Data, better: str, base: str, base_x: Any = None) -> dic
 
 def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, questions: Sequence[Question],
                  pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None,
-                 design: stats.Sequential | None = None) -> Answer:
+                 design: stats.Design | None = None) -> Answer:
     """The answer from results rows (``series``, ``x_key``, ``seed``, ``knn_top1``, ``q_mean``, ``status``).
 
     ``pairs``: ``(better, base)`` series compared at each x, or ``(better, base, base_x)`` compared with

@@ -116,7 +116,8 @@ def design_line(answer: Answer) -> str:
     two-sided 0.62% …; this answer: 41 seeds per cell``."""
     assert answer.design is not None
     n = max((v.estimate.n for v in answer.verdicts), default=0)
-    return (f"Sequential design (--until-resolved): {answer.design.describe()} (Pocock; docs/statistics.md, "
+    kind = "group-sequential" if isinstance(answer.design, stats.GroupSequential) else "Pocock"
+    return (f"Sequential design (--until-resolved): {answer.design.describe()} ({kind}; docs/statistics.md, "
             f"--until-resolved); this answer: {n} seeds per cell")
 
 
@@ -142,14 +143,16 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
 def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
     """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
     ``ci_hi``, ``supports``, ``contradicts``, ``rules_out``, ``paper``, ``effect_of_interest``,
-    ``seeds_needed``), finite values only."""
+    ``seeds_needed``; at a group-sequential look also ``futility_lo``/``futility_hi``), finite values only."""
     key = f"verdict/{v.question.statistic.name}_{i}"
+    futility = v.estimate.futility or (None, None)
     out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
            f"{key}/supports": float(v.words is VerdictWord.SUPPORTS),
            f"{key}/contradicts": float(v.words is VerdictWord.CONTRADICTS),
            f"{key}/rules_out": float(v.words is VerdictWord.RULES_OUT),
            f"{key}/paper": v.paper_value, f"{key}/effect_of_interest": v.delta,
-           f"{key}/seeds_needed": v.seeds_needed}
+           f"{key}/seeds_needed": v.seeds_needed,
+           f"{key}/futility_lo": futility[0], f"{key}/futility_hi": futility[1]}
     return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
 
 

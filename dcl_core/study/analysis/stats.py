@@ -356,20 +356,25 @@ class GroupSequential:
     first: int
     max_seeds: int
     n_looks: int = GROUP_LOOKS
+    step: int | None = None  # a look every `step` seeds instead (--seeds-per-round), `n_looks` then unused
 
     def __post_init__(self) -> None:
-        if not 2 <= self.first <= self.max_seeds or self.n_looks < 1:
-            raise ValueError(f"a group-sequential design needs 2 <= first <= max_seeds and looks >= 1, got first "
-                             f"{self.first}, max_seeds {self.max_seeds}, looks {self.n_looks}")
+        if not 2 <= self.first <= self.max_seeds or self.n_looks < 1 or (self.step is not None and self.step < 1):
+            raise ValueError(f"a group-sequential design needs 2 <= first <= max_seeds, looks >= 1 and step >= 1, "
+                             f"got first {self.first}, max_seeds {self.max_seeds}, looks {self.n_looks}, step "
+                             f"{self.step}")
 
     @property
     def looks(self) -> tuple[int, ...]:
         """Seeds per cell at each look: ``n_looks`` equally spaced from ``first`` to ``max_seeds`` (fewer when
-        they round to the same seeds)."""
+        they round to the same seeds), or with ``step``: first, first + step, …, and max_seeds."""
+        if self.step is not None:
+            return tuple(dict.fromkeys([*range(self.first, self.max_seeds, self.step), self.max_seeds]))
         if self.n_looks == 1 or self.first == self.max_seeds:
             return (self.max_seeds,) if self.n_looks == 1 else (self.first,)
         span = self.max_seeds - self.first
-        return tuple(sorted({self.first + round(span * i / (self.n_looks - 1)) for i in range(self.n_looks)}))
+        return tuple(sorted({self.first + math.floor(span * i / (self.n_looks - 1) + 0.5)  # halves up
+                             for i in range(self.n_looks)}))
 
     def side(self, error: float) -> SideBoundary:
         """The boundary of one side at ``error`` over all looks."""
@@ -384,6 +389,9 @@ class GroupSequential:
                 f"{t[FUTILITY_ERROR]:.2g}% (futility, δ's side), so that all {len(looks)} looks together end "
                 f"≤ {100 * (PAPER_SIDE_ERROR + OTHER_SIDE_ERROR):g}% of null studies resolved and ≤ "
                 f"{100 * FUTILITY_ERROR:g}% of studies at δ ruling δ out")
+
+
+Design = Sequential | GroupSequential  # what --until-resolved records: Pocock's (studies recorded before) or this
 
 
 def group_look(estimate: Callable[[Boundary], Estimate], design: GroupSequential, paper_sign: int) -> Estimate:

@@ -1,15 +1,16 @@
 """``--until-resolved``: seeds in rounds until every question is settled either way or a cap is hit.
 
 A question is settled when its verdict is anything but "not resolved": its interval excludes 0 (supports or
-contradicts the paper) or excludes the effect of interest δ (rules out the paper's size). The verdicts are looked
-at after every round, so each look uses the sequential design's interval
-(:class:`~dcl_core.study.analysis.stats.Sequential`,
-Pocock's constant boundary): all looks together resolve at most 5% of
-null studies, and (the same two-sided boundary, applied around δ) rule δ out in at most 2.5% of studies whose
-truth is δ. The design (first look, last look, seeds per round) is fixed before the first look and recorded with
-the study, so a resume continues it and a re-analysis reproduces its intervals. ``--max-minutes`` only stops
-early, which removes looks and can only lower the null rate; without ``--max-seeds`` the last look is planned from
-the cost estimate (what ``--dry-run`` prints).
+contradicts the paper) or its futility bound excludes the effect of interest δ (rules out the paper's size). The
+verdicts are looked at after every round under a group-sequential design
+(:class:`~dcl_core.study.analysis.stats.GroupSequential`: 5 looks equally spaced from the study's seeds to the
+last look, or one every ``--seeds-per-round``): all looks together end at most 5% of null studies supporting or
+contradicting the paper, and at most 5% of studies whose truth is δ ruling δ out. The design (first look, last
+look, looks) is fixed before the first look and recorded with the study, so a resume continues it and a
+re-analysis reproduces its intervals; a study recorded under the earlier design (Pocock's, a look every round:
+:class:`~dcl_core.study.analysis.stats.Sequential`) keeps it. ``--max-minutes`` only stops early, which removes
+looks and can only lower the error rates; without ``--max-seeds`` the last look is planned from the cost estimate
+(what ``--dry-run`` prints).
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.stats import MAX_SEEDS_PROJECTED, Sequential
+from dcl_core.study.analysis.stats import GROUP_LOOKS, MAX_SEEDS_PROJECTED, Design, GroupSequential, Sequential
 from dcl_core.study.plan.spec import StudySpec, grid_seeds
 
 if TYPE_CHECKING:
@@ -60,31 +60,43 @@ def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float |
         raise ConfigError(f"--seeds-per-round must be >= 1, got {seeds_per_round}")
 
 
-def from_record(value: Any) -> Sequential | None:
-    """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one."""
+def from_record(value: Any) -> Design | None:
+    """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one. A record
+    with ``looks`` is a :class:`GroupSequential` design; one without (first, max_seeds, step) the Pocock design of
+    studies recorded before it."""
     if value is None:
         return None
     shown = str(value)[:120]
-    ok = (isinstance(value, dict) and set(value) <= {"first", "max_seeds", "step"}
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values())
-          and value.get("max_seeds", 0) <= MAX_SEEDS_PLANNED)
+    group = isinstance(value, dict) and "looks" in value
+    keys = {"first", "max_seeds", "looks", "step"} if group else {"first", "max_seeds", "step"}
+    ok = (isinstance(value, dict) and set(value) <= keys
+          and all((isinstance(v, int) and not isinstance(v, bool)) or (k == "step" and group and v is None)
+                  for k, v in value.items())
+          and (value.get("max_seeds") or 0) <= MAX_SEEDS_PLANNED and (value.get("looks") or 0) <= MAX_SEEDS_PLANNED)
     if not ok:  # what the command line allows (its bounds), or the design's simulation could take all memory
-        raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds and step "
-                          f"must be whole numbers, max_seeds at most {MAX_SEEDS_PLANNED}); --overwrite starts the "
-                          "study afresh")
+        raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds, looks and "
+                          f"step must be whole numbers, max_seeds at most {MAX_SEEDS_PLANNED}); --overwrite starts "
+                          "the study afresh")
     try:
+        if group:
+            fields = dict(value)
+            return GroupSequential(fields.pop("first"), fields.pop("max_seeds"), fields.pop("looks"), **fields)
         return Sequential(**value)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"the study's recorded sequential design {shown} is damaged ({err}); --overwrite "
                           "starts the study afresh") from None
 
 
-def to_record(design: Sequential | None) -> dict[str, int] | None:
+def to_record(design: Design | None) -> dict[str, int | None] | None:
     """The sequential design as a JSON-ready dict, or None without one."""
-    return None if design is None else asdict(design)
+    if design is None:
+        return None
+    if isinstance(design, GroupSequential):
+        return {"first": design.first, "max_seeds": design.max_seeds, "looks": design.n_looks, "step": design.step}
+    return {"first": design.first, "max_seeds": design.max_seeds, "step": design.step}
 
 
-def check_within(design: Sequential | None, seeds: int | None) -> None:
+def check_within(design: Design | None, seeds: int | None) -> None:
     """A study run under a sequential design cannot be extended past its last look: that look's boundary was set
     for no more looks."""
     if design is not None and seeds is not None and seeds > design.max_seeds:
@@ -94,11 +106,11 @@ def check_within(design: Sequential | None, seeds: int | None) -> None:
 
 
 def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minutes: float | None,
-         seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None]) -> Sequential:
+         seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None]) -> Design:
     """The design of this ``--until-resolved`` run: the recorded one when it continues one (a changed
-    ``--max-seeds`` or ``--seeds-per-round`` refused), else first look at the study's seeds, rounds of
-    ``--seeds-per-round``, last look at ``--max-seeds`` or at the seeds the cost estimate fits in
-    ``--max-minutes``."""
+    ``--max-seeds`` or ``--seeds-per-round`` refused), else a :class:`GroupSequential` design with its first look
+    at the study's seeds, 5 looks (or one every ``--seeds-per-round``), the last at ``--max-seeds`` or at the seeds
+    the cost estimate fits in ``--max-minutes``."""
     seeds = grid_seeds(spec)
     if not seeds:
         raise ConfigError("--until-resolved adds seeds to a grid study's cells, and this study has no seed grid")
@@ -119,19 +131,22 @@ def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minut
         if per_seed is None:
             raise ConfigError("--max-minutes alone needs a cost estimate, and one trial does not fit this machine; "
                               "give --max-seeds")
-        step = seeds_per_round or 1
-        per_seed += ROUND_OVERHEAD_S / step
-        last = max(first, min(MAX_SEEDS_PLANNED, math.floor((max_minutes or 0) * 60 / per_seed)))
+        budget = (max_minutes or 0) * 60
+        if seeds_per_round is None:  # GROUP_LOOKS - 1 rounds after the first look
+            budget -= ROUND_OVERHEAD_S * (GROUP_LOOKS - 1)
+        else:
+            per_seed += ROUND_OVERHEAD_S / seeds_per_round
+        last = max(first, min(MAX_SEEDS_PLANNED, math.floor(budget / per_seed)))
         log.info("sequential design: last look at %d seeds per cell, what ~%.1f min per seed (estimated) fits in "
                  "--max-minutes %g; --max-seeds fixes it", last, per_seed / 60, max_minutes)
     if last < first:
         raise ConfigError(f"--max-seeds {last} is below the first look's {first} seeds per cell")
     if last > MAX_SEEDS_PLANNED:
         raise ConfigError(f"--max-seeds must be at most {MAX_SEEDS_PLANNED}, got {last}")
-    return Sequential(first, last, seeds_per_round or 1)
+    return GroupSequential(first, last, step=seeds_per_round)
 
 
-def dry_run_lines(design: Sequential, max_minutes: float | None, wall_seconds_at: Callable[[int], float | None]
+def dry_run_lines(design: Design, max_minutes: float | None, wall_seconds_at: Callable[[int], float | None]
                   ) -> list[str]:
     """What ``--dry-run --until-resolved`` adds: the looks, the nominal level, and the worst case (every look
     unresolved) in seeds per cell and estimated minutes, and where ``--max-minutes`` cuts it."""
@@ -139,14 +154,14 @@ def dry_run_lines(design: Sequential, max_minutes: float | None, wall_seconds_at
     worst = wall_seconds_at(design.max_seeds)
     worst = None if worst is None else worst + ROUND_OVERHEAD_S * (len(looks) - 1)
     cost = "no wall-clock estimate" if worst is None else f"~{worst / 60:,.1f} min on this machine (estimated)"
-    out = ["", f"until resolved: {design.describe()} ({design.step} seed(s) per round)",
+    out = ["", f"until resolved: {design.describe()}",
            f"  worst case (no look resolves): {design.max_seeds} seeds per cell, {cost}"]
     if max_minutes is not None:
         out.append(f"  --max-minutes {max_minutes:g} stops it before any round that would end later")
     return out
 
 
-def until_resolved(outcome: StudyOutcome, design: Sequential, seeds: int, first_seconds: float,
+def until_resolved(outcome: StudyOutcome, design: Design, seeds: int, first_seconds: float,
                    max_minutes: float | None,
         next_round: Callable[[int], StudyOutcome], say: Callable[[str], None],
         clock: Callable[[], float] = time.monotonic) -> tuple[StudyOutcome, str]:
@@ -169,7 +184,7 @@ def until_resolved(outcome: StudyOutcome, design: Sequential, seeds: int, first_
             return outcome, f"stopped: every question settled at {seeds} seeds per cell (look {look})"
         if seeds >= design.max_seeds:
             return outcome, f"stopped: not resolved at the last look ({design.max_seeds} seeds per cell, --max-seeds)"
-        add = min(design.step, design.max_seeds - seeds)
+        add = next((n for n in looks if n > seeds), design.max_seeds) - seeds  # to the next look
         pace = round_seconds / max(round_seeds, 1) * add
         if max_minutes is not None and spent * 60 + pace > max_minutes * 60:
             return outcome, (f"stopped: not resolved at {seeds} seeds per cell; the next round (~{pace / 60:.1f} min) "

@@ -16,7 +16,7 @@ from typing import Any
 
 from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
 from dcl_core.study.analysis.columns import x_column
-from dcl_core.study.analysis.stats import Sequential
+from dcl_core.study.analysis.stats import Design
 from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
@@ -177,7 +177,7 @@ class StudySpec:
     pairs: tuple[tuple[str, str], ...] | None = None
     paper: str | None = None
     description: str = ""  # the MLflow experiment's description (the study's question and paper table)
-    design: Sequential | None = None
+    design: Design | None = None
 
     @property
     def grids(self) -> list[Space]:
