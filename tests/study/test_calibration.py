@@ -13,6 +13,7 @@ from scipy import stats as sps
 from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.calibration import (
     EFFECT,
+    GROUP_EFFECTS,
     KINDS,
     SEEDS,
     SETTINGS,
@@ -20,8 +21,9 @@ from dcl_core.study.analysis.calibration import (
     binomial_upper,
     calibrate,
     exact_power,
-    fixed_seeds,
+    format_group_rows,
     format_report,
+    group_row,
     run_sequential,
     simulate,
     true_value,
@@ -273,9 +275,6 @@ def test_tuned_against_tuned_over_three_learning_rates_is_calibrated(setting):
 
 
 # ---------------------------------------------------------- the group-sequential design (settles either way, early)
-# Planted effects (cell-noise SDs) at which the fixed design needs 12-16 seeds per cell for 80% power, per kind.
-GROUP_EFFECTS = {"Δstd across x": 0.7, "gap at smallest x": 1.26, "gap slope per doubling": 1.5,
-                 "gap at one x vs baseline x": 1.26}
 GROUP_STUDIES = 1000  # simulated studies per truth and kind: the mean-seeds ratio to ±0.01 (one SE)
 
 
@@ -284,30 +283,23 @@ def _binomial_at_least(k: int, n: int, p: float, one_sided: float = 0.001) -> bo
     return float(sps.binom.cdf(k, n, p)) > one_sided
 
 
-def _group_design(kind, setting):
-    fixed = fixed_seeds(kind, setting, GROUP_EFFECTS[kind.name])
-    return fixed, stats.GroupSequential(3, math.ceil(stats.PLANNED_OVER_FIXED * fixed))
-
-
-@pytest.mark.slow  # 2 x 1,000 sequential studies per kind: 10-35 s each
-@pytest.mark.parametrize("kind", [k for k in KINDS if k.name in SMOOTH], ids=lambda k: k.name)
+@pytest.mark.slow  # 2 x 1,000 sequential studies per kind: 4-20 s each
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.name in GROUP_EFFECTS], ids=lambda k: k.name)
 def test_the_group_sequential_design_settles_with_fewer_seeds_than_the_fixed_design(kind):
-    """The design --until-resolved is to use, against the fixed design with 80% power at δ (δ = the planted
-    effect's true value), 1,000 simulated studies at truth 0 and at truth δ: ≤ 5% of null studies end supporting
-    or contradicting the paper, ≤ 5% of studies at δ end ruling δ out, ≥ 80% of them find it (each a binomial
-    test at 0.001), the mean seeds per cell at either truth ≤ 0.80 of the fixed design's, the most ≤ 1.3 of it."""
-    setting = SETTINGS[0]
-    fixed, design = _group_design(kind, setting)
-    assert 12 <= fixed <= 16 and design.max_seeds <= 1.3 * fixed
-    delta = true_value(kind, setting, GROUP_EFFECTS[kind.name])
-    null = run_sequential(kind, setting, design, 0.0, GROUP_STUDIES, np.random.default_rng(1), delta=delta)
-    at_delta = run_sequential(kind, setting, design, GROUP_EFFECTS[kind.name], GROUP_STUDIES,
-                              np.random.default_rng(2), delta=delta)
+    """--until-resolved's design against the fixed design with 80% power at δ (δ = the planted effect's true
+    value), 1,000 simulated studies at truth 0 and at truth δ (``python -m dcl_core.study calibrate --design``):
+    ≤ 5% of null studies end supporting or contradicting the paper, ≤ 5% of studies at δ end ruling δ out, ≥ 80% of
+    them find it (each a binomial test at 0.001), the mean seeds per cell at either truth ≤ 0.80 of the fixed
+    design's, the most ≤ 1.3 of it."""
+    row = group_row(kind, GROUP_STUDIES)
+    assert 12 <= row.fixed <= 16 and row.design.max_seeds <= 1.3 * row.fixed
+    null, at_delta = row.null, row.at_delta
     assert binomial_upper(null.resolved, null.studies), null
     assert binomial_upper(at_delta.ruled_out, at_delta.studies), at_delta
     assert _binomial_at_least(at_delta.right, at_delta.studies, 0.8), at_delta
-    assert null.mean_seeds <= 0.80 * fixed, (null.mean_seeds, fixed)
-    assert at_delta.mean_seeds <= 0.80 * fixed, (at_delta.mean_seeds, fixed)
+    assert null.mean_seeds <= 0.80 * row.fixed, (null.mean_seeds, row.fixed)
+    assert at_delta.mean_seeds <= 0.80 * row.fixed, (at_delta.mean_seeds, row.fixed)
+    assert f"| {kind.name} | {row.fixed} |" in format_group_rows([row])
 
 
 @pytest.mark.slow  # 300 sequential studies
@@ -315,9 +307,8 @@ def test_without_its_futility_bound_the_design_would_not_save_seeds_at_the_null(
     """The test above can fail: the same design stopping only when its interval excludes 0 (no δ to rule out)
     runs null studies to about its last look, more than the fixed design's seeds."""
     kind = next(k for k in KINDS if k.name == "gap at smallest x")
-    fixed, design = _group_design(kind, SETTINGS[0])
-    null = run_sequential(kind, SETTINGS[0], design, 0.0, 300, np.random.default_rng(1), delta=None)
-    assert null.mean_seeds > 0.80 * fixed, (null.mean_seeds, fixed)
+    row = group_row(kind, 300, futility=False)
+    assert row.null.mean_seeds > 0.80 * row.fixed, (row.null.mean_seeds, row.fixed)
 
 
 @pytest.mark.slow  # 2 x 200 sequential studies per kind and setting: 2-10 s each

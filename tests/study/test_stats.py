@@ -446,6 +446,8 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     assert (up.lo, up.hi) == (paper.lo, other.hi) and (down.lo, down.hi) == (other.lo, paper.hi)
     flo, fhi = up.futility
     assert up.lo < flo < fhi < up.hi
+    # the power line's projection reads the seeds' spread, not the half-width of two sides at two levels
+    assert stats.per_seed_sd(up) == pytest.approx(float(np.std(values, ddof=1)))
     delta = (fhi + up.hi) / 2  # beyond the futility bound, inside the look's interval
     assert stats.verdict(up, 1, delta) is stats.VerdictWord.RULES_OUT
     assert stats.verdict(stats.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta) is stats.VerdictWord.NOT_RESOLVED

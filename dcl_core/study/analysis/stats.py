@@ -54,6 +54,9 @@ class Estimate:
     # A group-sequential look (:class:`GroupSequential`): the interval at the design's futility level, whose bound
     # on δ's side rules δ out; None: the interval's own bounds do.
     futility: tuple[float, float] | None = None
+    # The statistic's per-seed SD where the bounds are not symmetric about the estimate (a group-sequential look);
+    # nan: read from the half-width (:func:`per_seed_sd`).
+    spread: float = nan
 
     @property
     def has_interval(self) -> bool:
@@ -402,7 +405,7 @@ def group_look(estimate: Callable[[Boundary], Estimate], design: GroupSequential
     other = estimate(design.side(OTHER_SIDE_ERROR))
     futility = estimate(design.side(FUTILITY_ERROR))
     lo, hi = (paper.lo, other.hi) if paper_sign > 0 else (other.lo, paper.hi)
-    return replace(paper, lo=lo, hi=hi, futility=(futility.lo, futility.hi))
+    return replace(paper, lo=lo, hi=hi, futility=(futility.lo, futility.hi), spread=per_seed_sd(paper))
 
 
 def fixed_design_seeds(effect_sd: float, power: float = 0.8, level: float = 0.95, most: int = 10_000) -> int | None:
@@ -421,7 +424,10 @@ def fixed_design_seeds(effect_sd: float, power: float = 0.8, level: float = 0.95
 
 
 def per_seed_sd(est: Estimate) -> float:
-    """The statistic's per-seed SD behind ``est``'s interval (half-width·√n over its t quantile); nan without one."""
+    """The statistic's per-seed SD behind ``est``'s interval (its ``spread``, else half-width·√n over its t
+    quantile); nan without one."""
+    if math.isfinite(est.spread):
+        return est.spread
     if not est.has_interval or est.n < 2:
         return nan
     return est.half_width * math.sqrt(est.n) / t_quantile(1 - est.tail, est.n - 1)
@@ -522,7 +528,7 @@ def seeds_needed(est: Estimate, n: int) -> int | None:
         return n
     if n < 2:
         return None
-    spread = est.half_width * math.sqrt(n) / t_quantile(1 - est.tail, n - 1)  # s_d of the statistic
+    spread = per_seed_sd(est)  # s_d of the statistic
     if spread <= 0:
         return n
     target = abs(est.estimate) / spread
