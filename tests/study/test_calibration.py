@@ -325,3 +325,14 @@ def test_the_group_sequential_design_keeps_its_error_rates_in_the_hard_settings(
         null = run_sequential(kind, setting, design, 0.0, 200, np.random.default_rng(13),
                               delta=true_value(kind, setting, EFFECT))
         assert binomial_upper(null.resolved, null.studies), (setting.name, null)
+
+
+@pytest.mark.slow  # the fixed designs' Monte Carlo (true values and spreads): ~12 s
+def test_the_calibrate_command_prints_the_designs_table(capsys):
+    """``python -m dcl_core.study calibrate --design``: the table docs/statistics.md shows (here with 20 studies)."""
+    from dcl_core.study.cli import calibrate_main
+
+    assert calibrate_main(["--design", "--studies", "20"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("20 simulated studies per truth and kind")
+    assert all(f"| {kind} | " in out for kind in GROUP_EFFECTS) and "| mean seeds, truth 0 |" in out
