@@ -86,6 +86,7 @@ def test_a_group_sequential_look_rules_out_by_its_futility_bound_and_says_which_
     assert v.words is VerdictWord.RULES_OUT and v.estimate.hi > delta
     assert f"at this scale (the design's futility bound {look.futility[1]:+.2f}): Δstd " in v.line()
     assert answer_metrics(a)["verdict/std_difference_0/futility_hi"] == pytest.approx(look.futility[1])
+    assert "against the effect of interest by the design's futility bound" in format_answer(a)
     (w,) = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep").verdicts
     assert (w.words is VerdictWord.RULES_OUT) == (w.estimate.hi < delta) and "futility" not in w.line()
 

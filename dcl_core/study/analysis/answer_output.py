@@ -102,10 +102,13 @@ def format_answer(answer: Answer) -> str:
     parts.append(answer.regime)
     if answer.verdicts:
         power = [p for v in answer.verdicts if (p := v.power_line())]
+        decided = ("decided against 0 by the interval and against the effect of interest by the design's futility "
+                   "bound" if isinstance(answer.design, stats.GroupSequential)
+                   else "decided by the interval alone, against 0 and against the effect of interest")
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
-                "statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; decided "
-                "by the interval alone, against 0 and against the effect of interest, the paper's value unless "
-                "--effect-of-interest gives one; calibrated by simulated studies, docs/statistics.md#calibration)")
+                f"statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; {decided}"
+                ", the paper's value unless --effect-of-interest gives one; calibrated by simulated studies, "
+                "docs/statistics.md#calibration)")
         parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
                                 *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
