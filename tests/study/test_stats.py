@@ -455,8 +455,6 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     assert down.lo < 0 < down.hi and stats.verdict(down, -1, below) is stats.VerdictWord.RULES_OUT
 
 
-def test_the_last_look_is_planned_from_the_fixed_design():
+def test_the_fixed_designs_seeds_for_80_percent_power():
     assert stats.fixed_design_seeds(1.26 / math.sqrt(2)) == 12  # the gap of 1.26 cell SDs (test_calibration)
-    assert stats.plan_last_look(math.sqrt(2), 1.26, first=3, most=200) == math.ceil(1.15 * 12)
-    assert stats.plan_last_look(math.sqrt(2), 1.26, first=3, most=10) == 10
-    assert stats.plan_last_look(math.nan, 1.26, first=3, most=50) == 50
+    assert stats.fixed_design_seeds(-1.26 / math.sqrt(2)) == 12 and stats.fixed_design_seeds(0.0) is None

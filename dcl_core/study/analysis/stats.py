@@ -353,8 +353,8 @@ class GroupSequential:
     sides spends it where the paper's claim would be found, and the futility bound needs only one side: that is
     what lets the design stop with fewer seeds than the fixed design, whether the truth is 0 or δ
     (``tests/study/test_calibration.py`` asserts both, ≤ 0.80×, with a version without futility that fails).
-    The saving is measured against a last look at :data:`PLANNED_OVER_FIXED` × the fixed design's seeds
-    (:func:`plan_last_look`); the error rates hold for any last look fixed before the first."""
+    The saving is measured against a last look at :data:`PLANNED_OVER_FIXED` × the fixed design's seeds; the
+    error rates hold for any last look fixed before the first."""
 
     first: int
     max_seeds: int
@@ -384,7 +384,8 @@ class GroupSequential:
         return SideBoundary(self.looks, error)
 
     def describe(self) -> str:
-        """``looks at 5, 8, 11, 14, 17 seeds per cell; supports/contradicts at a nominal one-sided 1.6%/0.35% …``."""
+        """``looks at 5, 8, 10, 13, 15 seeds per cell; each look's bounds at a nominal one-sided 1.4% (paper's side),
+        0.29% (other side) and 1.8% (futility, δ's side), so that …`` (what the answer and ``--dry-run`` print)."""
         looks = self.looks
         t = {e: 100 * self.side(e).tail(0.025) for e in (PAPER_SIDE_ERROR, OTHER_SIDE_ERROR, FUTILITY_ERROR)}
         return (f"looks at {', '.join(map(str, looks))} seeds per cell; each look's bounds at a nominal one-sided "
@@ -431,18 +432,6 @@ def per_seed_sd(est: Estimate) -> float:
     if not est.has_interval or est.n < 2:
         return nan
     return est.half_width * math.sqrt(est.n) / t_quantile(1 - est.tail, est.n - 1)
-
-
-def plan_last_look(sd: float, delta: float, first: int, most: int) -> int:
-    """The last look of a :class:`GroupSequential` design: :data:`PLANNED_OVER_FIXED` × the fixed design's seeds
-    for 80% power at δ when the statistic's per-seed SD is ``sd`` (:func:`per_seed_sd` of an interval), kept
-    within ``[first, most]``; ``most`` without a finite SD or δ."""
-    if not math.isfinite(sd) or sd <= 0 or not math.isfinite(delta):
-        return most
-    fixed = fixed_design_seeds(delta / sd, most=most)
-    if fixed is None:
-        return most
-    return max(first, min(most, math.ceil(PLANNED_OVER_FIXED * fixed)))
 
 
 class VerdictWord(StrEnum):
