@@ -59,7 +59,13 @@ HEAD_IP, WORKER_IP, PREFIX = "198.51.100.1", "198.51.100.2", 24
 GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
 STUDY, EXPERIMENT = "studies/temperature_sweep.py", "temperature_sweep"
 STUDY_ARGS = ("--seeds", "2", "--set", "optim.epochs=10", "--set", "data.train_per_class=40")  # 8 trials of 10 epochs
-JOIN_TIMEOUT_S, JOB_TIMEOUT_S = 180, 1200
+# A node joins in ~10 s on an idle machine; CI's two cores also run other tests' studies. A process that exits is
+# reported at once, so the long bound costs only a hang's wait.
+JOIN_TIMEOUT_S, JOB_TIMEOUT_S, PROBE_EVERY_S = 600, 1200, 2.0
+# The probe: GET argv[1] with the bearer token in the file argv[2] (Ray's token auth), the body to stdout.
+HTTP_GET = ("import sys, urllib.request; token = open(sys.argv[2]).read().strip(); "
+            "request = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + token}); "
+            "sys.stdout.write(urllib.request.urlopen(request, timeout=10).read().decode())")
 CLAIM = ".two_node"  # in the work folder: this run owns it
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -160,19 +166,24 @@ class Cluster:
         if token.returncode != 0:
             raise RuntimeError(f"ray get-auth-token --generate failed: {_last_line(token.stderr)}")
         (self.home / ".ray" / "auth_token").chmod(0o600)
-        self.start(self.head_ns, "ray_head", [
+        head = self.start(self.head_ns, "ray_head", [
             self.ray, "start", "--head", "--node-ip-address", HEAD_IP, "--port", str(GCS_PORT),
             "--dashboard-host", HEAD_IP, "--dashboard-port", str(DASHBOARD_PORT), "--num-cpus", "1",
             "--temp-dir", str(self.temp / "h"), "--disable-usage-stats", "--block"])
-        self.wait_for(self.head_ns, [self.ray, "job", "list", "--address", self.dashboard], "the head's job server")
-        self.start(self.worker_ns, "ray_worker", [
+        self.wait_for(self.head_ns, self.http_probe(f"{self.dashboard}/api/version"), "the head's job server",
+                      proc=head)
+        worker = self.start(self.worker_ns, "ray_worker", [
             self.ray, "start", "--address", f"{HEAD_IP}:{GCS_PORT}", "--node-ip-address", WORKER_IP,
             "--num-cpus", "1", "--temp-dir", str(self.temp / "w"), "--disable-usage-stats", "--block"])
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while self.alive_nodes() != {HEAD_IP, WORKER_IP}:
+            for name, proc in (("ray_head", head), ("ray_worker", worker)):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"`ray start` of the {name[4:]} exited {proc.returncode} before the worker "
+                                       f"joined: {self.last_log_line(name)} (logs: {self.logs})")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the worker did not join within {JOIN_TIMEOUT_S} s (logs: {self.logs})")
-            time.sleep(1)
+            time.sleep(PROBE_EVERY_S)
 
     def start_mlflow(self) -> str:
         """Start an MLflow server on the head node; its URI once it answers."""
@@ -192,22 +203,38 @@ class Cluster:
         """The head's dashboard (job server) address."""
         return f"http://{HEAD_IP}:{DASHBOARD_PORT}"
 
-    def wait_for(self, ns: str, probe: list[str], what: str, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Wait until ``probe`` succeeds in ``ns``; RuntimeError after ``timeout`` seconds."""
+    def wait_for(self, ns: str, probe: list[str], what: str, timeout: float = JOIN_TIMEOUT_S,
+                 proc: subprocess.Popen | None = None) -> None:
+        """Wait until ``probe`` succeeds in ``ns``; RuntimeError after ``timeout`` seconds or once ``proc`` (the
+        process that should answer) has exited."""
         deadline = time.monotonic() + timeout
         while self.run_in(ns, probe).returncode != 0:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{what} exited {proc.returncode} before it answered (logs: {self.logs})")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{what} did not answer within {timeout:.0f} s (logs: {self.logs})")
-            time.sleep(1)
+            time.sleep(PROBE_EVERY_S)
+
+    def http_probe(self, url: str) -> list[str]:
+        """A GET of ``url`` with the cluster's token, printing the body: a bare Python, ~0.05 CPU-seconds (the
+        ``ray`` CLI imports Ray, ~3 CPU-seconds a call, which starved a starting node on a loaded machine)."""
+        return [sys.executable, "-c", HTTP_GET, url, str(self.home / ".ray" / "auth_token")]
+
+    def last_log_line(self, name: str) -> str:
+        """The last line of the log of the process started as ``name``."""
+        try:
+            return _last_line((self.logs / f"{name}.log").read_text(errors="replace"))
+        except OSError:
+            return "(no log)"
 
     def alive_nodes(self) -> set[str]:
-        """The IP addresses of the cluster's live nodes (none when Ray cannot be asked)."""
-        listed = self.run_in(self.head_ns, [self.ray, "list", "nodes", "--address", self.dashboard,
-                                            "--filter", "state=ALIVE", "--format", "json"])
+        """The IP addresses of the cluster's live nodes, from the head's state API (none when it cannot answer)."""
+        listed = self.run_in(self.head_ns, self.http_probe(f"{self.dashboard}/api/v0/nodes?limit=100"))
         if listed.returncode != 0:
             return set()
         try:
-            return {n["node_ip"] for n in json.loads(listed.stdout)}
+            nodes = json.loads(listed.stdout)["data"]["result"]["result"]
+            return {n["node_ip"] for n in nodes if n.get("state") == "ALIVE"}
         except (json.JSONDecodeError, KeyError, TypeError):
             return set()
 
