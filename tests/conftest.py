@@ -73,14 +73,18 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
     head = subprocess.Popen([str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
                              "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
                              f"--temp-dir={temp}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=log)
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
     address = f"127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
-        while subprocess.run([str(ray), "status", "--address", address], env=env, capture_output=True).returncode:
+        # Its "Ray runtime started." line first (reading a file is free), then `ray status` (~3 CPU-seconds a call:
+        # polled every second from the start, it slowed the head it waited for on a loaded machine).
+        deadline = time.monotonic() + 300
+        started = False
+        while not (started := started or "Ray runtime started" in (home / "head.log").read_text(errors="replace")) \
+                or subprocess.run([str(ray), "status", "--address", address], env=env, capture_output=True).returncode:
             if head.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the shared Ray head did not start: {(home / 'head.log').read_text()[-2000:]}")
-            time.sleep(1)
+            time.sleep(0.5 if not started else 2)
         yield RayHead(address, env)
     finally:
         head.terminate()

@@ -1,16 +1,16 @@
 """A full disk loses nothing (issue "Nothing lost, nobody in, third pass", item 6): on a real small tmpfs, a study
-whose disk fills stops within a minute in one line and resumes with ``--resume`` once space is freed (before: 112 s
-of 23 tracebacks, Tune's state cut short and ``--resume`` refused); starting a study or ``answer`` on a full disk
-says so in one line and leaves no folder or lock behind.
+whose disk fills stops at the trial that failed, in one line, and resumes with ``--resume`` once space is freed
+(before: 112 s of 23 tracebacks, Tune's state cut short and ``--resume`` refused); starting a study or ``answer`` on
+a full disk says so in one line and leaves no folder or lock behind.
 
 Needs root (``mount -t tmpfs``): skipped without it, except under ``CI=true``, where it fails."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyrun
@@ -85,10 +85,14 @@ def assert_one_line(proc: subprocess.CompletedProcess, out: Path, then: str = ""
 def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes(disk):
     out = disk / "out"
     filler = fill(disk, leave=4 << 20)
-    t0 = time.monotonic()
     proc = study(out)
-    assert time.monotonic() - t0 < 150  # it stops at the first trial the disk fails, not after every retry
     assert_one_line(proc, out, ", then run the same command with --resume (finished trials are kept)")
+    # It stops at the first trial the disk fails, not after every trial failed and was retried: one trial at a
+    # time (1 CPU), so the trials started (Tune wrote their params.json) are those it printed as finished and the
+    # one that failed. Counted, not timed: the same on a loaded machine.
+    finished = sum(bool(re.match(r"\[\d+/8\] ", line)) for line in proc.stdout.splitlines())
+    started = list((out / "ray_results" / "temperature_sweep").glob("*/params.json"))
+    assert 1 <= len(started) <= finished + 1 < 8, (finished, started)
 
     # Starting a study, or re-analysing one, on a disk with no space at all: one line, nothing left behind.
     full = fill(disk, leave=0, name="filler2")
