@@ -5,6 +5,7 @@ record in the output folder is untrusted (a shared folder), so a forged one ends
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -51,6 +52,23 @@ def test_a_dead_drivers_session_is_ended_and_nothing_else(tmp_path: Path) -> Non
         assert not ray_session.record_path(tmp_path / "out", "s").exists()
     finally:
         for proc in (agent, bystander):
+            proc.kill()
+
+
+def test_a_failed_start_leaves_nothing_of_the_sessions_this_process_started(tmp_path: Path) -> None:
+    """What a ``ray.init`` that timed out half-way left (its session folder ends in this pid) is ended before the
+    second try; a session another process started is not."""
+    mine, other = _session(tmp_path, os.getpid()), _session(tmp_path, os.getpid() + 1)
+    Path(mine).mkdir(parents=True)
+    Path(other).mkdir(parents=True)
+    gcs, bystander = _agent(mine), _agent(other)
+    try:
+        assert ray_session.end_own_sessions(tmp_path / "ray") == 1
+        assert gcs.wait(timeout=10) is not None
+        assert bystander.poll() is None
+        assert ray_session.end_own_sessions(tmp_path / "ray") == 0
+    finally:
+        for proc in (gcs, bystander):
             proc.kill()
 
 

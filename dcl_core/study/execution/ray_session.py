@@ -60,6 +60,26 @@ def end_dead_session(output_dir: Path, study: str) -> int:
         path.unlink()
     if session is None:
         return 0
+    ended = _end(session)
+    if ended:
+        log.warning("ended %d process(es) of this study's earlier Ray (its driver had died without stopping it): %s",
+                    ended, session)
+    return ended
+
+
+def end_own_sessions(temp_root: Path) -> int:
+    """End the processes of the sessions under Ray's temp folder ``temp_root`` that this process started (their
+    folder's name ends in its pid): what a ``ray.init`` that failed half-way left running. The number ended."""
+    ended = 0
+    for folder in sorted(temp_root.glob("session_*")):
+        named = SESSION_NAME.fullmatch(folder.name)
+        if named and int(named.group(1)) == os.getpid():
+            ended += _end(str(folder))
+    return ended
+
+
+def _end(session: str) -> int:
+    """SIGTERM, :data:`GRACE_S`, then SIGKILL to the session's processes; how many there were."""
     left = _processes_of(session)
     if not left:
         return 0
@@ -68,8 +88,6 @@ def end_dead_session(output_dir: Path, study: str) -> int:
     while time.monotonic() < deadline and _processes_of(session):
         time.sleep(0.1)
     _signal(_processes_of(session), signal.SIGKILL)
-    log.warning("ended %d process(es) of this study's earlier Ray (its driver had died without stopping it): %s",
-                len(left), session)
     return len(left)
 
 

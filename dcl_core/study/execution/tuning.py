@@ -22,6 +22,7 @@ import optuna
 import ray
 from optuna.samplers import TPESampler
 from ray import tune
+from ray._common.utils import get_default_ray_temp_dir  # where ray.init puts a local session
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
@@ -70,6 +71,7 @@ from dcl_core.study.tracking import mlflow_view
 from search_spaces import keys_of, to_optuna, to_tune
 
 log = logging.getLogger(__name__)
+STARTUP_TIMEOUT = "timed out during startup"  # ray._private.node's error when a raylet does not register in 30 s
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
@@ -93,10 +95,19 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
             return None
         # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
-        context = ray.init(
-            address="local", num_cpus=num_cpus or os.cpu_count() or 1, num_gpus=num_gpus, include_dashboard=False,
-            _node_ip_address="127.0.0.1", **setup,
-        )
+        local = {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1, "num_gpus": num_gpus,
+                 "include_dashboard": False, "_node_ip_address": "127.0.0.1", **setup}
+        try:
+            context = ray.init(**local)
+        except Exception as e:  # Ray raises a bare Exception for it
+            if STARTUP_TIMEOUT not in str(e):
+                raise
+            # Ray gives a new node's raylet a fixed 30 s to register with its GCS; a machine busy with other work
+            # can miss that once. One more try, on a new instance (the first one's processes are stopped).
+            log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once more")
+            ray.shutdown()
+            ray_session.end_own_sessions(Path(get_default_ray_temp_dir()))  # the failed start's GCS and raylet
+            context = ray.init(**local)
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
     return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
