@@ -31,18 +31,25 @@ from pathlib import Path
 import numpy as np
 import torch
 import torchvision
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from dcl_core.data.decode import DECODE_CHUNK, check_fits_in_memory, decode_files, resize_center_crop
+from dcl_core.data.decode import (
+    DECODE_CHUNK,
+    check_fits_in_memory,
+    decode_bytes,
+    decode_files,
+    resize_center_crop,
+)
 from dcl_core.data.errors import DataError
 from dcl_core.data.locate import (
     EXPECTED_CLASSES,
     PRETTY_NAMES,
     TORCHVISION_FOLDERS,
     check_name,
+    image_folder_samples,
     locate,
     resolve_data_root,
 )
+from dcl_core.data.packed import read_split
 
 logger = logging.getLogger(__name__)
 
@@ -171,38 +178,6 @@ def _finish(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _image_folder_samples(split_dir: Path, reference_dir: Path) -> tuple[list[str], list[int], list[str]]:
-    """Lists ``split_dir/<class>/<file>`` with torchvision's ImageFolder machinery.
-
-    Class indices come from ``reference_dir`` (the train split), so an evaluation split with a missing
-    or empty class folder keeps the train split's label numbering.
-
-    Returns:
-        ``(paths, labels, classes)`` in ImageFolder order (classes sorted, files sorted).
-    """
-    if not reference_dir.is_dir():
-        reference_dir = split_dir
-    try:
-        classes, class_to_idx = find_classes(str(reference_dir))
-        own_classes, _ = find_classes(str(split_dir))
-        unknown = sorted(set(own_classes) - set(classes))
-        if unknown:
-            raise DataError(
-                f"{split_dir} has class folders missing from {reference_dir}: {', '.join(unknown[:5])}"
-            )
-        samples = make_dataset(
-            str(split_dir),
-            class_to_idx,
-            extensions=IMG_EXTENSIONS,
-            allow_empty=split_dir != reference_dir,
-        )
-    except (FileNotFoundError, ValueError) as exc:
-        raise DataError(f"cannot read image folder {split_dir}: {exc}") from exc
-    if not samples:
-        raise DataError(f"no images found in {split_dir} (supported: {', '.join(IMG_EXTENSIONS)})")
-    return [path for path, _ in samples], [label for _, label in samples], classes
-
-
 def _load_image_folder(
     split_dir: Path,
     reference_dir: Path,
@@ -212,7 +187,7 @@ def _load_image_folder(
     pretty: str,
 ) -> ImageTensors:
     """Reads an ImageFolder directory, decoding only the selected files when ``per_class`` is set."""
-    paths, label_list, classes = _image_folder_samples(split_dir, reference_dir)
+    paths, label_list, classes = image_folder_samples(split_dir, reference_dir)
     labels = torch.tensor(label_list, dtype=torch.int64)
     if per_class is not None and per_class > 0:
         index = class_balanced_subset(labels, per_class, seed)
@@ -220,6 +195,22 @@ def _load_image_folder(
         labels = labels[index]
     images = decode_files(paths, image_size, pretty)
     return _finish(images, labels, classes, None, pretty)
+
+
+def _load_packed(
+    file: Path, split: str, image_size: int | None, per_class: int | None, seed: int, pretty: str
+) -> ImageTensors:
+    """Reads a split of a pack (:mod:`dcl_core.data.packed`) as :func:`_load_image_folder` reads the folder it
+    was packed from: the same files in the same order, the same subset, the same decoder."""
+    part = read_split(file, "test" if split == "test" else "train")
+    labels = torch.tensor(part.labels, dtype=torch.int64)
+    index = list(range(len(labels)))
+    if per_class is not None and per_class > 0:
+        index = class_balanced_subset(labels, per_class, seed).tolist()
+        labels = labels[index]
+    names = [f"{file}:{part.names[i]}" for i in index]
+    images = decode_bytes(names, part.blobs(index), image_size, pretty)
+    return _finish(images, labels, part.classes, None, pretty)
 
 
 def _load_torchvision_cifar(
@@ -318,6 +309,8 @@ def load_dataset(
     kind, source = locate(name, split, base, explicit=bool(root), download=download)
     if kind == "folder":
         result = _load_image_folder(source, base / "train", image_size, per_class, seed, pretty)
+    elif kind == "packed":
+        result = _load_packed(source, split, image_size, per_class, seed, pretty)
     else:
         if name == "stl10":
             images, labels, classes = _load_torchvision_stl10(base, split, download)

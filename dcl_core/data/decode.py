@@ -4,14 +4,17 @@ exists. Unreadable files are named in one line (:class:`~dcl_core.data.errors.Un
 
 from __future__ import annotations
 
+import functools
+import io
 import logging
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torchvision
+from PIL import Image
 from torchvision.datasets.folder import default_loader
 from torchvision.io import ImageReadMode
 from torchvision.transforms.v2 import functional as TF
@@ -35,15 +38,15 @@ def resize_center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
     return image
 
 
-def _decode_one(data: torch.Tensor, path: str) -> torch.Tensor:
-    """Decodes one encoded image to uint8 RGB ``(3, H, W)``; falls back to PIL for exotic formats."""
+def _decode_one(data: torch.Tensor, name: str, pil: Callable[[], Image.Image]) -> torch.Tensor:
+    """Decodes one encoded image to uint8 RGB ``(3, H, W)``; falls back to PIL (``pil()``) for exotic formats."""
     try:
         return torchvision.io.decode_image(data, mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except RuntimeError:
         try:
-            return TF.pil_to_tensor(default_loader(path))
+            return TF.pil_to_tensor(pil())
         except Exception as exc:
-            raise UnreadableImageError(f"cannot decode image {path}: {exc}") from exc
+            raise UnreadableImageError(f"cannot decode image {name}: {exc}") from exc
 
 
 def _read_one(path: str) -> torch.Tensor:
@@ -78,17 +81,41 @@ def decode_files(paths: Sequence[str], image_size: int | None, pretty: str) -> t
     with warnings.catch_warnings():
         # torchvision >= 0.29 deprecates torchvision.io decoding in favor of TorchCodec and warns per call.
         warnings.filterwarnings("ignore", ".*image decoding and encoding", category=DeprecationWarning)
-        out = _decode_all(paths, image_size, pretty)
+        out = _decode_all(paths, image_size, pretty, lambda i: _read_one(paths[i]),
+                          lambda i: default_loader(paths[i]))
     logger.info("decoded %d %s images in %.2f s", len(paths), pretty, time.perf_counter() - start)
     return out
 
 
-def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> torch.Tensor:
-    """The decoding loop of :func:`_decode_files`."""
+def decode_bytes(names: Sequence[str], blobs: Sequence[bytes], image_size: int | None, pretty: str) -> torch.Tensor:
+    """:func:`decode_files` for images already read: ``blobs[i]`` holds the bytes of the file ``names[i]`` (the
+    name for messages only). The same decoding, so the same tensor as from the files themselves."""
+
+    def read(i: int) -> torch.Tensor:
+        if not blobs[i]:
+            raise UnreadableImageError(f"cannot read image {names[i]}: it is empty")
+        return torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8)
+
+    def pil(i: int) -> Image.Image:
+        with Image.open(io.BytesIO(blobs[i])) as image:
+            return image.convert("RGB")
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*image decoding and encoding", category=DeprecationWarning)
+        out = _decode_all(names, image_size, pretty, read, pil)
+    logger.info("decoded %d %s images in %.2f s", len(names), pretty, time.perf_counter() - start)
+    return out
+
+
+def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str, read: Callable[[int], torch.Tensor],
+                pil: Callable[[int], Image.Image]) -> torch.Tensor:
+    """The decoding loop of :func:`decode_files` and :func:`decode_bytes`: ``read(i)`` gives image ``i``'s bytes,
+    ``pil(i)`` the image through PIL (for what torchvision cannot decode); ``paths`` name them in messages."""
     out: torch.Tensor | None = None
     for begin in range(0, len(paths), DECODE_CHUNK):
         chunk = paths[begin : begin + DECODE_CHUNK]
-        encoded = [_read_one(p) for p in chunk]
+        encoded = [read(begin + k) for k in range(len(chunk))]
         decoded: list[torch.Tensor | None] = [None] * len(chunk)
         jpeg_pos = [k for k, data in enumerate(encoded) if bytes(data[:3].tolist()) == _JPEG_MAGIC]
         if jpeg_pos:
@@ -102,7 +129,7 @@ def _decode_all(paths: Sequence[str], image_size: int | None, pretty: str) -> to
                 logger.debug("batched JPEG decode failed; decoding one by one to find the bad file")
         for k, img in enumerate(decoded):
             if img is None:
-                decoded[k] = _decode_one(encoded[k], chunk[k])
+                decoded[k] = _decode_one(encoded[k], chunk[k], functools.partial(pil, begin + k))
         for k, img in enumerate(decoded):
             assert img is not None
             if image_size is not None:

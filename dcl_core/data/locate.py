@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchvision.datasets.folder import find_classes
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from dcl_core.config import DATASET_NAMES
 from dcl_core.data.errors import DataError
@@ -31,6 +31,9 @@ EMBEDDED_CIFAR10: Path = (Path(__file__).resolve().parents[2] / "../shared/datas
 
 It lives outside the repository (``<repo>/../shared/datasets/cifar10``) and is only ever read in place.
 """
+
+PACKED_FILE = "imagefolder.arrow"
+"""A data root holding this file is read as the ImageFolder packed into it (:mod:`dcl_core.data.packed`)."""
 
 PRETTY_NAMES = {
     "cifar10": "CIFAR-10",
@@ -118,11 +121,16 @@ def _not_found(name: str, looked: Sequence[Path], download_possible: bool) -> Da
 
 def locate(name: str, split: str, base: Path, explicit: bool, download: bool) -> tuple[str, Path]:
     """Where and in which format :func:`load_dataset` reads ``split`` under ``base``: ``("folder", dir)`` for an
-    ImageFolder layout, ``("torchvision", dir)`` for torchvision's format (present, or to be downloaded).
+    ImageFolder layout, ``("packed", file)`` for one packed into ``base/imagefolder.arrow``
+    (:mod:`dcl_core.data.packed`), ``("torchvision", dir)`` for torchvision's format (present, or to be
+    downloaded).
 
     Raises:
         DataError: the split is not there (one line naming every place looked at), or cannot be downloaded.
     """
+    packed = base / PACKED_FILE
+    if name != "stl10" and packed.is_file():  # an ImageFolder packed into one file (dcl_core.data.packed)
+        return "packed", packed
     if name == "imagefolder":
         if download:
             raise DataError("the imagefolder dataset cannot be downloaded; point --data-root at it")
@@ -180,3 +188,35 @@ def check_dataset(name: str, root: str | None = None, download: bool = False) ->
     for split in ("train", "test"):
         split_location(name, split, root, download)
     return resolve_data_root(name, root, download)
+
+
+def image_folder_samples(split_dir: Path, reference_dir: Path) -> tuple[list[str], list[int], list[str]]:
+    """Lists ``split_dir/<class>/<file>`` with torchvision's ImageFolder machinery.
+
+    Class indices come from ``reference_dir`` (the train split), so an evaluation split with a missing
+    or empty class folder keeps the train split's label numbering.
+
+    Returns:
+        ``(paths, labels, classes)`` in ImageFolder order (classes sorted, files sorted).
+    """
+    if not reference_dir.is_dir():
+        reference_dir = split_dir
+    try:
+        classes, class_to_idx = find_classes(str(reference_dir))
+        own_classes, _ = find_classes(str(split_dir))
+        unknown = sorted(set(own_classes) - set(classes))
+        if unknown:
+            raise DataError(
+                f"{split_dir} has class folders missing from {reference_dir}: {', '.join(unknown[:5])}"
+            )
+        samples = make_dataset(
+            str(split_dir),
+            class_to_idx,
+            extensions=IMG_EXTENSIONS,
+            allow_empty=split_dir != reference_dir,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"cannot read image folder {split_dir}: {exc}") from exc
+    if not samples:
+        raise DataError(f"no images found in {split_dir} (supported: {', '.join(IMG_EXTENSIONS)})")
+    return [path for path, _ in samples], [label for _, label in samples], classes

@@ -239,8 +239,9 @@ def _build_streaming(
         kind, where = split_location(dc.dataset, split, dc.root, dc.download)
         if kind != "folder":
             raise DataError(
-                f"data.loader=stream reads ImageFolder layouts (<root>/train/<class>/...); {where} is in "
-                "torchvision's format, which data.loader=memory decodes"
+                f"data.loader=stream reads ImageFolder layouts (<root>/train/<class>/...); {where} is "
+                f"{'a packed ImageFolder' if kind == 'packed' else 'in torchvision format'}, which "
+                "data.loader=memory decodes"
             )
         dirs[split] = where
     evaluate = eval_transform(dc.image_size, mean, std)

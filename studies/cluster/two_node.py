@@ -15,8 +15,8 @@ two network namespaces joined by a veth pair are two hosts to Ray:
 3. In the head namespace: ``ray start --head`` (with its dashboard, 1 CPU) and an ``mlflow server``; in the
    worker namespace: ``ray start --address 198.51.100.1:6379`` (1 CPU). It waits until Ray lists 2 alive nodes.
 4. In the head namespace, docs/cluster.md's line: ``ray job submit --address http://198.51.100.1:8265 --working-dir
-   <checkout> -- python studies/temperature_sweep.py --smoke --seeds 2 --set optim.epochs=10 --data-root ...
-   --output-dir ... --tracking-uri http://198.51.100.1:5000`` (2 seeds: 8 trials, one per node at a time; 10
+   <checkout> -- python studies/temperature_sweep.py --smoke --seeds 1 --set optim.epochs=10 --data-root ...
+   --output-dir ... --tracking-uri http://198.51.100.1:5000`` (4 trials, one per node at a time; 10
    epochs, so that a trial is killed between two of its checkpoints rather than before its first).
 5. ``--kill-worker-after N``: once the trials have reported N epochs in all (Tune's result files) and a trial on
    the worker is mid-way (2 epochs done, 3 to go), every process of the worker namespace gets SIGKILL: the node
@@ -29,7 +29,7 @@ two network namespaces joined by a veth pair are two hosts to Ray:
 
 Exit codes: 0 all checks hold, 1 a check failed, 2 it cannot run here (not root, no network namespaces, bad
 option), 130 Ctrl-C, 143 SIGTERM. Outputs stay in ``--work-dir``: ``outputs/`` (the study), ``mlflow/`` (the
-server's store), ``logs/``. Arguments after ``--`` replace the study's options (``--seeds 2 --set
+server's store), ``logs/``. Arguments after ``--`` replace the study's options (``--seeds 1 --set
 optim.epochs=10``). What it cannot show: the "shared" filesystem both nodes use is this machine's own.
 """
 
@@ -58,7 +58,10 @@ sys.path.insert(0, str(REPO))
 HEAD_IP, WORKER_IP, PREFIX = "198.51.100.1", "198.51.100.2", 24
 GCS_PORT, DASHBOARD_PORT, MLFLOW_PORT = 6379, 8265, 5000
 STUDY, EXPERIMENT = "studies/temperature_sweep.py", "temperature_sweep"
-STUDY_ARGS = ("--seeds", "2", "--set", "optim.epochs=10", "--set", "data.train_per_class=40")  # 8 trials of 10 epochs
+# 4 trials of 10 epochs of 800 images: a trial must outlast a new trial process's start on the worker (runtime env,
+# torch's import: 20-30 s on a loaded machine), or Tune gives the waiting trial to the head's finished, reusable
+# one, again and again, and the worker never trains (seen with 400 images under CI's load).
+STUDY_ARGS = ("--seeds", "1", "--set", "optim.epochs=10", "--set", "data.train_per_class=80")
 # A node joins in ~10 s on an idle machine; CI's two cores also run other tests' studies. A process that exits is
 # reported at once, so the long bound costs only a hang's wait.
 JOIN_TIMEOUT_S, JOB_TIMEOUT_S, PROBE_EVERY_S = 600, 1200, 2.0

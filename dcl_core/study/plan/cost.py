@@ -27,6 +27,7 @@ from typing import Any
 
 from dcl_core.config import Config, apply_overrides
 from dcl_core.data import DataError, split_location
+from dcl_core.data.packed import read_split
 from dcl_core.study.plan.flops import ModelFlops, train_flops_per_image
 from dcl_core.study.plan.spec import DDP_TRIAL_CPU, Resources, StudySpec, grid_points, tune_experiments
 from dcl_core.training.run import steps_per_epoch
@@ -128,11 +129,17 @@ def data_sizes(dataset: str, root: str | None, train_per_class: int, test_per_cl
         # STL-10 pretrains on train + unlabeled whatever the labeled subset; the others on the labeled subset.
         return DataSizes(pretrain if dataset == "stl10" else bank_n, bank_n, test_n, source)
     try:
-        train_dir = split_location(dataset, "train", root)[1]
-        test_dir = split_location(dataset, "test", root)[1]
-        classes, train_files = _count_files(train_dir)
-        test_files = _count_files(test_dir)[1] if test_per_class <= 0 else 0
-        source = f"counted in {train_dir.parent}"
+        kind, train_dir = split_location(dataset, "train", root)
+        if kind == "packed":  # one file (dcl_core.data.packed): its rows
+            packed_train, packed_test = read_split(train_dir, "train"), read_split(train_dir, "test")
+            classes, train_files = len(packed_train.classes), len(packed_train.names)
+            test_files = len(packed_test.names)
+            source = f"counted in {train_dir}"
+        else:
+            test_dir = split_location(dataset, "test", root)[1]
+            classes, train_files = _count_files(train_dir)
+            test_files = _count_files(test_dir)[1] if test_per_class <= 0 else 0
+            source = f"counted in {train_dir.parent}"
     except (DataError, OSError):
         train_files, _, test_files, classes = IMAGENET_SPLITS
         source = "not readable here: assumed ImageNet-1K"

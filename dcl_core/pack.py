@@ -1,0 +1,36 @@
+"""Pack an ImageFolder into one file: ``python -m dcl_core.pack ROOT -o OUT_DIR`` writes ``OUT_DIR/imagefolder.arrow``,
+which ``--data-root OUT_DIR`` then reads as the folder itself (:mod:`dcl_core.data.packed`: the same images, labels
+and results). For carrying a dataset of many small files where one file travels better (CIFAR-10's 60,000 JPEGs:
+one 57 MB file). Bad input exits with code 2 and one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from dcl_core.cli import run_command, setup_logging
+from dcl_core.data.locate import PACKED_FILE
+from dcl_core.data.packed import pack, splits_of
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Pack the ImageFolder named on the command line; the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m dcl_core.pack", description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
+    parser.add_argument("-o", "--out-dir", type=Path, required=True,
+                        help=f"the folder to write {PACKED_FILE} into (then --data-root OUT_DIR)")
+    args = parser.parse_args(argv)
+    setup_logging()
+
+    def body() -> int:
+        target = pack(args.root, args.out_dir)
+        print(f"{target}: {target.stat().st_size / 1e6:.1f} MB, splits {', '.join(sorted(splits_of(target)))}")
+        return 0
+
+    return run_command(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
