@@ -294,7 +294,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     seed: int = _f(0, "random seed (data subset, init, views, shuffling)", bounds=Range(ge=0, cap=2**32 - 1))
     device: str = _f("auto", "auto: CUDA if available, else CPU", None, DEVICES)
-    amp: bool = _f(True, "mixed precision (fp16 autocast + GradScaler) when on CUDA; ignored on CPU")
+    amp: bool = _f(True, "mixed precision when on CUDA: bf16 autocast where the GPU has bf16, else fp16 + "
+                         "GradScaler; ignored on CPU")
     threads: int = _f(0, "torch CPU threads (0 = auto: the CPUs not busy now, from /proc/stat over half a second; "
                       "a study sets each trial's from its CPU reservation)", bounds=Range(ge=0, cap=1024))
     output_dir: str = _f("runs/latest", "where checkpoints and metrics.jsonl go (made absolute)")

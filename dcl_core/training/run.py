@@ -73,6 +73,7 @@ class Run:
     scaler: torch.amp.GradScaler
     sampler: DistributedSampler[int]  # this rank's shard of each epoch's permutation
     steps_per_epoch: int
+    amp_dtype: torch.dtype | None = None  # the autocast dtype (``amp`` on CUDA: :func:`amp_dtype`), None: fp32
 
     @property
     def total_steps(self) -> int:
@@ -86,8 +87,8 @@ class Run:
 
     @property
     def use_amp(self) -> bool:
-        """Autocast runs exactly when the scaler is on (``amp`` on a CUDA device)."""
-        return self.scaler.is_enabled()
+        """Whether the forward pass runs under autocast (``amp`` on a CUDA device)."""
+        return self.amp_dtype is not None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -134,11 +135,22 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     # DCL Fig. 5: gradient norm of the last convolution of the last two residual blocks, every step.
     probes = [conv.weight for conv in last_block_convs(backbone_of(model))]
     optimizer = build_optimizer(cfg, derived, model)
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and device.type == "cuda")  # AMP: CUDA only
+    dtype = amp_dtype(device) if cfg.amp else None
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)  # fp16's range needs loss scaling
 
     # The sampler reads only len(dataset): the indices stand in for the data (torch types it as a Dataset).
     sampler: DistributedSampler[int] = DistributedSampler(
         range(n_images),  # type: ignore[arg-type]
         num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True,
     )
-    return Run(cfg, derived, runtime, out_dir, data, model, framework, probes, optimizer, scaler, sampler, steps)
+    return Run(cfg, derived, runtime, out_dir, data, model, framework, probes, optimizer, scaler, sampler, steps,
+               dtype)
+
+
+def amp_dtype(device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of mixed precision on ``device``: bf16 where the GPU has it (fp32's range: no loss
+    scaling, no step skipped for an overflow; ``benchmarks/gpu.py`` times it against fp16), else fp16 (with a
+    GradScaler); None off CUDA (the CPU trains in fp32)."""
+    if device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -191,7 +191,7 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
             group["lr"] = lr
         view1 = view1.contiguous(memory_format=torch.channels_last)
         view2 = view2.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device_type=device.type, enabled=run.use_amp):
+        with torch.autocast(device_type=device.type, dtype=run.amp_dtype, enabled=run.use_amp):
             out = run.framework(view1, view2)
         _stop_if_not_finite(out.loss, run, epoch, step, lr)
         run.optimizer.zero_grad(set_to_none=True)
