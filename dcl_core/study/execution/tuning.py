@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,6 @@ import optuna
 import ray
 from optuna.samplers import TPESampler
 from ray import tune
-from ray._common.utils import get_default_ray_temp_dir  # where ray.init puts a local session
 from ray.tune.experiment import Trial
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
@@ -71,7 +71,7 @@ from dcl_core.study.tracking import mlflow_view
 from search_spaces import keys_of, to_optuna, to_tune
 
 log = logging.getLogger(__name__)
-STARTUP_TIMEOUT = "timed out during startup"  # ray._private.node's error when a raylet does not register in 30 s
+STARTUP_TIMEOUT = "timed out during startup"  # Ray's error when a new node's raylet does not register in 30 s
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
@@ -106,11 +106,19 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
             # can miss that once. One more try, on a new instance (the first one's processes are stopped).
             log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once more")
             ray.shutdown()
-            ray_session.end_own_sessions(Path(get_default_ray_temp_dir()))  # the failed start's GCS and raylet
+            for temp in _ray_temp_folders():  # the failed start's GCS and raylet
+                ray_session.end_own_sessions(temp)
             context = ray.init(**local)
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
     return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
+
+
+def _ray_temp_folders() -> list[Path]:
+    """Where a local ``ray.init`` may have put its session folder: ``ray`` under /tmp (Ray's default) or the
+    system's temp folder (``TMPDIR``)."""
+    roots = ["/tmp", os.environ.get("TMPDIR"), tempfile.gettempdir()]
+    return [Path(r) / "ray" for r in dict.fromkeys(r for r in roots if r)]
 
 
 @contextlib.contextmanager
