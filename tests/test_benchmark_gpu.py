@@ -1,0 +1,48 @@
+"""``benchmarks/gpu.py``, the GPU check, cannot rot: its ``--tiny`` run (the same code at toy sizes) runs every part
+on the CPU of a machine without Ray, Optuna or MLflow (as the bare GPU machine it is made for), writes each row to
+``gpu.json`` and the table to ``gpu.md``, and exits 0."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dcl_core.data import resolve_data_root
+
+REPO = Path(__file__).resolve().parent.parent
+# Run the script with Ray, Optuna and MLflow unimportable: the GPU machine has none of them.
+WITHOUT = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('ray', 'mlflow', 'optuna'):
+            raise ImportError('not on the GPU machine: ' + name)
+sys.meta_path.insert(0, Block())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+@pytest.mark.slow  # ~1 minute: every part, sharing processes and a 2-epoch smoke run included
+@pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present")
+def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_path: Path) -> None:
+    out = tmp_path / "gpu"
+    proc = subprocess.run([sys.executable, "-c", WITHOUT, "benchmarks/gpu.py", "--tiny", "--out", str(out),
+                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "gpu.json").read_text())
+    names = [r["name"] for r in report["rows"]]
+    assert not [n for n in names if n.endswith(("failed", "skipped"))], names
+    autocast = [r for r in report["rows"] if r["name"].startswith("autocast")]
+    assert len(autocast) == 8 and all(r["met"] for r in autocast)  # bf16 and fp16 x 4 losses, equal to fp32
+    for start in ("matmul", "conv 3x3", "trainer vs bare loop", "paper epoch", "1 process", "2 processes",
+                  "smoke run, 2 epochs"):
+        row = next(r for r in report["rows"] if r["name"].startswith(start))
+        assert math.isfinite(row["ours"]) and row["ours"] > 0, row
+    assert next(r for r in report["rows"] if r["name"].startswith("smoke run"))["met"]  # finite loss, kNN > 10%
+    assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
