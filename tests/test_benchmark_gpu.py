@@ -46,3 +46,21 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
         assert math.isfinite(row["ours"]) and row["ours"] > 0, row
     assert next(r for r in report["rows"] if r["name"].startswith("smoke run"))["met"]  # finite loss, kNN > 10%
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
+
+
+def test_the_gpu_runs_summary_compares_at_the_last_epoch_every_run_finished(tmp_path: Path) -> None:
+    """``benchmarks/gpu_runs.py --summarize``: paired by seed at the common last epoch, verdict against Table 1."""
+    knn = {("dcl", 0): [40.0, 52.0, 60.0], ("dcl", 1): [41.0, 50.0], ("infonce", 0): [38.0, 47.0, 55.0],
+           ("infonce", 1): [39.0, 46.0, 58.0]}
+    for (loss, seed), values in knn.items():
+        (tmp_path / f"{loss}_s{seed}").mkdir()
+        (tmp_path / f"{loss}_s{seed}" / "metrics.jsonl").write_text(
+            "".join(json.dumps({"eval/knn_top1": v, "train/q_mean": 0.9}) + "\n" for v in values))
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_runs.py", "--summarize", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "compared at epoch 2" in proc.stdout  # dcl s1 stopped after 2 epochs
+    # differences at epoch 2: 52 - 47 = 5, 50 - 46 = 4: mean +4.50, t-interval over 2 seeds [-1.85, +10.85]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("DCL − InfoNCE kNN top-1 at epoch 2: +4.50 [-1.85, +10.85] over 2 seed(s): not resolved")
+    assert last.endswith("(Table 1, 200 epochs: +4.8)") and (tmp_path / "answer.md").read_text().strip().endswith(last)
