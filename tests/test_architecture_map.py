@@ -24,7 +24,7 @@ FLOORS = (
     ("The library: losses, frameworks, models, data, evaluation, training",
      ("dcl_core.losses", "dcl_core.frameworks", "dcl_core.models", "dcl_core.data", "dcl_core.eval",
       "dcl_core.training")),
-    ("The single run's command lines", ("dcl_core.cli", "dcl_core.train", "dcl_core.evaluate")),
+    ("The single run's command lines", ("dcl_core.cli", "dcl_core.train", "dcl_core.evaluate", "dcl_core.pack")),
     ("Study layer, floor 1: analysis (pure; no Ray, MLflow or Optuna)", ("dcl_core.study.analysis",)),
     ("Study layer, floor 2: plan (before Ray starts; no Ray, MLflow or Optuna)", ("dcl_core.study.plan",)),
     ("Study layer, floor 3: tracking (MLflow, Ray's reporting API)", ("dcl_core.study.tracking",)),
