@@ -55,6 +55,6 @@ def add_store_options(parser: Any, output_help: str,
     if output_default is None:
         parser.add_argument("output_dir", type=Path, help=output_help)
     else:
-        parser.add_argument("--output-dir", default=output_default, help=output_help)
+        parser.add_argument("--output-dir", default=output_default, help=f"{output_help} (default: {output_default}/)")
     parser.add_argument("--tracking-uri", default=None,
                         help="MLflow tracking URI (default: the study's own, an SQLite store in OUTPUT_DIR/mlflow.db)")

@@ -260,7 +260,9 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
     cli.add_store_options(o, "study folder: Ray results, MLflow store, summary")
     o.add_argument("--storage", default=None, help="Ray storage path or URI (default: OUTPUT_DIR/ray_results)")
-    o.add_argument("--resume", action="store_true", help="continue an interrupted study from its storage")
+    o.add_argument("--resume", action="store_true",
+                   help="continue an interrupted study from its storage; with a larger --seeds, extend a finished "
+                        "study by the new seeds only")
     o.add_argument("--overwrite", action="store_true", help="delete an existing study of the same name first")
     o.add_argument("--save-checkpoints", action="store_true", help="log each trial's final checkpoint to MLflow")
     r = p.add_argument_group("resources")

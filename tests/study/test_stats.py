@@ -458,3 +458,14 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
 def test_the_fixed_designs_seeds_for_80_percent_power():
     assert stats.fixed_design_seeds(1.26 / math.sqrt(2)) == 12  # the gap of 1.26 cell SDs (test_calibration)
     assert stats.fixed_design_seeds(-1.26 / math.sqrt(2)) == 12 and stats.fixed_design_seeds(0.0) is None
+
+
+def test_a_number_prints_the_same_however_its_float_was_computed():
+    """A half rounds away from zero after float noise is dropped: one mean computed two ways (a table's fmean and
+    an answer's numpy mean) prints one way, where Python's format gives 34.2 for 34.25 and 34.3 for 34.25000...07."""
+    from dcl_core.study.analysis.stats import format_number
+
+    assert [format_number(v) for v in (34.25, 34.250000000000007, 34.249999999999993)] == ["34.3"] * 3
+    assert format_number(-0.05) == "-0.1" and format_number(0.04, signed=True) == "+0.0"
+    assert format_number(2.0, 2, signed=True) == "+2.00" and format_number(float("nan")) == "nan"
+    assert stats.format_estimate(stats.Estimate(34.25, 32.35, 36.15, 2)) == "+34.3 [+32.4, +36.2]"

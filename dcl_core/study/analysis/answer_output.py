@@ -17,10 +17,12 @@ from dcl_core.study.analysis.stats import VerdictWord
 def _ci(e: stats.Estimate, signed: bool = False) -> str:
     if e.n == 0 or math.isnan(e.estimate):
         return "-"
-    sign = "+" if signed else ""
+    def f(v: float) -> str:
+        return stats.format_number(v, 1, signed)
+
     if not e.has_interval:  # one seed, or seeds with identical values (stats.t_interval)
-        return f"{e.estimate:{sign}.1f} (n={e.n}{', identical' if e.n > 1 else ''})"
-    return f"{e.estimate:{sign}.1f} [{e.lo:{sign}.1f}, {e.hi:{sign}.1f}]"
+        return f"{f(e.estimate)} (n={e.n}{', identical' if e.n > 1 else ''})"
+    return f"{f(e.estimate)} [{f(e.lo)}, {f(e.hi)}]"
 
 
 def format_cells(answer: Answer) -> str:

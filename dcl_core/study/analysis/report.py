@@ -29,6 +29,7 @@ from dcl_core.study.analysis.columns import (
     fmt_x,
 )
 from dcl_core.study.analysis.statistics import gap_between, std_across
+from dcl_core.study.analysis.stats import format_number
 
 
 def pyplot() -> Any:
@@ -165,7 +166,7 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
             if cell is None or math.isnan(cell["mean"]):
                 text = "failed" if cell and cell["failed"] else "-"
             else:
-                text = f"{cell['mean']:.1f}±{cell['std']:.1f}"
+                text = f"{format_number(cell['mean'])}±{format_number(cell['std'])}"
                 if cell["failed"]:
                     text += "*"
             line += f"{text:>{width}}"

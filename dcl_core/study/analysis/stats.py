@@ -20,6 +20,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -529,9 +530,21 @@ def seeds_needed(est: Estimate, n: int) -> int | None:
     return None
 
 
+def format_number(value: float, digits: int = 1, signed: bool = False) -> str:
+    """``value`` with ``digits`` decimals, a half rounded away from zero, after dropping float noise (12
+    significant digits): one mean computed two ways (34.25 and 34.250000000000007) prints the same, 34.3, where
+    Python's format rounds the first to even (34.2) and the second up. ``signed``: ``+`` before a positive value."""
+    if not math.isfinite(value):
+        return f"{value:{'+' if signed else ''}.{digits}f}"
+    text = f"{Decimal(f'{value:.12g}').quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP):f}"
+    return f"+{text}" if signed and not text.startswith("-") else text
+
+
 def format_estimate(est: Estimate, digits: int = 1, signed: bool = True) -> str:
     """``+0.6 [-0.9, +2.1]``, or ``+0.6 (n=1, no interval)``; ``nan (n=0, no interval)`` when undefined."""
-    spec = f"{'+' if signed else ''}.{digits}f"
+    def f(v: float) -> str:
+        return format_number(v, digits, signed)
+
     if not est.has_interval:
-        return f"{est.estimate:{spec}} (n={est.n}, no interval)"
-    return f"{est.estimate:{spec}} [{est.lo:{spec}}, {est.hi:{spec}}]"
+        return f"{f(est.estimate)} (n={est.n}, no interval)"
+    return f"{f(est.estimate)} [{f(est.lo)}, {f(est.hi)}]"
