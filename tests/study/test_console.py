@@ -1,5 +1,8 @@
-"""The progress line's time left: projected from the trials this process saw finish, not from trials a resumed or
-extended study finished before it started (which made "~0.0 min left" while 8 trials of a new round were to run)."""
+"""The progress line's time left: the trials still to run at the mean duration of those this process saw finish,
+spread over as many as ran at once, less what the running ones have done. Trials a resumed or extended study
+finished before it started do not count (they made "~0.0 min left" while 8 trials of a new round were to run); the
+first of two trials running side by side does not double the estimate (it swung 64.6, 32.1, ... min for a 23-min
+run). Off a terminal a status line comes every minute while no trial finishes."""
 
 import pickle
 import re
@@ -10,16 +13,25 @@ from dcl_core.study.execution import console
 class Finished:
     """A finished trial as the callback reads it: an id, its last result and its name."""
 
-    def __init__(self, i):
-        self.trial_id, self.last_result = f"t{i}", {"eval/knn_top1": 30.0, "time_total_s": 60.0}
+    def __init__(self, i, seconds=60.0):
+        self.trial_id, self.last_result = f"t{i}", {"eval/knn_top1": 30.0, "time_total_s": seconds}
 
     def __str__(self):
         return self.trial_id
 
 
-def finish(progress, clock, monkeypatch, at, i):
-    monkeypatch.setattr(console.time, "time", lambda: clock + at)
-    progress.on_trial_complete(0, [], Finished(i))
+def at(monkeypatch, clock, seconds):
+    monkeypatch.setattr(console.time, "time", lambda: clock + seconds)
+
+
+def start(progress, clock, monkeypatch, t, i):
+    at(monkeypatch, clock, t)
+    progress.on_trial_start(0, [], Finished(i))
+
+
+def finish(progress, clock, monkeypatch, t, i, seconds=60.0):
+    at(monkeypatch, clock, t)
+    progress.on_trial_complete(0, [], Finished(i, seconds))
 
 
 def minutes_left(capsys):
@@ -28,23 +40,63 @@ def minutes_left(capsys):
 
 def test_time_left_counts_only_the_trials_finished_since_this_round_began(monkeypatch, capsys):
     clock = 1_000_000.0
-    monkeypatch.setattr(console.time, "time", lambda: clock)
+    at(monkeypatch, clock, 0)
     # a round of 8 trials after 40 finished ones; the study's clock started 30 minutes ago (earlier rounds)
     progress = console.ConsoleProgress("s", total=48, done=40, started=clock - 1800)
-    finish(progress, clock, monkeypatch, 60, 0)  # 2 at a time: two trials finish a minute in
+    start(progress, clock, monkeypatch, 0, 0)
+    start(progress, clock, monkeypatch, 0, 1)  # 2 at a time
+    finish(progress, clock, monkeypatch, 60, 0)
+    assert minutes_left(capsys) == 3.0  # 6 waiting at 60 s, 2 at a time; the other running one is done too
+    start(progress, clock, monkeypatch, 60, 2)
     finish(progress, clock, monkeypatch, 60, 1)
-    assert minutes_left(capsys) == 3.0  # 6 more at 30 s each (2 at a time), not 6 x 1800/42 s
-    finish(progress, clock, monkeypatch, 120, 2)
-    assert minutes_left(capsys) == 3.3  # 5 more at 40 s each
+    assert minutes_left(capsys) == 3.0  # the same: 5 waiting and one just started, not 6 x 1800/42 s
+    start(progress, clock, monkeypatch, 60, 3)
+    finish(progress, clock, monkeypatch, 130, 2, seconds=70.0)
+    assert minutes_left(capsys) == 2.1  # mean 63.3 s: 4 waiting, 2 at a time; t3 has run 70 s, past the mean
+
+
+def test_the_first_of_two_trials_side_by_side_does_not_double_the_estimate(monkeypatch, capsys):
+    clock = 1_000_000.0
+    at(monkeypatch, clock, 0)
+    progress = console.ConsoleProgress("s", total=20, started=clock)
+    for i in (0, 1):
+        start(progress, clock, monkeypatch, 5, i)  # after Ray's start
+    finish(progress, clock, monkeypatch, 65, 0)
+    first = minutes_left(capsys)
+    start(progress, clock, monkeypatch, 65, 2)
+    finish(progress, clock, monkeypatch, 66, 1)
+    second = minutes_left(capsys)
+    assert first == 9.0 and abs(second - first) <= 0.1  # 18 to go at a minute each, 2 at a time
 
 
 def test_a_restored_callback_paces_from_when_it_is_restored(monkeypatch, capsys):
     clock = 1_000_000.0
-    monkeypatch.setattr(console.time, "time", lambda: clock)
+    at(monkeypatch, clock, 0)
     progress = console.ConsoleProgress("s", total=10, done=0, started=clock)
     restored = pickle.loads(pickle.dumps(progress))  # what Tune.restore hands back, hours later
     clock += 7200
-    monkeypatch.setattr(console.time, "time", lambda: clock)
-    restored.on_trial_start(0, [], Finished(0))
+    start(restored, clock, monkeypatch, 0, 0)
     finish(restored, clock, monkeypatch, 60, 0)
     assert minutes_left(capsys) == 9.0  # 9 more at a minute each, not at two hours each
+
+
+def test_off_a_terminal_a_status_line_comes_every_minute_while_no_trial_finishes(monkeypatch, capsys):
+    clock = 1_000_000.0
+    at(monkeypatch, clock, 0)
+    progress = console.ConsoleProgress("temperature_sweep", total=8, started=clock)
+    start(progress, clock, monkeypatch, 3, 0)
+    for t in (30, 59):
+        at(monkeypatch, clock, t)
+        progress.on_step_end(0, [])
+    assert capsys.readouterr().out == ""
+    at(monkeypatch, clock, 61)
+    progress.on_step_end(0, [])
+    assert capsys.readouterr().out == ("temperature_sweep: 0 of 8 trials done, 1 running, 0 failed  (1.0 min elapsed, "
+                                       "time left: after the first trial)\n")
+    finish(progress, clock, monkeypatch, 100, 0)
+    at(monkeypatch, clock, 150)
+    progress.on_step_end(0, [])  # a trial's line came at 100 s: the next status line a minute after it
+    assert capsys.readouterr().out.count("trials done") == 0
+    at(monkeypatch, clock, 161)
+    progress.on_step_end(0, [])
+    assert "1 of 8 trials done, 0 running" in capsys.readouterr().out

@@ -21,11 +21,18 @@ from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE
 __all__ = ["PROGRESS", "QUIET", "VERBOSE", "ConsoleProgress"]
 
 
+STATUS_EVERY_S = 60.0  # off a terminal, a plain status line this often while no trial finishes
+
+
 class ConsoleProgress(tune.Callback):
     """Progress of one Tune experiment of a study: ``done`` trials of the study finished before it started,
-    ``total`` in the whole study, which started at ``started`` (``time.time()``). The time left is projected from
-    the trials this callback saw finish since it began watching (a resumed or extended study's earlier trials,
-    finished before this process, would make the pace look faster than it is)."""
+    ``total`` in the whole study, which started at ``started`` (``time.time()``).
+
+    The time left is the trials still to run at the mean duration of those this callback saw finish, spread over
+    as many at a time as it saw run at once, less what the running ones have done: stable from the first finished
+    trial on (dividing the time watched by the trials finished counted the first of two that ran side by side as
+    if it had run alone, and doubled the estimate). Trials a resumed or extended study finished before this process
+    do not count. Off a terminal, a status line every :data:`STATUS_EVERY_S` seconds while none finishes."""
 
     def __init__(self, name: str, total: int, done: int = 0, verbosity: int = PROGRESS,
                  started: float | None = None) -> None:
@@ -35,10 +42,28 @@ class ConsoleProgress(tune.Callback):
         self.running: set[str] = set()
         self._bar: Any = None
         self._watching: float | None = time.time()  # when this callback began watching (reset when unpickled)
-        self._seen = 0  # trials it saw finish since then
+        self._started_at: dict[str, float] = {}  # trial id -> when this process saw it start
+        self._durations: list[float] = []  # seconds of each trial it saw finish
+        self._peak = 0  # the most trials it saw running at once
+        self._last_line = time.time()  # when it last printed a line
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_seen": 0}
+        return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_started_at": {},
+                "_durations": [], "_peak": 0}
+
+    def time_left(self, now: float) -> float:
+        """Seconds until the experiment's last trial finishes, projected; nan before a trial finished."""
+        if not self._durations:
+            return math.nan
+        mean = sum(self._durations) / len(self._durations)
+        waiting = max(self.total - self.done - len(self.running), 0)
+        partial = sum(max(mean - (now - self._started_at.get(t, now)), 0.0) for t in self.running)
+        return (mean * waiting + partial) / max(self._peak, 1)
+
+    def _clock(self, now: float) -> str:
+        left = self.time_left(now)
+        ahead = "time left: after the first trial" if math.isnan(left) else f"~{left / 60:.1f} min left"
+        return f"({(now - self.started) / 60:.1f} min elapsed, {ahead})"
 
     @property
     def bar(self) -> Any:
@@ -56,10 +81,22 @@ class ConsoleProgress(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Count the trial as running (Tune callback)."""
+        now = time.time()
         if self._watching is None:  # restored by Tune.restore: the pace counts from now
-            self._watching = time.time()
+            self._watching = now
         self.running.add(trial.trial_id)
+        self._started_at[trial.trial_id] = now
+        self._peak = max(self._peak, len(self.running))
         self._refresh()
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        """Off a terminal, a status line when none was printed for :data:`STATUS_EVERY_S` (Tune callback)."""
+        now = time.time()
+        if self.verbosity != PROGRESS or self.bar is not None or now - self._last_line < STATUS_EVERY_S:
+            return
+        self._last_line = now
+        print(f"{self.name}: {self.done} of {self.total} trials done, {len(self.running)} running, {self.failed} "
+              f"failed  {self._clock(now)}", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Count the trial as finished, failed if it diverged (Tune callback)."""
@@ -76,12 +113,16 @@ class ConsoleProgress(tune.Callback):
             self._bar = None
 
     def _finished(self, trial: Any, failed: bool) -> None:
+        now = time.time()
         self.running.discard(trial.trial_id)
         self.done += 1
         self.failed += failed
-        self._seen += 1
         if self._watching is None:
-            self._watching = time.time()
+            self._watching = now
+        secs = (trial.last_result or {}).get("time_total_s")
+        started = self._started_at.pop(trial.trial_id, self._watching)
+        self._durations.append(float(secs) if isinstance(secs, float | int) else now - started)
+        self._peak = max(self._peak, 1)
         if self.verbosity != PROGRESS:
             return
         line = f"[{self.done}/{self.total}] {trial_line(trial, failed)}"
@@ -90,10 +131,8 @@ class ConsoleProgress(tune.Callback):
             self.bar.update(1)
             self._refresh()
             return
-        now = time.time()
-        elapsed, watched = now - self.started, now - self._watching
-        left = watched / self._seen * (self.total - self.done) if watched > 0 else math.nan
-        print(f"{line}  ({elapsed / 60:.1f} min elapsed, ~{left / 60:.1f} min left)", flush=True)
+        self._last_line = now
+        print(f"{line}  {self._clock(now)}", flush=True)
 
 
 def trial_line(trial: Any, failed: bool) -> str:
