@@ -22,7 +22,7 @@ from dcl_core.data.augment import (
     ViewAugmentation,
     normalization_for,
 )
-from dcl_core.data.datasets import ImageTensors, class_balanced_subset, load_dataset
+from dcl_core.data.datasets import ImageTensors, class_balanced_subset, fetch_dataset, load_dataset
 from dcl_core.data.decode import check_fits_in_memory
 from dcl_core.data.errors import DataError, UnreadableImageError
 from dcl_core.data.locate import (
@@ -51,6 +51,7 @@ __all__ = [
     "check_dataset",
     "check_fits_in_memory",
     "class_balanced_subset",
+    "fetch_dataset",
     "load_dataset",
     "normalization_for",
     "pretraining_images",

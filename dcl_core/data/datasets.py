@@ -263,6 +263,20 @@ def _load_torchvision_stl10(
 # ----------------------------------------------------------------------------------------------------
 
 
+def fetch_dataset(name: str, root: str | None = None) -> Path:
+    """Download CIFAR-10/100 or STL-10 with torchvision into ``root`` (default: ``~/.cache/dcl_core/<name>``)
+    unless it is there already; the root to read it from. One fetch of the archive gives every split.
+
+    Raises:
+        DataError: an ImageFolder (nothing to download), or the download failed (one line).
+    """
+    check_name(name)
+    if name == "imagefolder":
+        raise DataError("the imagefolder dataset cannot be downloaded; point --data-root at it")
+    load_dataset(name, "test", root, download=True)  # torchvision fetches the whole archive for any split
+    return resolve_data_root(name, root, download=True)
+
+
 def load_dataset(
     name: str,
     split: str,

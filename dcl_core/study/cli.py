@@ -193,6 +193,7 @@ class StudyRequest:
     max_minutes: float | None = None
     seeds_per_round: int | None = None
     argv: tuple[str, ...] | None = None  # the command line given (None: sys.argv), for the resume line
+    download: bool = False  # --download: fetch the dataset to this machine before anything runs
 
     @property
     def quiet(self) -> bool:
@@ -211,6 +212,9 @@ class StudyRequest:
                               "and --dry-run")
         rounds.check_caps(self.until_resolved, self.max_seeds, self.max_minutes, self.seeds_per_round,
                           reanalyze=self.reanalyze, search=a.search)
+        if self.download and (o.address or os.environ.get("RAY_ADDRESS")):
+            raise ConfigError("--download fetches the dataset to this machine, not to a cluster's nodes: put it on "
+                              "them (or on storage they share) and pass --data-root")
 
 
 def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper")
@@ -229,6 +233,10 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     g.add_argument("--losses", default=None, help="comma-separated losses (default: preset's)")
     g.add_argument("--seeds", type=int, default=None, help="number of seeds per cell (default: preset's)")
     g.add_argument("--data-root", default=None, help="dataset root (default: embedded CIFAR-10 / $DCL_DATA_ROOT)")
+    g.add_argument("--download", action="store_true",
+                   help="fetch CIFAR-10/100 or STL-10 with torchvision once, before the study starts (needs internet), "
+                        "into --data-root or ~/.cache/dcl_core/<dataset>, and train on it; on a cluster, put the data "
+                        "on its nodes instead")
     g.add_argument("--effect-of-interest", action="append", default=[], metavar="KEY=VALUE",
                    help="δ for a question, in its statistic's units, e.g. std_difference=1.0 (repeatable; KEY: "
                         "the statistic or <statistic>_<i>): the verdict also says whether the data rule out an effect "
@@ -300,7 +308,8 @@ def request_of(ns: argparse.Namespace, argv: Sequence[str] | None = None) -> Stu
         save_checkpoints=ns.save_checkpoints, verbosity=verbosity)
     return StudyRequest(spec_args_of(ns), options, dry_run=ns.dry_run, reanalyze=ns.reanalyze,
                         until_resolved=ns.until_resolved, max_seeds=ns.max_seeds, max_minutes=ns.max_minutes,
-                        seeds_per_round=ns.seeds_per_round, argv=None if argv is None else tuple(argv))
+                        seeds_per_round=ns.seeds_per_round, argv=None if argv is None else tuple(argv),
+                        download=ns.download)
 
 
 def base_config(args: SpecArgs, base: tuple[str, dict[str, Any]]) -> Any:
@@ -398,8 +407,20 @@ def _execute(script: Script, request: StudyRequest) -> Any:
     request.check()
     request = _continued(request)
     args = request.spec_args
-    options = _with_command(request.options, script, args)
     spec = script.build(args)
+    if request.download and not request.reanalyze:
+        # The torchvision release, fetched once here (trials only read it), is then the study's data root, as if
+        # given with --data-root (so the same command line resumes it). A dry run names it, fetching nothing.
+        data = spec.base.data
+        from dcl_core.data import fetch_dataset, resolve_data_root  # torchvision (seconds): not for --help
+
+        fetched = resolve_data_root(data.dataset, args.data_root, download=True) if request.dry_run else \
+            fetch_dataset(data.dataset, args.data_root)
+        args = replace(args, data_root=str(fetched))
+        spec = script.build(args)
+        if request.dry_run:  # its pre-flight: the data a real run fetches first
+            spec = with_base(spec, {"data.download": True})
+    options = _with_command(request.options, script, args)
     if request.reanalyze:  # no data, no GPU, no Ray: the stored results only
         # MLflow and Optuna (seconds): not for --help or bad input
         from dcl_core.study.execution.reanalysis import reanalyze

@@ -26,6 +26,7 @@ from dcl_core.data import (
     ImageTensors,
     check_dataset,
     class_balanced_subset,
+    fetch_dataset,
     load_dataset,
     resolve_data_root,
 )
@@ -157,6 +158,27 @@ def test_cifar10_download_extracts_local_archive(tmp_path: Path, monkeypatch: py
     assert (root / "cifar-10-batches-py" / "test_batch").is_file()
     images, labels = _expected(written, ["test_batch"])
     assert torch.equal(test.images, images) and torch.equal(test.labels, labels)
+
+
+def test_fetch_dataset_downloads_once_and_names_the_root_to_read(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a study's --download does before anything runs: fetch the archive (here a local copy with matching
+    md5s, no network), and return the root the trials then read."""
+    staging = tmp_path / "staging"
+    written = _write_cifar10_batches(staging / "cifar-10-batches-py", seed=6)
+    root = tmp_path / "root"
+    root.mkdir()
+    archive = root / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(staging / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    _patch_md5s(monkeypatch, CIFAR10, staging / "cifar-10-batches-py", archive=archive)
+    _forbid_network(monkeypatch)
+    assert fetch_dataset("cifar10", str(root)) == root.resolve()
+    train = load_dataset("cifar10", "train", root=str(root))  # every split is there, read without downloading
+    images, labels = _expected(written, [f"data_batch_{i}" for i in range(1, 6)])
+    assert torch.equal(train.images, images) and torch.equal(train.labels, labels)
+    with pytest.raises(DataError, match="imagefolder dataset cannot be downloaded"):
+        fetch_dataset("imagefolder", str(root))
 
 
 def test_download_network_failure_is_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,6 +81,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path):
         (["--workers", "2", "--cpus-per-worker", "1"], "use --cpus-per-worker 0.99"),  # 2 + 0.01 never fit 2 CPUs
         (["--cpus-per-worker", "3"], "one trial needs 3 CPUs"),
         (["--data-root", str(tmp_path / "no_data")], "CIFAR-10 not found"),
+        (["--download", "--address", "127.0.0.1:9"], "--download fetches the dataset to this machine"),
     ]
     for args, needle in cases:
         t0 = time.monotonic()
