@@ -46,12 +46,20 @@ from dcl_core.study.plan.spec import (
     StudySpec,
     check_name,
     grid_seeds,
+    tune_experiments,
     validate_spec,
     with_asha,
     with_base,
     with_effects_of_interest,
 )
-from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, redact_args, summary_dir
+from dcl_core.study.plan.storage import (
+    OPTIONS_FILE,
+    check_output_dir,
+    redact_args,
+    storage_exists,
+    storage_join,
+    summary_dir,
+)
 
 MAX_SEEDS = 1000
 STUDIES_DIR = Path(__file__).resolve().parents[2] / "studies"  # the study scripts of this checkout
@@ -443,6 +451,7 @@ def _execute(script: Script, request: StudyRequest) -> Any:
         spec = with_asha(spec, options.asha)
         check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
         lines = dry_run_lines(spec, options, args.preset, local_problems)
+        lines += _existing_study_lines(spec, options)
         if request.until_resolved:
             assert spec.design is not None
             lines += rounds.dry_run_lines(spec.design, request.max_minutes, wall_seconds_at)
@@ -480,6 +489,17 @@ def _execute(script: Script, request: StudyRequest) -> Any:
     if not request.quiet:
         print(why, end="\n\n")
     return outcome
+
+
+def _existing_study_lines(spec: StudySpec, options: StudyOptions) -> list[str]:
+    """A dry run's note that the study already has output where the real run would write (which refuses it
+    without --resume or --overwrite)."""
+    storage = options.resolved().storage
+    existing = [u for u in (storage_join(str(storage), e.name) for e in tune_experiments(spec)) if storage_exists(u)]
+    if not existing or options.resume or options.overwrite:
+        return []
+    return ["", f"note: study output exists at {existing[0]}: this command would be refused; add --resume to "
+                "continue it (with a larger --seeds: only its new seeds run) or --overwrite to replace it"]
 
 
 def _plan_rounds(script: Script, request: StudyRequest, spec: StudySpec, options: StudyOptions,

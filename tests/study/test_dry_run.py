@@ -284,3 +284,22 @@ def test_until_resolved_dry_run_prints_the_looks_and_the_worst_case_of_the_caps(
     # planned to fit 3 min; a second rate measurement (the worst case's) may differ on a busy machine
     assert float(re.search(r"worst case .*?, ~([\d.]+) min", timed)[1]) <= 3.0 * 1.5
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_says_when_the_real_run_would_be_refused_for_an_existing_study(tmp_path):
+    """The study's output exists: the dry run says the command would be refused and what to add; with --resume or
+    --overwrite it says nothing of it."""
+    module = load("temperature_sweep")
+    (tmp_path / "out" / "ray_results" / "temperature_sweep").mkdir(parents=True)  # what a first run leaves
+
+    def dry(*argv):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = main(module.__doc__, "temperature_sweep", module.build_spec,
+                        argv=["--smoke", *argv, "--dry-run", "--output-dir", str(tmp_path / "out")])
+        assert code == 0
+        return stdout.getvalue()
+
+    note = "this command would be refused; add --resume to continue it (with a larger --seeds: only its new seeds"
+    assert note in " ".join(dry().split())
+    assert "would be refused" not in dry("--resume") and "would be refused" not in dry("--overwrite")
