@@ -1,0 +1,82 @@
+"""``python -m dcl_core.export``: a checkpoint's encoder as a plain state dict that torchvision's own ResNet-18 loads
+with ``strict=True`` by the recipe in the module's docstring, giving the project's features to 1e-5 on real images;
+other widths are described as the project's own; bad input exits 2 in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import dcl_core.export as export_module
+from dcl_core.config import apply_overrides, from_flat_dict, preset
+from dcl_core.data import EvalTransform, load_dataset, normalization_for, resolve_data_root
+from dcl_core.export import export, main
+from dcl_core.training import train
+from dcl_core.training.builders import build_model
+from dcl_core.training.checkpoint import load_checkpoint
+
+needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                                reason="embedded CIFAR-10 not present")
+
+
+def _trained(tmp_path: Path, width: float) -> Path:
+    cfg = apply_overrides(preset("smoke"), {"model.width": width, "optim.epochs": 1, "threads": 2,
+                                            "output_dir": str(tmp_path / f"run{width:g}")})
+    train(cfg)
+    return tmp_path / f"run{width:g}" / "checkpoint.pt"
+
+
+@needs_data
+def test_torchvision_loads_the_export_strictly_and_gives_the_same_features(tmp_path: Path) -> None:
+    checkpoint = _trained(tmp_path, 1.0)
+    out = tmp_path / "export" / "backbone.pt"
+    meta = export(checkpoint, out)
+    assert meta == json.loads(out.with_suffix(".json").read_text())
+    assert meta["arch"] == "resnet18" and meta["torchvision_compatible"] and meta["stem"] == "cifar"
+    assert meta["feature_dim"] == 512 and meta["epochs"] == 1 and meta["loss"] == "dcl"
+
+    # the docstring's recipe, as a reader would paste it (in the export's folder)
+    recipe = re.search(r"::\n\n((?:    .*\n|\n)+)", export_module.__doc__ or "")
+    assert recipe is not None
+    code = "\n".join(line[4:] for line in recipe[1].splitlines())
+    scope: dict = {}
+    cwd = Path.cwd()
+    try:
+        os.chdir(out.parent)
+        exec(code, scope)  # the documented recipe itself
+    finally:
+        os.chdir(cwd)
+    tv_model = scope["model"].eval()
+
+    state = load_checkpoint(checkpoint)
+    ours = build_model(from_flat_dict(state["config"]))
+    ours.load_state_dict(state["model"])
+    ours.eval()
+    images = load_dataset("cifar10", "test", per_class=4, seed=0).images  # 40 real test images, uint8
+    x = EvalTransform(32, *normalization_for("cifar10"))(images)  # (40, 3, 32, 32) normalized
+    with torch.no_grad():
+        expected, got = ours.backbone(x), tv_model(x)  # (40, 512) each
+    assert got.shape == expected.shape == (40, 512)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+@needs_data
+def test_another_width_is_described_as_the_projects_own_backbone(tmp_path: Path) -> None:
+    meta = export(_trained(tmp_path, 0.125), tmp_path / "b.pt")
+    assert not meta["torchvision_compatible"] and meta["width"] == 0.125 and meta["feature_dim"] == 64
+    weights = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in weights.values()) and "conv1.weight" in weights
+
+
+def test_a_missing_or_foreign_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "foreign.pt").write_bytes(b"not a checkpoint")
+    for path in (tmp_path / "none.pt", tmp_path / "foreign.pt"):
+        assert main([str(path), "-o", str(tmp_path / "out.pt")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and path.name in err[0], err
+    assert not (tmp_path / "out.pt").exists()
