@@ -4,6 +4,8 @@ draws together, and the study's plot draws each series in it (pure, no MLflow)."
 import subprocess
 import sys
 
+import pytest
+
 from dcl_core.config import LOSS_NAMES
 from dcl_core.study.analysis import report
 from dcl_core.study.analysis.colours import SUMMARY_COLOUR, series_colour
@@ -35,7 +37,8 @@ def test_a_name_not_listed_gets_the_same_colour_in_another_process():
 
 def test_the_study_plot_draws_each_series_in_its_colour(tmp_path, monkeypatch):
     figures = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, rect=None: figures.append(fig) or path)
+    monkeypatch.setattr(report, "save_figure",
+                        lambda fig, path, rect=None, keep_open=False: figures.append(fig) or path)
     rows = [{"loss": loss, "temperature": t, "seed": 0, "status": "ok", "knn_top1": 10.0 + t}
             for loss in ("infonce", "dclw", "dcl") for t in (0.1, 0.5)]
     report.plot(rows, "temperature", "tau", tmp_path / "p.png", "t", paper={"dcl": {0.1: 90.0, 0.5: 91.0}})
@@ -43,3 +46,27 @@ def test_the_study_plot_draws_each_series_in_its_colour(tmp_path, monkeypatch):
     drawn = {bars.get_label(): bars.lines[0].get_color() for bars in ax.containers}
     assert drawn == {"dcl (ours)": "#1f77b4", "dclw (ours)": series_colour("dclw"), "infonce (ours)": "#ff7f0e"}
     assert [line.get_color() for line in twin.get_lines()] == ["#1f77b4"]  # the paper's curve: its series' colour
+
+
+def test_the_study_plot_shows_95_percent_intervals_dodged_and_the_verdicts_and_writes_a_pdf(tmp_path, monkeypatch):
+    """The bars are the tables' 95% t-intervals over seeds (not ±1 std), the series sit apart at each x, the grid's
+    own x values label the axis, the verdicts are written under it, and a vector PDF is written beside the PNG."""
+    figures = []
+    real_save = report.save_figure
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, rect=None, keep_open=False:
+                        figures.append(fig) or real_save(fig, path, rect, keep_open))
+    rows = [{"loss": loss, "temperature": t, "seed": s, "status": "ok", "knn_top1": 10.0 + t + s}
+            for loss in ("infonce", "dcl") for t in (0.1, 0.5) for s in (0, 1, 2)]
+    note = "DCL flatter across τ than InfoNCE: Δstd +0.0 [-1.0, +1.0], not resolved"
+    path = report.plot(rows, "temperature", "τ", tmp_path / "p.png", "t", log_x=True, notes=[note])
+    assert path.is_file() and path.with_suffix(".pdf").read_bytes().startswith(b"%PDF")
+    fig = figures[0]
+    (ax,) = fig.axes
+    bars = {c.get_label(): c for c in ax.containers}
+    # seeds 0, 1, 2 -> values x+10, x+11, x+12: mean x+11, sd 1, half-width t(0.975, 2) / sqrt(3) = 2.484
+    segment = bars["dcl"].lines[2][0].get_segments()[0]  # [[x, low], [x, high]] of the first x
+    assert segment[1][1] - segment[0][1] == pytest.approx(2 * 4.302653 / 3 ** 0.5, rel=1e-4)
+    xs = {label: c.lines[0].get_xdata() for label, c in bars.items()}
+    assert all(a != b for a, b in zip(xs["dcl"], xs["infonce"], strict=True))  # dodged apart
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "0.5"]
+    assert note in [t.get_text() for t in fig.texts]

@@ -25,6 +25,12 @@ def _ci(e: stats.Estimate, signed: bool = False) -> str:
     return f"{f(e.estimate)} [{f(e.lo)}, {f(e.hi)}]"
 
 
+def figure_note(v: Verdict) -> str:
+    """A verdict as the study's figure states it: ``DCL flatter across τ than InfoNCE: Δstd +0.6 [-0.9, +2.1],
+    not resolved``."""
+    return f"{v.question.claim}: {v.question.label} {_ci(v.estimate, signed=True)}, {v.words}"
+
+
 def format_cells(answer: Answer) -> str:
     """One line per x: each series' mean and 95% t-interval over seeds, each paired gap, the cells' mean q_B, and
     the paper's value of each series at that x (``-`` where the paper has none)."""

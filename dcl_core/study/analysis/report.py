@@ -5,6 +5,7 @@ Pure functions over a list of row dicts (one per trial), so they are tested with
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import defaultdict
@@ -29,7 +30,7 @@ from dcl_core.study.analysis.columns import (
     fmt_x,
 )
 from dcl_core.study.analysis.statistics import gap_between, std_across
-from dcl_core.study.analysis.stats import format_number
+from dcl_core.study.analysis.stats import format_number, t_quantile
 
 
 def pyplot() -> Any:
@@ -42,14 +43,17 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
-    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` (folders made; atomically, a link
-    there replaced, never written through: :func:`dcl_core.files.write_with`) and close it."""
+def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None,
+                keep_open: bool = False) -> Path:
+    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` in the format its suffix names
+    (folders made; atomically, a link there replaced, never written through: :func:`dcl_core.files.write_with`)
+    and close it (``keep_open``: to write it again in another format)."""
     fig.tight_layout(**({"rect": rect} if rect else {}))
     try:
         write_with(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png"))
     finally:
-        pyplot().close(fig)
+        if not keep_open:
+            pyplot().close(fig)
     return path
 
 
@@ -182,31 +186,48 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
     return "\n".join(lines)
 
 
+DODGE = 0.06  # each series' points shifted by this much of the x spacing (log: of an octave): bars apart
+
+
 def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
          series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
-         paper_label: str = "paper") -> Path:
+         paper_label: str = "paper", notes: Sequence[str] = ()) -> Path:
     """The kNN top-1 vs x, one line per series in its fixed colour
-    (:func:`~dcl_core.study.analysis.colours.series_colour`, its MLflow runs' too), error bars = std over seeds.
+    (:func:`~dcl_core.study.analysis.colours.series_colour`, its MLflow runs' too), with the 95% t-interval over
+    seeds of each cell (the tables' intervals; none for a single seed), the series dodged sideways so that their
+    bars do not overlap, ``notes`` (the verdicts: statistic and interval) under the axes; written as ``path``
+    (PNG) and as a vector PDF beside it.
 
     ``paper`` (``{series: {x: value}}``, e.g. DCL Table 18) is drawn dashed in each series' colour on its own
     y axis (right): the paper's level (88% on full CIFAR-10) and ours differ, what is compared is the shape."""
     plt = pyplot()
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2), dpi=120)
+    height = 4.2 + 0.16 * (len(notes) + 1)  # inches: room for the notes under the axes
+    fig, ax = plt.subplots(figsize=(6.5, height), dpi=120)
     colours = {}
-    for loss, by_x in cells(rows, x_key, series).items():
+    by_series = cells(rows, x_key, series)
+    all_xs = sorted({x for by_x in by_series.values() for x in by_x})
+    numeric = all(isinstance(x, int | float) for x in all_xs)
+    for i, (loss, by_x) in enumerate(by_series.items()):
         xs = [x for x in sorted(by_x) if not math.isnan(by_x[x]["mean"])]
-        line = ax.errorbar(xs, [by_x[x]["mean"] for x in xs], yerr=[by_x[x]["std"] for x in xs], marker="o",
-                           capsize=3, label=f"{loss} (ours)" if paper else loss, color=series_colour(loss))
+        shift = (i - (len(by_series) - 1) / 2) * DODGE
+        drawn_at = [_dodged(x, shift, all_xs, log_x) for x in xs] if numeric else xs
+        half = [_half_width(by_x[x]) for x in xs]
+        line = ax.errorbar(drawn_at, [by_x[x]["mean"] for x in xs], yerr=half, marker="o", capsize=3,
+                           label=f"{loss} (ours)" if paper else loss, color=series_colour(loss))
         colours[loss] = line.lines[0].get_color()
     if log_x:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel(x_label)
-    ax.set_ylabel("kNN top-1 (%), ours: mean ± std over seeds")
+    if numeric and all_xs:
+        ax.set_xticks(all_xs, [fmt_x(x) for x in all_xs])  # the grid's own values, not the dodged positions
+        ax.minorticks_off()
+    ax.set_xlabel(x_label + (" (log scale)" if log_x else ""))
+    ax.set_ylabel("kNN top-1 (%), ours: mean, 95% CI over seeds")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     drawn = {name: values for name, values in (paper or {}).items() if name in colours and values}
+    footer = list(notes)
     if drawn:
         twin = ax.twinx()
         for name, values in drawn.items():
@@ -216,10 +237,34 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
             handles.append(line)
             labels.append(line.get_label())
         twin.set_ylabel(f"{paper_label} (dashed, own axis)", fontsize=7)
-        fig.text(0.01, 0.01, "Dashed: the paper, on its own axis; compare the shape (ranking, spread, gap sign), "
-                 "not the level.", fontsize=6.5)
+        footer.append("Dashed: the paper, on its own axis; compare the shape (ranking, spread, gap sign), not the "
+                      "level.")
+    line_height = 0.15 / height  # figure fraction of one 6.5-point line
+    for k, text in enumerate(reversed(footer)):
+        fig.text(0.01, 0.01 + k * line_height, text, fontsize=6.5)
     ax.legend(handles, labels, fontsize=7)
-    return save_figure(fig, path, rect=(0, 0.03, 1, 1))
+    rect = (0.0, 0.015 + len(footer) * line_height, 1.0, 1.0)
+    save_figure(fig, path, rect=rect, keep_open=True)
+    save_figure(fig, path.with_suffix(".pdf"), rect=rect)  # the same figure as a vector file, for a paper
+    return path
+
+
+def _half_width(cell: Mapping[str, float]) -> float:
+    """Half the width of a cell's 95% t-interval over its seeds (0 with fewer than 2: no interval)."""
+    n = int(cell["n"])
+    if n < 2 or not math.isfinite(cell["std"]):
+        return 0.0
+    return t_quantile(0.975, n - 1) * cell["std"] / math.sqrt(n)
+
+
+def _dodged(x: Any, shift: float, xs: Sequence[Any], log_x: bool) -> float:
+    """Where a series' point at ``x`` is drawn: ``shift`` of the grid's spacing to the side (of an octave on a log
+    axis)."""
+    if log_x:
+        return float(x) * float(2.0**shift)
+    numeric = sorted(float(v) for v in xs)
+    gaps = [b - a for a, b in itertools.pairwise(numeric) if b > a]
+    return float(x) + shift * (min(gaps) if gaps else 1.0)
 
 
 def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:

@@ -80,9 +80,10 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
     png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
                       log_x=spec.log_x, series=SERIES, paper=paper_curves,
-                      paper_label=f"paper: {claim.source}" if claim else "paper")
+                      paper_label=f"paper: {claim.source}" if claim else "paper",
+                      notes=[answer_output.figure_note(v) for v in found.verdicts])
     stored = [p for p in (parquet, csv) if is_regular_file(p)]
-    files = [*stored, png, out_dir / "table.txt"]
+    files = [*stored, png, out_dir / "table.txt", png.with_suffix(".pdf")]
     q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
     if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
