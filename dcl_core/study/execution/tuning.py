@@ -397,7 +397,10 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
         run_config=tune.RunConfig(
             name=experiment.name, storage_path=storage,
             failure_config=tune.FailureConfig(max_failures=options.max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # Two, not one: Tune deletes the previous checkpoint when it registers a new one, before its next
+            # experiment snapshot; a driver killed in between (kill -9, the OOM killer) left a state naming a
+            # deleted checkpoint, and the resumed trial failed ("does not exist on storage anymore", seen in CI).
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             callbacks=[callback, console_line, tune_state.StateBackup(), tune_state.DiskFullStop()],
             verbose=2 if options.verbosity >= console.VERBOSE else 0,
         ),
