@@ -141,11 +141,12 @@ def test_cifar10_torchvision_checks_md5_even_without_download(tmp_path: Path) ->
     assert "\n" not in str(info.value)
 
 
-def test_cifar10_download_extracts_local_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Build cifar-10-python.tar.gz like the real one; torchvision's download_url finds it with a matching
-    # md5 and skips the network, then download_and_extract_archive really extracts it.
+def _local_cifar10_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int) -> tuple[Path, dict]:
+    """A root holding cifar-10-python.tar.gz built like the real one, with torchvision's md5s patched to match and
+    the network forbidden: its download_url finds the archive and skips the network, then really extracts it.
+    Returns (root, the batches written)."""
     staging = tmp_path / "staging"
-    written = _write_cifar10_batches(staging / "cifar-10-batches-py", seed=5)
+    written = _write_cifar10_batches(staging / "cifar-10-batches-py", seed=seed)
     root = tmp_path / "root"
     root.mkdir()
     archive = root / "cifar-10-python.tar.gz"
@@ -153,6 +154,11 @@ def test_cifar10_download_extracts_local_archive(tmp_path: Path, monkeypatch: py
         tar.add(staging / "cifar-10-batches-py", arcname="cifar-10-batches-py")
     _patch_md5s(monkeypatch, CIFAR10, staging / "cifar-10-batches-py", archive=archive)
     _forbid_network(monkeypatch)
+    return root, written
+
+
+def test_cifar10_download_extracts_local_archive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root, written = _local_cifar10_archive(tmp_path, monkeypatch, seed=5)
 
     test = load_dataset("cifar10", "test", root=str(root), download=True)
     assert (root / "cifar-10-batches-py" / "test_batch").is_file()
@@ -164,15 +170,7 @@ def test_fetch_dataset_downloads_once_and_names_the_root_to_read(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """What a study's --download does before anything runs: fetch the archive (here a local copy with matching
     md5s, no network), and return the root the trials then read."""
-    staging = tmp_path / "staging"
-    written = _write_cifar10_batches(staging / "cifar-10-batches-py", seed=6)
-    root = tmp_path / "root"
-    root.mkdir()
-    archive = root / "cifar-10-python.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(staging / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    _patch_md5s(monkeypatch, CIFAR10, staging / "cifar-10-batches-py", archive=archive)
-    _forbid_network(monkeypatch)
+    root, written = _local_cifar10_archive(tmp_path, monkeypatch, seed=6)
     assert fetch_dataset("cifar10", str(root)) == root.resolve()
     train = load_dataset("cifar10", "train", root=str(root))  # every split is there, read without downloading
     images, labels = _expected(written, [f"data_batch_{i}" for i in range(1, 6)])
