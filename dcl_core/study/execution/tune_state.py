@@ -4,9 +4,10 @@ copy of Tune's last readable state lets ``--resume`` continue after Tune's own s
 Tune saves an experiment's state (``experiment_state-*.json``, its searcher's ``*-state-*.json``, ``tuner.pkl``)
 by copying its driver's files to the study's storage; on a full disk the copy is cut short, and Tune can no longer
 restore the experiment. :class:`StateBackup` keeps a copy of the last state that reads back
-(``<experiment>/.dcl_state_backup/``), taken as trials start and finish; :func:`restore_backup` puts it back when
-the state is damaged. A trial finished after the copy is resumed from its last checkpoint (its final epoch's): it
-reports its result again, nothing retrains. Local storage only (a ``s3://`` store is not copied).
+(``<experiment>/.dcl_state_backup/``), taken as trials start and finish and once more after Tune's final save;
+:func:`restore_backup` puts it back when the state is damaged. A trial still running at the copy resumes from the
+last checkpoint the copy names (from its start if none); a study that ended before its state was damaged retrains
+nothing. Local storage only (a ``s3://`` store is not copied).
 
 :class:`DiskFullStop` sees each trial's end: at the first one that failed for a full disk every other trial would
 fail the same way, so it ends the experiment the way Ctrl-C does (a SIGINT to the driver, Tune's documented
@@ -108,7 +109,7 @@ def restore_backup(exp_dir: Path) -> bool:
     for p in files:
         shutil.copyfile(p, exp_dir / p.name)
     log.warning("Tune's saved state in %s was damaged (a full disk cuts its save short): put back its last "
-                "readable copy; trials finished since resume from their last checkpoint", exp_dir)
+                "readable copy; trials unfinished in that copy resume from the last checkpoint it names", exp_dir)
     return True
 
 
@@ -133,7 +134,10 @@ def quiet_tune_restore_advice() -> None:
 
 class StateBackup(tune.Callback):
     """Copies an experiment's Tune state (:func:`backup`) as trials start and finish: at the first chance, then at
-    most every ``every`` seconds (a large study's state is megabytes) and at every trial's end."""
+    most every ``every`` seconds (a large study's state is megabytes), at every trial's end, and after Tune's final
+    save. A trial's end comes before Tune saves the state that lists it finished (and, for a short trial, before
+    the save that lists its last checkpoint): without the last copy, a study whose state was damaged after it
+    ended would retrain its last trials from scratch."""
 
     def __init__(self, every: float = 10.0) -> None:
         self.every = every
@@ -156,6 +160,12 @@ class StateBackup(tune.Callback):
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Tune's hook: a trial finished."""
         self._backup(trial, force=True)
+
+    def on_experiment_end(self, trials: list[Any], **info: Any) -> None:
+        """Tune's hook: the experiment ended, after its final save of the state (also on Ctrl-C)."""
+        for exp_dir in {d for d in map(_local_dir, trials) if d is not None}:
+            if backup(exp_dir):
+                self._last[exp_dir] = time.monotonic()
 
 
 class DiskFullStop(tune.Callback):
