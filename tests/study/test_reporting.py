@@ -13,6 +13,7 @@ from dcl_core.study.analysis.report import (
     gap_vs_q_figure,
     gaps,
     plot,
+    q_hists_figure,
     read_table,
     robustness,
     write_table,
@@ -127,3 +128,20 @@ def test_crowded_gap_labels_do_not_overlap():
 def test_gap_points_without_a_cell_are_drawn_unlabelled():
     points = [{k: v for k, v in gap_point("s", q, 1.0).items() if k != "cell"} for q in (0.02, 0.05)]
     assert len(gap_vs_q_figure(points, "t").axes[0].texts) == 0
+
+
+def test_the_q_hist_figure_zooms_to_where_the_mass_is_and_keeps_every_line_visible():
+    """At the CPU defaults q_B's mass sits in its last bins: the axis spans those (and a bin either side), and
+    two x whose histograms coincide are still two distinguishable lines."""
+    bins = 40
+    near_one = [0.0] * 37 + [0.1, 0.3, 0.6]  # bins 37-39: q_B in [0.925, 1]
+    rows = [{**row(loss, tau, 0, 50.0), "q_hist": near_one} for loss in ("dcl", "infonce") for tau in (0.1, 0.5)]
+    fig = q_hists_figure(rows, "temperature", "τ")
+    for ax in fig.axes:
+        assert ax.get_xlim() == pytest.approx((36 / bins, 1.0))
+        lines = ax.get_lines()
+        assert len(lines) == 2 and len({(ln.get_marker(), ln.get_linestyle()) for ln in lines}) == 2
+        assert "zoomed" in ax.get_xlabel()
+    spread = [{**r, "q_hist": [0.5] + [0.0] * 38 + [0.5]} for r in rows]  # mass at both ends: the whole range
+    assert q_hists_figure(spread, "temperature", "τ").axes[0].get_xlim() == pytest.approx((0.0, 1.0))
+    assert q_hists_figure([row("dcl", 0.1, 0, 50.0)], "temperature", "τ") is None

@@ -384,9 +384,23 @@ def plot_q_hist_epochs(hists: Mapping[int, Sequence[float]], path: Path, title: 
 
 
 def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, series: str = "loss") -> Path | None:
-    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged).
+    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged), zoomed
+    to where the mass is (:func:`q_hists_figure`).
 
     Returns ``None`` when no row carries a histogram (``q_hist``)."""
+    fig = q_hists_figure(rows, x_key, x_label, series)
+    return None if fig is None else save_figure(fig, path)
+
+
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
+Q_MASS_SHOWN = 0.001  # a q_B bin holding less than this fraction of anchors in every line is outside the zoom
+
+
+def q_hists_figure(rows: Sequence[Row], x_key: str, x_label: str, series: str = "loss") -> Any:
+    """The figure of :func:`plot_q_hists`, unsaved (``None`` without histograms). The x axis spans the bins that
+    hold at least :data:`Q_MASS_SHOWN` of the anchors in some line, and a bin either side (at the CPU defaults all
+    the mass sits in q_B's last few bins, which a [0, 1] axis draws as one spike); each x has its own marker and
+    line style, so lines that coincide stay visible."""
     groups: dict[str, dict[Any, list[Sequence[float]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r.get("q_hist") and r[STATUS] == Status.OK:
@@ -395,17 +409,24 @@ def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, seri
         return None
     plt = pyplot()
 
-    names = sorted(groups)
+    means = {name: {x: [statistics.fmean(col) for col in zip(*hs, strict=True)] for x, hs in by_x.items()}
+             for name, by_x in groups.items()}
+    bins = max(len(m) for by_x in means.values() for m in by_x.values())
+    held = [i for by_x in means.values() for m in by_x.values() for i, v in enumerate(m) if v >= Q_MASS_SHOWN]
+    lo, hi = (max(0, min(held) - 1) / bins, min(bins, max(held) + 2) / bins) if held else (0.0, 1.0)
+    names = sorted(means)
     fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5), dpi=120, sharey=True, squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
-        for x in sorted(groups[name]):
-            hs = groups[name][x]
-            mean = [statistics.fmean(col) for col in zip(*hs, strict=True)]
+        for k, x in enumerate(sorted(means[name])):
+            mean = means[name][x]
             centers = [(i + 0.5) / len(mean) for i in range(len(mean))]
-            ax.plot(centers, mean, marker=".", label=f"{x_label} {fmt_x(x)}")
+            ax.plot(centers, mean, marker=_MARKERS[k % len(_MARKERS)], markersize=4, alpha=0.8,
+                    linestyle=("-", "--", "-.", ":")[k % 4], label=f"{x_label} {fmt_x(x)}")
+        ax.set_xlim(lo, hi)
         ax.set_title(str(name))
-        ax.set_xlabel("NPC multiplier q_B")
+        ax.set_xlabel("NPC multiplier q_B" + (f" (zoomed to {fmt_x(lo)}-{fmt_x(hi)})" if (lo, hi) != (0, 1) else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("fraction of anchors (last epoch)")
-    return save_figure(fig, path)
+    fig.tight_layout()
+    return fig
