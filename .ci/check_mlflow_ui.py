@@ -41,7 +41,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from dcl_core import metric_names as M
-from dcl_core.study.tracking import SUMMARY_TAG, runs_page
+from dcl_core.study.tracking import SUMMARY_TAG, TRIAL_TAG, runs_page
 from dcl_core.study.tracking.mlflow_view import (
     DESCRIPTION_COLUMN,
     NAME_COLUMN,
@@ -119,7 +119,7 @@ def logged_answer(client: MlflowClient, exp_id: str) -> Answer | None:
     summary = [r for r in runs if r.data.tags.get(SUMMARY_TAG) == "true"]
     if not summary or "verdict_0" not in summary[0].data.tags:
         return None
-    trials = [r for r in runs if r.data.tags.get(SUMMARY_TAG) != "true"]
+    trials = [r for r in runs if TRIAL_TAG in r.data.tags]  # not the summary run, nor the figure's
     colours: dict[str, set[str]] = {}
     for r in trials:
         colours.setdefault(r.data.tags.get("loss", ""), set()).add(r.data.tags.get(RUN_COLOR_TAG, ""))
@@ -184,7 +184,8 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
 
     view_name, state = view
     first_chart = state["compareRunCharts"][0]
-    axis = first_chart["xaxis"]["key"] if first_chart["type"] == "SCATTER" else first_chart["metricKey"]
+    plotted = next(c for c in state["compareRunCharts"] if c["type"] in ("SCATTER", "LINE"))
+    axis = plotted["xaxis"]["key"] if plotted["type"] == "SCATTER" else plotted["metricKey"]
     runs = base + runs_page(exp_id)  # the runs: URL as the study prints it (StudyRuns.runs_url)
     compare = base + runs_page(exp_id, view_query(charts=False))
     needle = f"Verdict: {answer.words}"
@@ -216,8 +217,23 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
                         "row", locator=page.locator(f"[col-id='{DESCRIPTION_COLUMN}']",
                                                     has_text=f"Verdict: {answer.verdict}"))
             page.goto(base + runs_page(exp_id, view_query(charts=True)))
-            drawn = steps.check(page, f"compare: URL (charts) draws the study's first chart (axis {axis!r})",
+            key = first_chart.get("imageKeys", ["?"])[0]
+            figure = page.locator(f"img[src*='{key}']")
+            steps.check(page, f"compare: URL (charts) opens on the study's figure (image {key!r}: the cells' means "
+                        "with their 95% intervals against the swept value)", locator=figure)
+            drawn = steps.check(page, f"... and the trials' charts (axis {axis!r})",
                                 locator=page.locator("svg text", has_text=axis))
+            shown = figure.count() > 0 and page.evaluate(
+                "img => img.complete && img.naturalWidth > 0", figure.first.element_handle())
+            above = figure.count() > 0 and drawn and page.evaluate(
+                """([img, axis]) => {
+                    const plot = [...document.querySelectorAll('.js-plotly-plot')].find(p =>
+                        [...p.querySelectorAll('svg text')].some(t => t.textContent === axis));
+                    const a = img.getBoundingClientRect(), b = plot ? plot.getBoundingClientRect() : null;
+                    return !!b && (a.right <= b.left + 1 || a.bottom <= b.top + 1);  // left of it, or above it
+                }""", [figure.first.element_handle(), axis])
+            steps.verify(page, "... the figure loaded, first: before the trials' charts", bool(shown and above),
+                         f"loaded {bool(shown)}, first {bool(above)}")
             fills = point_colours(page, axis) if drawn else []
             per_loss = all(len(c) == 1 for c in answer.colours.values())
             shared = [c for c in set().union(*answer.colours.values())

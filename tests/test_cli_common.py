@@ -89,6 +89,8 @@ def test_run_command_is_the_one_exit_path(capsys):
     ["-m", "dcl_core.evaluate", "/no/such/checkpoint.pt"],
     ["-m", "dcl_core.study", "sync", "/no/such/folder", "--name", "../x"],
     ["-m", "dcl_core.study", "answer", "/no/such/folder"],
+    ["-m", "dcl_core.study", "export", "/no/such/folder", "--best"],
+    ["-m", "dcl_core.export", "/no/such/checkpoint.pt"],
     ["studies/temperature_sweep.py", "--smoke", "--set", "nope=1", "--dry-run"],
     ["studies/eqco_mi_toy.py", "--alpha", "-1"],
 ])

@@ -1,4 +1,4 @@
-"""``python -m dcl_core.study {answer,sync,calibrate} ...``: :func:`dcl_core.study.cli.module_main`."""
+"""``python -m dcl_core.study {answer,sync,export,calibrate} ...``: :func:`dcl_core.study.cli.module_main`."""
 
 import sys
 

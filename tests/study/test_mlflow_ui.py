@@ -69,7 +69,23 @@ def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     # Its filter, as MLflow's search runs it, keeps the 8 trials and leaves out the summary run.
     client = MlflowClient(default_tracking_uri(tmp_path))
     kept = client.search_runs([exp.experiment_id], state["searchFilter"])
-    assert len(kept) == 8 and all(r.data.tags.get("dcl.summary") != "true" for r in kept)
+    assert all(r.data.tags.get("dcl.summary") != "true" for r in kept)
+    (figure,) = [r for r in kept if r.data.tags.get("dcl.figure") == "true"]  # the study's figure, its own run
+    kept = [r for r in kept if r is not figure]
+    assert len(kept) == 8 and all("trial_id" in r.data.tags for r in kept)
+    # The view's first chart is an image grid of the figure: the run holds it as an image (mlflow.log_image) of
+    # that key, nested under the summary run.
+    assert state["compareRunCharts"][0]["type"] == "IMAGE" and state["compareRunCharts"][0]["imageKeys"] == [
+        "study_figure"]
+    images = [a.path for a in client.list_artifacts(figure.info.run_id, "images")]
+    assert any(p.startswith("images/study_figure+step+0+") and p.endswith(".png") for p in images), images
+    assert figure.data.tags["mlflow.loggedImages"] == "True" and figure.info.status == "FINISHED"
+    (summary,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("dcl.summary") == "true"]
+    assert figure.data.tags["mlflow.parentRunId"] == summary.info.run_id
+    # a second summary (a resumed or re-analysed study) replaces the figure's run: one figure, the latest
+    _study(tmp_path)  # the same trials found again by their ids, summarized once more
+    figures = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("dcl.figure") == "true"]
+    assert len(figures) == 1 and figures[0].info.run_id != figure.info.run_id
     # the 4 cells it groups into, each of one loss's colour
     assert {r.data.tags["cell"]: r.data.tags["mlflow.runColor"] for r in kept} == {
         "dcl τ=0.1": "#1f77b4", "dcl τ=0.5": "#1f77b4", "infonce τ=0.1": "#ff7f0e", "infonce τ=0.5": "#ff7f0e"}
@@ -90,7 +106,7 @@ def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by batch_size × loss"
     assert "mlflow.sharedViewState.dcl_runs" in exp.tags  # the runs view too, though the caller passed only one
-    assert state["compareRunCharts"][0]["xaxis"] == {"key": "optim.batch_size", "type": "PARAM"}
+    assert state["compareRunCharts"][1]["xaxis"] == {"key": "optim.batch_size", "type": "PARAM"}
 
 
 # CI installs both, and there a missing one fails the test (the check exits 2) instead of skipping it.
@@ -104,7 +120,7 @@ def test_readme_clicks_in_a_real_browser(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("ok ") for ln in lines) == 13 and not any(ln.startswith("FAIL") for ln in lines)
+    assert sum(ln.startswith("ok ") for ln in lines) == 15 and not any(ln.startswith("FAIL") for ln in lines)
     assert "one colour per loss" in proc.stdout and "the verdict" in proc.stdout  # the steps this test adds
     # the first steps: the printed runs: URL shows the study's verdict in its row, legibly, with no click
     assert lines[0].startswith("ok   1. runs: URL") and "its verdict ('Verdict: " in lines[0], lines[0]

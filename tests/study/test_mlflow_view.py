@@ -11,6 +11,7 @@ from dcl_core.study.tracking.mlflow_view import (
     CELL_TAG,
     DEFAULT_COLUMNS,
     DESCRIPTION_COLUMN,
+    FIGURE_KEY,
     NAME_COLUMN,
     RUN_COLOR_TAG,
     RUNS_VIEW_ID,
@@ -38,7 +39,9 @@ def test_the_view_groups_by_one_compact_cell_tag_and_charts_every_trial():
     assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": CELL_TAG}]
     # charts draw trials, in their runs' colours (a group's colour is the browser's to pick)
     assert state["useGroupedValuesInCharts"] is False
-    first = state["compareRunCharts"][0]
+    # first the study's figure (an image the summary logs on a run of its own), then the trials' charts
+    image, first = state["compareRunCharts"][:2]
+    assert image["type"] == "IMAGE" and image["imageKeys"] == [FIGURE_KEY]
     assert first["type"] == "SCATTER" and first["xaxis"] == {"key": "loss.temperature", "type": "PARAM"}
     assert first["yaxis"]["key"] == M.KNN_TOP1
     # the verdict column, and a name column wide enough for "Group: dcl τ=0.07" (MLflow sizes only listed columns)

@@ -38,7 +38,7 @@ def run_study(name, out, *args, head, paper_table=True):
     client = MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
     exp = client.get_experiment_by_name(name)
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+    trials = [r for r in runs if "trial_id" in r.data.tags]
     (summary,) = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
     assert len(trials) == len(rows) and all(r.info.status == "FINISHED" for r in trials)
     assert {r["status"] for r in rows} == {"ok"}

@@ -65,7 +65,7 @@ def runs_of(out, name):
     exp = client.get_experiment_by_name(name)
     assert exp is not None
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+    trials = [r for r in runs if "trial_id" in r.data.tags]  # not the summary's run, nor its figure's
     summary = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
     return client, trials, summary
 
@@ -143,6 +143,27 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["cell"]
     assert all("cell" in t.data.tags for t in trials)  # the tag it groups by exists on every trial
     assert_reanalysis_reproduces(out, "temperature_sweep", proc, script="temperature_sweep.py", args=("--smoke",))
+    assert_export_of_the_best_trial(out, rows, client, tmp_path)
+
+
+def assert_export_of_the_best_trial(out, rows, client, tmp_path):
+    """``python -m dcl_core.study export OUT --best --mlflow``: the finished trial with the highest kNN, its encoder
+    exactly the backbone of the checkpoint the study kept (``--save-checkpoints``), logged into its MLflow run."""
+    target = tmp_path / "best" / "backbone.pt"
+    proc = run([sys.executable, "-m", "dcl_core.study", "export", str(out), "--best", "-o", str(target), "--mlflow"],
+               timeout=300)
+    name = re.search(r": trial (\S+) of temperature_sweep: ", proc.stdout)
+    assert name is not None, proc.stdout + proc.stderr
+    best = max(sorted(rows, key=lambda r: r["trial_id"]), key=lambda r: r["knn_top1"])
+    assert name[1].endswith("_" + best["trial_id"])
+    (run_,) = [r for r in client.search_runs([client.get_experiment_by_name("temperature_sweep").experiment_id])
+               if r.data.tags.get("trial_id") == best["trial_id"]]
+    assert run_.info.run_name == name[1]  # the name the study printed and MLflow shows
+    assert {a.path for a in client.list_artifacts(run_.info.run_id, "backbone")} == {
+        "backbone/backbone.pt", "backbone/backbone.json"}
+    assert_export_is_the_backbone(target, client.download_artifacts(run_.info.run_id, "checkpoint/checkpoint.pt",
+                                                                    str(tmp_path / "kept")))
+    assert json.loads(target.with_suffix(".json").read_text())["knn_top1"] == pytest.approx(best["knn_top1"])
 
 
 def assert_reanalysis_reproduces(out, name, proc, script, args):
@@ -166,6 +187,14 @@ def assert_reanalysis_reproduces(out, name, proc, script, args):
     # the script's own flag, with the options it ran with: the same again
     flag = run(study_cmd(script, out, *args, "--reanalyze"), timeout=300)
     assert flag.stdout == printed and table.read_bytes() == before
+
+
+def assert_export_is_the_backbone(exported_file, checkpoint):
+    """The exported weights are exactly the backbone's in ``checkpoint`` (the trial's own)."""
+    kept = load_checkpoint(checkpoint)["model"]
+    exported = torch.load(exported_file, weights_only=True)
+    backbone = {k.removeprefix("backbone."): v for k, v in kept.items() if k.startswith("backbone.")}
+    assert exported.keys() == backbone.keys() and all(torch.equal(exported[k], backbone[k]) for k in backbone)
 
 
 def test_batch_study_with_optuna_search(tmp_path, ray_head):
@@ -380,9 +409,16 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     client, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
+    kept = {}
     for r in trials:  # the Ray Train run's final checkpoint, logged from the study's storage
         ckpt = Path(client.download_artifacts(r.info.run_id, "checkpoint/checkpoint.pt", str(tmp_path / r.info.run_id)))
         assert load_checkpoint(ckpt)["epoch"] == 1  # the smoke preset's last
+        kept[r.info.run_name] = ckpt
+    # the export finds a DDP trial's checkpoint in its Ray Train run (the trial's own folder holds none)
+    target = tmp_path / "ddp" / "backbone.pt"
+    run([sys.executable, "-m", "dcl_core.study", "export", str(out), "--trial", trials[0].info.run_name, "-o",
+         str(target)], timeout=300)
+    assert_export_is_the_backbone(target, kept[trials[0].info.run_name])
 
 
 def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):

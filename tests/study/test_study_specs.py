@@ -222,7 +222,9 @@ def test_the_saved_mlflow_view_groups_by_tags_every_trial_carries(name, preset, 
     assert set(groups) <= set(tags) and groups[-1] == "loss" and "seed" not in groups
     assert not {tags[g] for g in groups} & searched  # a searched key differs between a cell's trials
     assert tags.series == spec.series  # a run's colour is its series' in the study's plot
-    for chart in view.state["compareRunCharts"]:
+    image, *plotted = view.state["compareRunCharts"]
+    assert image["type"] == "IMAGE" and image["imageKeys"] == ["study_figure"]  # the study's figure first
+    for chart in plotted:
         axes = [chart["xaxis"], chart["yaxis"]] if chart["type"] == "SCATTER" else [
             {"key": chart["metricKey"], "type": "METRIC"}]
         for axis in axes:

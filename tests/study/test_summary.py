@@ -10,6 +10,7 @@ from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking import StudyTracker
 from search_spaces import Grid
 
+SUMMARY_RUN = "tags.`dcl.summary` = 'true'"  # the study's run (beside it: its figure's run, the trials')
 
 def _rows(x_col, xs, accuracy):
     return [{"trial_id": f"{loss}{x}", "status": "ok", "loss": loss, x_col: x, "seed": 0,
@@ -38,10 +39,10 @@ def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
     client = MlflowClient(tracking_uri=uri)
     for spec in (tau, batch):
         exp = client.get_experiment_by_name(spec.name)
-        (run,) = client.search_runs([exp.experiment_id])
+        (run,) = client.search_runs([exp.experiment_id], SUMMARY_RUN)
         assert {"results.parquet", "table.txt", f"{spec.name}.png"} <= {a.path for a in client.list_artifacts(
             run.info.run_id)}
-    (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id], SUMMARY_RUN)
     assert run.data.metrics["gap_dcl_minus_infonce/batch_size_16"] == 2.0
     assert run.data.metrics["gap_dcl_minus_infonce/batch_size_32"] == 2.0
 
@@ -76,7 +77,7 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     assert "Paper: DCL Table 1" in text
     assert "NPC regime: InfoNCE cells: mean q_B 0.62–1.00" in text and "1 of 3 cells" not in text
     client = MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("batch_study").experiment_id], SUMMARY_RUN)
     assert run.data.tags["verdict_0"] == "supports the paper"
     assert run.data.tags["verdict_0_line"] == outcome.verdicts[0]
     # its description, what MLflow's runs table and run page show: the verdict first, then the study's plot

@@ -178,7 +178,7 @@ def test_a_dead_server_is_journaled_and_synced_later(tmp_path, caplog, fake_tria
         client = MlflowClient(server.uri)
         exp = client.get_experiment_by_name(study)
         runs = client.search_runs([exp.experiment_id])
-        by_trial = {r.data.tags.get(TRIAL_TAG): r for r in runs if SUMMARY_TAG not in r.data.tags}
+        by_trial = {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
         assert len(runs) == 3 and set(by_trial) == {"trial_resumed", "trial_offline"}
         assert [r.info.run_id for r in runs if r.data.tags.get(SUMMARY_TAG) == "true"] == [parent]
         for run in by_trial.values():
@@ -404,7 +404,7 @@ def test_a_study_outlives_its_mlflow_server_and_syncs_afterwards(tmp_path, ray_h
         client = MlflowClient(tracking_uri=server.uri)
         runs = client.search_runs([client.get_experiment_by_name("temperature_sweep").experiment_id])
         (parent,) = [r for r in runs if r.data.tags.get("dcl.summary") == "true"]
-        trials = [r for r in runs if r.data.tags.get("dcl.summary") != "true"]
+        trials = [r for r in runs if TRIAL_TAG in r.data.tags]
         assert len(trials) == 2 and all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in trials)
         assert all(r.info.status == "FINISHED" for r in [parent, *trials])
         for r in trials:

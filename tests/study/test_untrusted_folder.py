@@ -23,6 +23,8 @@ from dcl_core.study.tracking.journal import JOURNAL_FILE
 
 STUDY = "temperature_sweep"
 
+SUMMARY_RUN = "tags.`dcl.summary` = 'true'"  # the study's run (beside it: its figure's run, the trials')
+
 
 class Listener:
     """A TCP port that records whether anything connected (and what it sent first)."""
@@ -131,7 +133,7 @@ def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys)
     assert answer([str(copy), "-q", "--tracking-uri", f"sqlite:///{copy / 'mlflow-here.db'}"]) == 0
     assert _digest(out) == before  # a new store in the copy: everything it logged is inside the copy
     client = MlflowClient(f"sqlite:///{copy / 'mlflow-here.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id], SUMMARY_RUN)
     assert Path(run.info.artifact_uri.removeprefix("file://")).is_relative_to(copy)
 
     moved = tmp_path / "moved"
@@ -158,7 +160,7 @@ def test_a_link_planted_in_the_summary_folder_is_neither_uploaded_nor_written_th
     for name in (f"{STUDY}.png", "gap_vs_npc.png"):  # the plots replaced the links with their own files
         assert not (d / name).is_symlink() and (d / name).read_bytes().startswith(b"\x89PNG")
     client = MlflowClient(default_tracking_uri(out))
-    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id], SUMMARY_RUN)
     logged = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "table.txt" in logged and "npc_q_hist.png" not in logged
     assert "the secret" not in "".join(p.read_text(errors="replace") for p in (out / "mlartifacts").rglob("*")

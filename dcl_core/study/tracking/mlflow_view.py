@@ -36,6 +36,9 @@ from dcl_core.study.analysis.colours import series_colour
 from dcl_core.study.analysis.columns import cell_label
 from dcl_core.study.plan.spec import StudySpec, trial_tags
 
+FIGURE_GROUP = "the study's figure"  # the figure's run's cell tag: its group in the compare view
+FIGURE_KEY = "study_figure"  # the image key of the study's figure (tracking.runs logs it, the view shows it)
+
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VIEW_ID = "dcl_compare"  # one view per study experiment, rewritten by every run of the study
 RUNS_VIEW_ID = "dcl_runs"  # the runs table with the verdict: what the printed runs: URL opens
@@ -125,15 +128,22 @@ def _line(uid: str, metric: str) -> dict[str, Any]:
             "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
 
 
+def _image(uid: str, key: str) -> dict[str, Any]:
+    return {"uuid": uid, "type": "IMAGE", "runsCountToCompare": 1000, "metricSectionId": _SECTION,
+            "deleted": False, "isGenerated": False, "imageKeys": [key], "step": 0}
+
+
 def compare_view(spec: StudySpec) -> SavedView:
     """The study's view: trials grouped by cell (mean over seeds), kNN / q_B / loss and the runs' descriptions as
-    columns, and charts of every trial's kNN vs the swept quantity (when it is a config key, i.e. a run param), kNN
-    vs q_B (the NPC regime) and q_B per epoch. Every run is shown (MLflow's default charts only the first 10).
-    MLflow lists the summary run, the trials' parent, in a folded group "Additional runs": unfolded, its row's
-    Description is the study's verdict."""
+    columns, and charts: first the study's figure (each cell's mean with its 95% interval against the swept
+    quantity, a line per series in its colour, the verdicts under it), an image of the run the summary logs
+    beside the trials (:data:`FIGURE_KEY`); then every trial's kNN vs the swept quantity (when it is a config key,
+    i.e. a run param), kNN vs q_B (the NPC regime) and q_B per epoch. Every run is shown (MLflow's default charts
+    only the first 10). MLflow lists the summary run, the trials' parent, in a folded group "Additional runs":
+    unfolded, its row's Description is the study's verdict."""
     groups = group_tags(spec)
     by_cell = [{"mode": "tag", "groupByData": CELL_TAG}]
-    charts = []
+    charts = [_image("dcl_figure", FIGURE_KEY)]
     if "." in spec.x_key:  # a config key is a run param; a derived column (num_negatives) is only a tag
         charts.append(_scatter("dcl_knn_vs_x", (spec.x_key, "PARAM"), (M.KNN_TOP1, "METRIC")))
     charts += [_scatter("dcl_knn_vs_q", (M.Q_MEAN, "METRIC"), (M.KNN_TOP1, "METRIC")), _line("dcl_q_curve", M.Q_MEAN)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +16,18 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from dcl_core.config import ConfigError
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import LOCAL_ID, SUMMARIZE
-from dcl_core.study.tracking.mlflow_view import runs_view, runs_view_query
+from dcl_core.study.tracking.mlflow_view import CELL_TAG, FIGURE_GROUP, FIGURE_KEY, runs_view, runs_view_query
 
 log = logging.getLogger(__name__)
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # MLflow 3: custom_model_development or genai_development
 SUMMARY_TAG = "dcl.summary"  # "true" on a study's parent run, which holds its summary
 TRIAL_TAG = "trial_id"  # a trial's Tune id on its child run: a resumed study logs to the same run
+FIGURE_TAG = "dcl.figure"  # "true" on the run holding the study's figure as an image (the compare view's first chart)
 MLFLOW_PORT_ENV = "MLFLOW_PORT"  # what `mlflow ui` / `mlflow server` read for their --port (default 5000)
 _BATCH = 100  # MLflow's log_batch accepts at most 100 params per call
 _METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
@@ -110,9 +112,31 @@ class StudyRuns:
                     c.log_artifact(run, str(path), rec.get("artifact_path"))
         elif op == "end":
             c.set_terminated(run, status=rec["status"], end_time=rec.get("time"))
+        elif op == "figure":
+            self._apply_figure(run, Path(rec["path"]), rec["name"])
         else:
             raise transport.UnreplayableError(f"unknown operation {op!r}")
         return None
+
+    def _apply_figure(self, parent: str, path: Path, name: str) -> None:
+        """The study's figure as the one image of its own run, nested under the summary run ``parent``: the
+        compare view's first chart, an MLflow image grid, shows the images of the runs the view lists, and the
+        view leaves the summary run out (its hundred metrics would each get a chart). The previous figure's run is
+        deleted, so a resumed or re-analysed study shows its latest figure only."""
+        from PIL import Image  # Pillow (matplotlib's own dependency): only when a figure is logged
+
+        for old in self._search(f"tags.`{FIGURE_TAG}` = 'true'"):
+            self.client.delete_run(old.info.run_id)
+        run = self.client.create_run(self._experiment(), run_name=name, tags={
+            # a group of its own in the compare view (cells unfold, "Additional runs" stays folded, and the image
+            # grid shows only the runs of unfolded groups)
+            FIGURE_TAG: "true", MLFLOW_PARENT_RUN_ID: parent, CELL_TAG: FIGURE_GROUP,
+            "mlflow.note.content": "The study's figure (also on the study's run, with its table and verdict)."})
+        run_id = run.info.run_id
+        self._mine.add(run_id)
+        with Image.open(path) as image:
+            self.client.log_image(run_id, image.convert("RGB"), key=FIGURE_KEY, step=0)
+        self.client.set_terminated(run_id)
 
     def is_summary_run(self, run: str) -> bool:
         """Whether ``run`` (a real id) is the study's summary run: opened here, or tagged so in MLflow."""
@@ -256,6 +280,22 @@ class StudyRuns:
         """An operation MLflow refused for good (here: a trial run's params); the tracker counts and warns."""
         log.warning("MLflow refused an operation (%s on run %s): %s; it is dropped", rec["op"], rec.get("run"),
                     transport.reason(exc))
+
+
+def log_trial_files(tracking_uri: str, experiment: str, trial_id: str, files: Sequence[Path], folder: str) -> str:
+    """Log ``files`` into ``folder`` of the MLflow run of a study's trial (found by its ``trial_id`` tag in the
+    study's experiment); the run's id. ConfigError (one line) when there is no such run."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = [] if exp is None else client.search_runs([exp.experiment_id], f"tags.{TRIAL_TAG} = '{trial_id}'",
+                                                     max_results=2)
+    if not runs:
+        raise ConfigError(f"{redact_uri(tracking_uri)} has no run of trial {trial_id} in experiment {experiment!r} "
+                          "(--tracking-uri names the store the study logged to)")
+    run_id = str(runs[0].info.run_id)
+    for path in files:
+        client.log_artifact(run_id, str(path), folder)
+    return run_id
 
 
 def runs_page(experiment_id: str, view: str = "") -> str:

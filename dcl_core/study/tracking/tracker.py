@@ -263,6 +263,10 @@ class StudyTracker(StudyRuns):
                 self.log_metrics(rid, metrics)
                 for path in artifacts:
                     self.log_artifact(rid, path)
+                figure = next((p for p in artifacts if p.name == f"{self.experiment}.png"), None)
+                if figure is not None:
+                    self._apply_or_journal({"op": "figure", "run": rid, "path": str(figure.resolve()),
+                                            "name": f"{self.experiment}: figure"})
             finally:
                 self._unjournaled = False
 

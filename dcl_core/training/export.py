@@ -1,0 +1,91 @@
+"""A checkpoint's encoder for another codebase (``python -m dcl_core.export``, ``python -m dcl_core.study export``).
+
+:func:`export` writes the backbone's weights (no projection head, no optimizer) as a plain state dict in a
+weights-only torch file, and beside it ``backbone.json``: what it is (architecture, width, stem, data, image size,
+epochs, loss, τ, the last kNN top-1) and, for a ResNet-18/50 at width 1, how to load it into torchvision's own
+model without this package, with torchvision's parameter names::
+
+    import json, torch, torchvision
+    meta = json.load(open("backbone.json"))
+    model = getattr(torchvision.models, meta["arch"])()
+    if meta["stem"] == "cifar":  # CIFAR stem: a 3x3 stride-1 first convolution and no max-pool
+        model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        model.maxpool = torch.nn.Identity()
+    model.fc = torch.nn.Identity()
+    model.load_state_dict(torch.load("backbone.pt", weights_only=True), strict=True)
+
+Other widths load into this package's own backbone (:func:`dcl_core.models.build_backbone`). Inputs are normalized
+with the dataset's mean and std, also in the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import ConfigError, from_flat_dict
+from dcl_core.files import write_with
+
+
+def export(checkpoint: Path, out: Path) -> dict[str, Any]:
+    """Write the encoder of ``checkpoint`` to ``out`` and its description to ``out`` with ``.json``; the description.
+
+    Raises:
+        CheckpointError: an unreadable or foreign checkpoint.
+        ConfigError: the weights do not fit the model the checkpoint's config describes.
+    """
+    # torch and the models (seconds): once the options parsed, not for --help
+    import torch
+
+    from dcl_core.data import normalization_for
+    from dcl_core.training.builders import build_model
+    from dcl_core.training.checkpoint import load_checkpoint
+
+    state = load_checkpoint(checkpoint)
+    cfg = from_flat_dict(state["config"])
+    model = build_model(cfg)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise ConfigError(f"{checkpoint}: its weights do not fit the model its config describes: "
+                          f"{str(err).splitlines()[0]}") from None
+    weights = {k: v.detach().clone().contiguous() for k, v in model.backbone.state_dict().items()}
+    last = state["history"][-1] if state["history"] else {}
+    knn = last.get("eval/knn_top1")
+    mean, std = normalization_for(cfg.data.dataset)
+    arch, width = cfg.model.arch, cfg.model.width
+    meta: dict[str, Any] = {
+        "arch": arch, "width": width, "stem": cfg.model.stem,
+        "feature_dim": _feature_dim(model.backbone, cfg.data.image_size),
+        "torchvision_compatible": arch in ("resnet18", "resnet50") and width == 1.0,
+        "dataset": cfg.data.dataset, "image_size": cfg.data.image_size, "mean": list(mean), "std": list(std),
+        "epochs": int(state["epoch"]), "framework": cfg.framework.name, "loss": cfg.loss.name,
+        "temperature": cfg.loss.temperature, "seed": cfg.seed,
+        "knn_top1": knn if isinstance(knn, float) and math.isfinite(knn) else None,
+        "source": str(checkpoint),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_with(out, lambda f: torch.save(weights, f))
+    write_with(out.with_suffix(".json"), lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode()))
+    return meta
+
+
+def describe(meta: dict[str, Any]) -> str:
+    """One line of what an export is and what loads it, e.g. ``resnet18 x1 (cifar stem), 1 epoch of dcl at tau 0.5,
+    kNN 12.5%; torchvision's own model loads it``."""
+    epochs = f"{meta['epochs']} epoch{'' if meta['epochs'] == 1 else 's'}"
+    knn = f", kNN {meta['knn_top1']:.1f}%" if meta.get("knn_top1") is not None else ""
+    how = "torchvision's own model loads it" if meta["torchvision_compatible"] else "dcl_core's backbone loads it"
+    return (f"{meta['arch']} x{meta['width']:g} ({meta['stem']} stem), {epochs} of {meta['loss']} at tau "
+            f"{meta['temperature']:g}{knn}; {how}")
+
+
+def _feature_dim(backbone: Any, image_size: int) -> int:
+    """The backbone's output width: one forward pass of a blank image."""
+    import torch  # only once export runs (seconds): not for --help
+
+    backbone.eval()
+    with torch.no_grad():
+        return int(backbone(torch.zeros(1, 3, image_size, image_size)).shape[-1])
