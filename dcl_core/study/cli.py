@@ -36,7 +36,7 @@ from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
-from dcl_core.study.plan.record import recorded_command, recorded_round_seeds
+from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_round_seeds
 from dcl_core.study.plan.spec import (
     PROGRESS,
     QUIET,
@@ -458,6 +458,8 @@ def _execute(script: Script, request: StudyRequest) -> Any:
             lines += rounds.dry_run_lines(spec.design, request.max_minutes, wall_seconds_at)
         print("\n".join(lines))
         return None
+    if options.resume:  # a moved or copied folder: one line saying what works here, before Ray's imports
+        check_not_moved(options.resolved().output_dir, spec.name)
     # Ray, Optuna and MLflow take seconds to import: bad input is refused before.
     from dcl_core.study.execution import ray_env
 

@@ -60,6 +60,10 @@ def test_the_checkpoint_is_the_last_tune_kept_or_the_ddp_run_s_inside_the_storag
     (run / "checkpoint.pt").write_bytes(b"x")
     ddp = _trial(storage, "s", "dcl_s0_ab_00002", result={"checkpoint_path": str(run)})
     assert final_checkpoint(ddp, storage) == run / "checkpoint.pt"
+    # a folder moved from where it ran: the result names the old place, found again under this storage
+    moved = _trial(storage, "s", "dcl_s0_ab_00006", result={"checkpoint_path": f"/old/ray_results/s/{run.parent.name}"
+                                                                               f"/{run.name}"})
+    assert final_checkpoint(moved, storage) == run / "checkpoint.pt"
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "checkpoint.pt").write_bytes(b"x")

@@ -9,6 +9,8 @@ import hashlib
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from dcl_core.study.cli import sync_main as sync
 from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking.journal import JOURNAL_FILE
 
+REPO = Path(__file__).resolve().parents[2]
 STUDY = "temperature_sweep"
 
 SUMMARY_RUN = "tags.`dcl.summary` = 'true'"  # the study's run (beside it: its figure's run, the trials')
@@ -130,7 +133,18 @@ def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys)
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "outside" in err and str(out / "mlartifacts") in err
     assert _digest(out) == before
-    assert answer([str(copy), "-q", "--tracking-uri", f"sqlite:///{copy / 'mlflow-here.db'}"]) == 0
+    # --resume (or extending it with more seeds) in the copy: one line saying where it continues and what works
+    # here, before Ray starts; the line's answer command is the one run next
+    proc = subprocess.run([sys.executable, str(REPO / "studies" / f"{STUDY}.py"), "--smoke", "--output-dir",
+                           str(copy), "--resume", "--seeds", "3"], capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"ran in {out.resolve()}" in errors[0] and "resumes or extends only there" in errors[0]
+    assert f"python -m dcl_core.study export {copy} --name {STUDY} --best" in errors[0]
+    assert f"python -m dcl_core.study answer {copy} --name {STUDY} --tracking-uri sqlite:///{copy}/mlflow-here.db" in (
+        errors[0]) and not (copy / "ray_results").exists()
+    assert _digest(out) == before
+    assert answer([str(copy), "-q", "--name", STUDY, "--tracking-uri", f"sqlite:///{copy / 'mlflow-here.db'}"]) == 0
     assert _digest(out) == before  # a new store in the copy: everything it logged is inside the copy
     client = MlflowClient(f"sqlite:///{copy / 'mlflow-here.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name(STUDY).experiment_id], SUMMARY_RUN)

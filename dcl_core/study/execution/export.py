@@ -88,6 +88,11 @@ def final_checkpoint(folder: Path, storage: Path) -> Path:
     named = _last_result(folder / "result.json").get("checkpoint_path")
     if isinstance(named, str) and named:
         path = Path(named.removeprefix("file://")) / "checkpoint.pt"
+        parts = path.parts
+        if not path.resolve().is_relative_to(storage.resolve()) and folder.parent.name in parts:
+            # a study folder moved or copied from where it ran: the same place under this storage
+            at = len(parts) - 1 - parts[::-1].index(folder.parent.name)
+            path = folder.parent.joinpath(*parts[at + 1:])
         if not path.resolve().is_relative_to(storage.resolve()):
             raise ConfigError(f"{folder}: its last result names a checkpoint outside the study's storage "
                               f"({storage}): not followed")

@@ -104,6 +104,30 @@ def read_options(path: Path) -> dict[str, Any]:
     return before
 
 
+def check_not_moved(output_dir: Path, study: str) -> None:
+    """ConfigError (one line, saying what does work) when ``--resume`` is asked of a study whose folder was moved or
+    copied here from where it ran: Tune's saved state and the MLflow store keep that folder's absolute paths (an
+    MLflow experiment's artifact location cannot be changed), so the study continues only where it ran. Here, its
+    answer can be recomputed (into a new MLflow store in the folder) and its encoders exported. Nothing is said
+    when the folder records no options (the resume itself then says what is wrong)."""
+    options_file = summary_dir(output_dir, study) / OPTIONS_FILE
+    if options_file.is_symlink() or not options_file.is_file():
+        return
+    try:
+        ran_in = json.loads(options_file.read_text()).get("output_dir")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return
+    if not isinstance(ran_in, str) or Path(ran_in) == output_dir:
+        return
+    ran_in = ran_in if ran_in.isprintable() and len(ran_in) <= 500 else "another folder"  # a planted file's text
+    raise ConfigError(
+        f"--resume: study {study} ran in {ran_in} and this folder is a move or copy of it; Tune's state and the MLflow "
+        f"store keep that folder's paths, so the study resumes or extends only there (move the folder back to "
+        f"{ran_in}). Here, without training: python -m dcl_core.study answer {output_dir} --name {study} "
+        f"--tracking-uri sqlite:///{output_dir}/mlflow-here.db (the answer, into a new store in the folder), and "
+        f"python -m dcl_core.study export {output_dir} --name {study} --best (a trained encoder)")
+
+
 def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
     """The options a study in ``output_dir`` last ran with (its recorded command: ``--seeds``, the sequential
     ``design``, …), so that a ``--resume`` or ``--reanalyze`` continues it. Empty when nothing readable is
