@@ -248,7 +248,7 @@ def step_phases(steps: int, warmup: int = 2, knn_reps: int = 1) -> list[Row]:
         t_loss = time.perf_counter()
         z1, z2 = z.chunk(2)
         out = loss_fn(z1, z2)
-        if not torch.isfinite(out.loss.detach()):  # the trainer's _stop_if_not_finite (one process)
+        if not torch.isfinite(out.loss.detach()):  # the trainer's LossWatch, which reads it every step on a CPU
             raise FloatingPointError("non-finite loss")
         t_bwd = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)

@@ -182,6 +182,7 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
     stats = EpochStats(device)
     n = run.derived.per_rank_batch
     batches = [order[s * n : (s + 1) * n] for s in range(run.steps_per_epoch)]  # (n,) image indices each
+    watch = LossWatch(device, run.steps_per_epoch)
     for step, (view1, view2) in enumerate(run.data.epoch_views(batches, gen, device)):  # (n, 3, S, S) each
         lr = cosine_lr(
             epoch * run.steps_per_epoch + step, run.total_steps, run.derived.lr, run.warmup_steps,
@@ -193,7 +194,9 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
         view2 = view2.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device_type=device.type, dtype=run.amp_dtype, enabled=run.use_amp):
             out = run.framework(view1, view2)
-        _stop_if_not_finite(out.loss, run, epoch, step, lr)
+        watch.add(out.loss, step, lr)
+        if watch.due(step):
+            watch.stop_if_not_finite(run, epoch)
         run.optimizer.zero_grad(set_to_none=True)
         run.scaler.scale(out.loss).backward()
         run.scaler.unscale_(run.optimizer)  # true gradients for the probe below (no-op without AMP)
@@ -208,18 +211,49 @@ def _train_one_epoch(run: Run, epoch: int, progress: StepProgress | None = None)
     return stats
 
 
-def _stop_if_not_finite(loss: torch.Tensor, run: Run, epoch: int, step: int, lr: float) -> None:
-    """Raise :class:`NonFiniteLossError` on every rank if any rank's loss is NaN/inf."""
-    finite = torch.isfinite(loss.detach()).float()  # ()
-    if run.runtime.world_size > 1:
-        # Every rank stops together: a rank raising alone would leave the others waiting in backward's
-        # gradient all-reduce (their own loss may still be finite).
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-    if not finite:
-        raise NonFiniteLossError(
-            f"the training loss became non-finite at epoch {epoch + 1}, step {step + 1} (this rank's: "
-            f"{loss.item()}; loss={run.cfg.loss.name}, tau={run.cfg.loss.temperature}, lr={lr:.4g})"
-        )
+class LossWatch:
+    """A NaN/inf training loss found without reading the loss back every step on a GPU: each step's check stays on
+    the device (the first non-finite step and its loss kept there), and :meth:`stop_if_not_finite` reads it back
+    when :meth:`due`: after every step on the CPU (where reading is free: a diverged run stops at once), every
+    :data:`GPU_CHECK_EVERY` steps and at the epoch's last step on a GPU, where a read per step would stall the
+    host until the device caught up (the few steps trained after a NaN are lost with the run, which fails
+    before anything is saved)."""
+
+    GPU_CHECK_EVERY = 50
+
+    def __init__(self, device: torch.device, steps: int) -> None:
+        self.every = 1 if device.type == "cpu" else self.GPU_CHECK_EVERY
+        self.steps = steps
+        self.first = torch.full((), -1, dtype=torch.long, device=device)  # the first non-finite step, -1: none
+        self.value = torch.zeros((), device=device)  # its loss
+        self.lrs: list[float] = []
+
+    def add(self, loss: torch.Tensor, step: int, lr: float) -> None:
+        """Note the step's loss (()) and learning rate; no host sync."""
+        new = ~torch.isfinite(loss.detach()) & (self.first < 0)
+        self.first = torch.where(new, torch.full_like(self.first, step), self.first)
+        self.value = torch.where(new, loss.detach().float(), self.value)
+        self.lrs.append(lr)
+
+    def due(self, step: int) -> bool:
+        """Whether the check is read back after ``step`` (the same steps on every rank)."""
+        return (step + 1) % self.every == 0 or step + 1 == self.steps
+
+    def stop_if_not_finite(self, run: Run, epoch: int) -> None:
+        """Raise :class:`NonFiniteLossError` on every rank if any rank's loss was NaN/inf."""
+        bad = (self.first >= 0).float()  # ()
+        if run.runtime.world_size > 1:
+            # Every rank stops together: a rank raising alone would leave the others waiting in backward's
+            # gradient all-reduce (their own loss may still be finite).
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad:
+            step = int(self.first)
+            at = f"step {step + 1} (this rank's: {float(self.value)}; " if step >= 0 else "a step (on another rank; "
+            lr = self.lrs[step] if step >= 0 else self.lrs[-1]
+            raise NonFiniteLossError(
+                f"the training loss became non-finite at epoch {epoch + 1}, {at}loss={run.cfg.loss.name}, "
+                f"tau={run.cfg.loss.temperature}, lr={lr:.4g})"
+            )
 
 
 # ------------------------------------------------------------------------------------------------------------

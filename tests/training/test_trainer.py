@@ -258,3 +258,23 @@ def test_single_run_cli_shows_progress_within_the_first_epoch(tmp_path):
     first_step = next(i for i, ln in enumerate(lines) if "epoch 1/1: step " in ln)
     first_epoch = next(i for i, ln in enumerate(lines) if "epoch 1/1  loss" in ln)
     assert first_step < first_epoch
+
+
+def test_the_loss_watch_names_the_first_non_finite_step_when_it_is_read_back():
+    """On a GPU the check is read back every GPU_CHECK_EVERY steps, not after each (no host sync per step): the
+    error still names the first non-finite step, its loss and its learning rate; on the CPU it is read each step."""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(runtime=SimpleNamespace(world_size=1),
+                          cfg=SimpleNamespace(loss=SimpleNamespace(name="dcl", temperature=0.1)))
+    assert trainer.LossWatch(torch.device("cpu"), 10).every == 1
+    watch = trainer.LossWatch(torch.device("cpu"), 7)
+    watch.every = 3  # as on a GPU, shortened
+    assert [s for s in range(7) if watch.due(s)] == [2, 5, 6]  # every 3rd step and the epoch's last
+    for step, value in enumerate([1.0, float("nan"), float("inf"), 2.0]):
+        watch.add(torch.tensor(value), step, lr=0.1 * (step + 1))
+        if step == 0:
+            watch.stop_if_not_finite(run, epoch=0)  # nothing yet
+    with pytest.raises(NonFiniteLossError, match=r"at epoch 4, step 2 \(this rank's: nan; loss=dcl, tau=0.1, "
+                                                 r"lr=0.2\)"):
+        watch.stop_if_not_finite(run, epoch=3)
