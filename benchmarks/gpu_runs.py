@@ -62,6 +62,20 @@ def run_all(out: Path, data_root: str | None, batch: int, tau: float, seeds: int
             p.kill()
 
 
+def _what_ran(out: Path) -> str:
+    """The network and data the runs' own ``config.json`` name (``ResNet-18, CIFAR-10, 5,000 images per class``),
+    so a run shrunk with ``--set`` is not called the paper's scale."""
+    configs = [json.loads(p.read_text()) for p in sorted(out.glob("*_s*/config.json"))]
+    if not configs:
+        return "runs without config.json"
+    c = configs[0]
+    per_class = c.get("data.train_per_class")
+    images = "all training images" if not per_class else f"{per_class:,} images per class"
+    data = f"{c.get('data.dataset')}, {images}"
+    width = "" if c.get("model.width") in (1, 1.0, None) else f" x{c['model.width']:g}"
+    return f"{c.get('model.arch')}{width}, {data}"
+
+
 def summarize(out: Path, batch: int) -> str:
     """The per-epoch table and the paired verdict from the runs' metrics.jsonl files."""
     history: dict[tuple[str, int], list[dict[str, float]]] = {}
@@ -73,7 +87,7 @@ def summarize(out: Path, batch: int) -> str:
     common = min(len(h) for h in history.values())
     if common == 0:
         return "no run finished an epoch"
-    lines = [f"DCL vs InfoNCE, ResNet-18, full CIFAR-10, batch {batch}: {len(history)} runs, compared at epoch "
+    lines = [f"DCL vs InfoNCE, {_what_ran(out)}, batch {batch}: {len(history)} runs, compared at epoch "
              f"{common} (the last every run finished)", "", "| epoch | " + " | ".join(
                  f"{loss} s{seed} kNN" for loss, seed in sorted(history)) + " |",
              "|---|" + "---|" * len(history)]

@@ -56,10 +56,13 @@ def test_the_gpu_runs_summary_compares_at_the_last_epoch_every_run_finished(tmp_
         (tmp_path / f"{loss}_s{seed}").mkdir()
         (tmp_path / f"{loss}_s{seed}" / "metrics.jsonl").write_text(
             "".join(json.dumps({"eval/knn_top1": v, "train/q_mean": 0.9}) + "\n" for v in values))
+        (tmp_path / f"{loss}_s{seed}" / "config.json").write_text(json.dumps(  # a run shrunk with --set
+            {"model.arch": "resnet18", "model.width": 1.0, "data.dataset": "cifar10", "data.train_per_class": 500}))
     proc = subprocess.run([sys.executable, "benchmarks/gpu_runs.py", "--summarize", str(tmp_path)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "compared at epoch 2" in proc.stdout  # dcl s1 stopped after 2 epochs
+    assert proc.stdout.startswith("DCL vs InfoNCE, resnet18, cifar10, 500 images per class, batch 32:")
     # differences at epoch 2: 52 - 47 = 5, 50 - 46 = 4: mean +4.50, t-interval over 2 seeds [-1.85, +10.85]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("DCL − InfoNCE kNN top-1 at epoch 2: +4.50 [-1.85, +10.85] over 2 seed(s): not resolved")
