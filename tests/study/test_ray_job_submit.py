@@ -119,7 +119,9 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
         tracking = f"http://127.0.0.1:{port}"
         wait_http(f"{tracking}/health")
         parent, children = _rest_runs(tracking, exp.experiment_id)
-        assert parent["info"]["run_name"] == "temperature_sweep" and len(children) == 4
+        trials = [c for c in children if "trial_id" in _tags(c)]  # and the run holding the study's figure
+        assert parent["info"]["run_name"] == "temperature_sweep" and len(trials) == 4
+        assert [c["info"]["run_name"] for c in children if c not in trials] == ["temperature_sweep: figure"]
         assert all(_tags(c)["mlflow.parentRunId"] == parent["info"]["run_id"] for c in children)
     finally:
         server.terminate()
