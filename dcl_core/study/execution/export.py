@@ -16,6 +16,7 @@ from dcl_core.config import ConfigError
 from dcl_core.files import is_regular_file
 from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, Status
 from dcl_core.study.execution.reanalysis import RESULTS_FILE, read_rows
+from dcl_core.study.plan.spec import EXPERIMENT_SEP
 from dcl_core.study.plan.storage import summary_dir
 
 TRIAL_ID = re.compile(r"[A-Za-z0-9_]{1,64}")  # Tune's trial ids: "3aef0_00001"
@@ -62,12 +63,13 @@ def choose_row(rows: Sequence[dict[str, Any]], study: str, trial: str | None, be
 
 
 def trial_folder(storage: Path, study: str, trial_id: str) -> Path:
-    """The trial's folder in the study's Tune experiments (``<storage>/<study>`` and ``<storage>/<study>+…``)."""
+    """The trial's folder in the study's Tune experiments (``<storage>/<study>`` and ``<storage>/<study>+…``: a
+    search's, a part's or a round's of seeds)."""
     if not TRIAL_ID.fullmatch(trial_id):
         raise ConfigError(f"{trial_id[:40]!r} is not a Tune trial id (letters, digits and _)")
     found = []
     for experiment in sorted(storage.iterdir()) if storage.is_dir() else []:
-        if experiment.name != study and not experiment.name.startswith(f"{study}+"):
+        if experiment.name != study and not experiment.name.startswith(f"{study}{EXPERIMENT_SEP}"):
             continue
         if experiment.is_symlink() or not experiment.is_dir():
             continue
