@@ -48,3 +48,37 @@ def test_resume_and_reanalysis_keep_their_own_messages():
         _check_same_study(with_base(spec(), {"optim.epochs": 3}), {"spec": before}, path)
     with pytest.raises(ConfigError, match="its grids differ"):
         _check_same_study(spec(seeds=(0, 1)), {"spec": before}, path)  # re-analysis takes no added seeds
+
+
+def test_a_resume_in_a_moved_folder_is_refused_only_when_the_folder_s_own_paths_matter(tmp_path):
+    """--resume in a folder moved or copied from where the study ran: refused (one line, with what works here) when
+    the study used the folder's own MLflow store or Tune storage, whose absolute paths point at the old place; a
+    study with an MLflow server and storage elsewhere resumes from any folder."""
+    import json
+
+    from dcl_core.study.plan.record import check_not_moved
+    from dcl_core.study.plan.storage import default_tracking_uri
+
+    def record(out, **options):
+        d = out / "summary" / "s"
+        d.mkdir(parents=True)
+        (d / "study_options.json").write_text(json.dumps(options))
+        return out.resolve()
+
+    old = tmp_path / "old"
+    here = record(tmp_path / "a", output_dir=str(old), tracking_uri=default_tracking_uri(old),
+                  storage=str(old / "ray_results"))
+    with pytest.raises(ConfigError, match=f"ran in {old} and this folder is a move or copy") as err:
+        check_not_moved(here, "s")
+    assert f"python -m dcl_core.study answer {here} --name s --tracking-uri sqlite:///{here}/mlflow-here.db" in str(
+        err.value) and "\n" not in str(err.value)
+    own_storage = record(tmp_path / "b", output_dir=str(old), tracking_uri="http://mlflow:5000",
+                         storage=str(old / "ray_results"))
+    with pytest.raises(ConfigError, match="move or copy"):
+        check_not_moved(own_storage, "s")
+    check_not_moved(record(tmp_path / "c", output_dir=str(old), tracking_uri="http://mlflow:5000",
+                           storage="s3://bucket/studies"), "s")  # nothing of the old folder: resumes here
+    check_not_moved(record(tmp_path / "d", output_dir=str((tmp_path / "d").resolve())), "s")  # not moved
+    planted = record(tmp_path / "e", output_dir="/old\x1b[2J", tracking_uri=default_tracking_uri(Path("/old\x1b[2J")))
+    with pytest.raises(ConfigError, match="ran in another folder"):
+        check_not_moved(planted, "s")

@@ -13,7 +13,7 @@ from typing import Any
 
 from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, unseeded
-from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
+from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, summary_dir
 
 
 def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
@@ -106,19 +106,25 @@ def read_options(path: Path) -> dict[str, Any]:
 
 def check_not_moved(output_dir: Path, study: str) -> None:
     """ConfigError (one line, saying what does work) when ``--resume`` is asked of a study whose folder was moved or
-    copied here from where it ran: Tune's saved state and the MLflow store keep that folder's absolute paths (an
-    MLflow experiment's artifact location cannot be changed), so the study continues only where it ran. Here, its
-    answer can be recomputed (into a new MLflow store in the folder) and its encoders exported. Nothing is said
-    when the folder records no options (the resume itself then says what is wrong)."""
+    copied here from where it ran with the folder's own MLflow store or Tune storage: those keep that folder's
+    absolute paths (an MLflow experiment's artifact location cannot be changed), so the study continues only where
+    it ran (a study whose store is a server and whose storage lies elsewhere, ``s3://``, resumes from any folder).
+    Here, its answer can be recomputed (into a new MLflow store in the folder) and its encoders exported. Nothing
+    is said when the folder records no options (the resume itself then says what is wrong)."""
     options_file = summary_dir(output_dir, study) / OPTIONS_FILE
     if options_file.is_symlink() or not options_file.is_file():
         return
     try:
-        ran_in = json.loads(options_file.read_text()).get("output_dir")
+        recorded = json.loads(options_file.read_text())
+        ran_in = recorded.get("output_dir")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return
     if not isinstance(ran_in, str) or Path(ran_in) == output_dir:
         return
+    old = Path(ran_in)
+    own_store, own_storage = default_tracking_uri(old), str(old / "ray_results")
+    if recorded.get("tracking_uri") != own_store and recorded.get("storage") != own_storage:
+        return  # its MLflow server (or store) and Tune storage lie elsewhere: the folder's own paths do not matter
     ran_in = ran_in if ran_in.isprintable() and len(ran_in) <= 500 else "another folder"  # a planted file's text
     raise ConfigError(
         f"--resume: study {study} ran in {ran_in} and this folder is a move or copy of it; Tune's state and the MLflow "
