@@ -33,6 +33,7 @@ from dcl_core.config import ConfigError, InputError, RunFailedError, apply_overr
 from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
 from dcl_core.study.analysis.mi_toy import TOY
+from dcl_core.study.analysis.stats import GROUP_LOOKS
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
@@ -260,11 +261,11 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     cli.add_set_option(g, "override a base config key for every trial, e.g. --set optim.epochs=50")
     r = p.add_argument_group("seeds until resolved")
     r.add_argument("--until-resolved", action="store_true",
-                   help="add seeds to every cell in rounds until every question is settled (its interval excludes "
-                        "0, or its futility bound the effect of interest) or a cap is hit; 5 looks, each at the "
-                        "group-sequential design's bounds, so that all looks together resolve no more than 5%% of "
-                        "null studies and rule out a true effect of interest in no more than 5%% (needs "
-                        "--max-seeds and/or --max-minutes)")
+                   help="add seeds to every cell in rounds until every question is settled (its interval "
+                        "excludes 0, or its futility bound the effect of interest) or a cap is hit; "
+                        f"{GROUP_LOOKS} looks, each at the group-sequential design's bounds, so that all looks "
+                        "together resolve no more than 5%% of null studies and rule out a true effect of interest "
+                        "in no more than 5%% (needs --max-seeds and/or --max-minutes)")
     r.add_argument("--max-seeds", type=int, default=None,
                    help="the last look: at most this many seeds per cell (default with --max-minutes: as many as "
                         "the cost estimate fits in it)")
@@ -272,7 +273,8 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
                    help="start no round that would end after this many minutes of this run (at the last round's "
                         "pace); stopping early only removes looks")
     r.add_argument("--seeds-per-round", type=int, default=None,
-                   help="a look every N seeds instead of 5 looks equally spaced from the first to the last")
+                   help=f"a look every N seeds instead of {GROUP_LOOKS} looks equally spaced from the first to the "
+                        "last")
     o = p.add_argument_group("where results go")
     o.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: {default_name})")
     cli.add_store_options(o, "study folder: Ray results, MLflow store, summary")
@@ -832,7 +834,7 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
     if args.design:
         rows = [group_row(k, args.studies) for k in KINDS if k.name in GROUP_EFFECTS]
         print(f"{args.studies:,} simulated studies per truth and kind ({SETTINGS[0].name}; first look at 3 seeds, "
-              "last at 1.15 × the fixed design's)")
+              "last at the fewest seeds that give the design 80% power at δ)")
         print(format_group_rows(rows))
         return 0
     report = calibrate(studies=args.studies, rng_seed=args.seed)

@@ -5,6 +5,7 @@ Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
 import pytest
 
 from dcl_core.config import ConfigError, preset
+from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.stats import GROUP_LOOKS, GroupSequential, Sequential
 from dcl_core.study.cli import build_parser, request_of
 from dcl_core.study.execution import rounds
@@ -43,7 +44,7 @@ def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
         return rounds.plan(spec_with(seeds), design, r.max_seeds, r.max_minutes, r.seeds_per_round, lambda: per_seed)
 
     assert plan(request("--until-resolved", "--max-seeds", "12")) == GroupSequential(5, 12)
-    assert plan(request("--until-resolved", "--max-seeds", "12")).looks == (5, 7, 9, 10, 12)
+    assert plan(request("--until-resolved", "--max-seeds", "12")).looks == (5, 6, 8, 9, 11, 12)
     assert plan(request("--until-resolved", "--max-seeds", "12", "--seeds-per-round", "3")) == GroupSequential(
         5, 12, step=3)
     # --max-minutes alone: as many seeds as the estimate fits, less each round's overhead
@@ -73,9 +74,18 @@ def test_the_recorded_design_round_trips_and_bounds_later_seeds():
     for g in (GroupSequential(3, 20), GroupSequential(3, 20, step=2), GroupSequential(3, 20, 4)):
         assert rounds.from_record(rounds.to_record(g)) == g
     assert rounds.from_record({"first": 3, "max_seeds": 20, "step": 2}) == Sequential(3, 20, 2)
+    # recorded before the Wang-Tsiatis boundary: Pocock's, 4% on the paper's side, as it ran
+    earlier = rounds.from_record({"first": 5, "max_seeds": 15, "looks": 5, "step": None})
+    assert earlier == GroupSequential(5, 15, 5, shape=stats.POCOCK_SHAPE, paper_error=stats.EARLIER_PAPER_SIDE_ERROR)
+    assert earlier.looks == (5, 8, 10, 13, 15) and earlier.errors == pytest.approx((0.04, 0.01, 0.05))
+    assert rounds.to_record(GroupSequential(3, 20))["shape"] == stats.BOUNDARY_SHAPE
     for damaged in ({"first": 3}, {"first": 9, "max_seeds": 4, "step": 1}, "3-20", {"first": 3, "x": 1},
                     {"first": 3, "max_seeds": 20, "looks": 0}, {"first": 3, "max_seeds": 20, "looks": True},
-                    {"first": 3, "max_seeds": 20, "looks": 10**6}, {"max_seeds": 20, "looks": 5}):
+                    {"first": 3, "max_seeds": 20, "looks": 10**6}, {"max_seeds": 20, "looks": 5},
+                    {"first": 3, "max_seeds": 20, "looks": 5, "shape": 0.9},
+                    {"first": 3, "max_seeds": 20, "looks": 5, "shape": "pocock"},
+                    {"first": 3, "max_seeds": 20, "looks": 5, "paper_side": float("nan")},
+                    {"first": 3, "max_seeds": 20, "looks": 5, "paper_side": 0.2}):
         with pytest.raises(ConfigError, match=r"recorded sequential design .* is damaged"):
             rounds.from_record(damaged)
     rounds.check_within(d, 20)
@@ -116,9 +126,9 @@ def test_the_loop_stops_at_the_first_resolved_look():
 def test_the_loop_stops_at_the_last_look_and_rounds_never_pass_it():
     ran, _, why = loop(design=Sequential(3, 8, step=2))
     assert ran == [5, 7, 8] and why.startswith("stopped: not resolved at the last look (8 seeds per cell")
-    ran, said, why = loop(design=GroupSequential(3, 11))  # rounds go from look to look: 3, 5, 7, 9, 11
-    assert ran == [5, 7, 9, 11] and why.startswith("stopped: not resolved at the last look (11 seeds per cell")
-    assert "look 2 of 5: 5 seeds per cell, 0.0 min spent" in said
+    ran, said, why = loop(design=GroupSequential(3, 13))  # rounds go from look to look: 3, 5, 7, 9, 11, 13
+    assert ran == [5, 7, 9, 11, 13] and why.startswith("stopped: not resolved at the last look (13 seeds per cell")
+    assert "look 2 of 6: 5 seeds per cell, 0.0 min spent" in said
 
 
 def test_the_time_cap_starts_no_round_that_would_end_after_it():

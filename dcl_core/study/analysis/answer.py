@@ -96,7 +96,7 @@ class Question:
         function = self.function()
         if isinstance(design, stats.GroupSequential):
             return stats.group_look(lambda b: self.statistic.estimate(self, data, function, self.inputs, b), design,
-                                    self.paper_sign)
+                                    self.paper_sign, stats.look_seeds(data))
         return self.statistic.estimate(self, data, function, self.inputs, design)
 
     def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:

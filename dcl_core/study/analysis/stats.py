@@ -314,59 +314,104 @@ class Boundary(Protocol):
 
 
 # The group-sequential design's errors, each over all its looks (fractions of the studies simulated with that truth):
-PAPER_SIDE_ERROR = 0.04  # null studies that end "supports the paper" (the interval's bound on the paper's side)
-OTHER_SIDE_ERROR = 0.01  # null studies that end "contradicts the paper"; with the above, 5% resolved falsely
+PAPER_SIDE_ERROR = 0.045  # null studies that end "supports the paper" (the interval's bound on the paper's side)
+OTHER_SIDE_ERROR = 0.005  # null studies that end "contradicts the paper"; with the above, 5% resolved falsely
 FUTILITY_ERROR = 0.05  # studies whose truth is δ that end "rules out the paper's size" (the futility bound)
-GROUP_LOOKS = 5  # looks, equally spaced from the first to the last
-PLANNED_OVER_FIXED = 1.15  # the last look, in seeds per cell, over the fixed design's for 80% power at δ
+GROUP_LOOKS = 6  # looks, equally spaced from the first to the last
+BOUNDARY_SHAPE = 0.2  # Wang-Tsiatis Δ of every bound: 0.5 is Pocock's (one tail at every look), 0 O'Brien-Fleming's
+# Designs recorded before BOUNDARY_SHAPE (their record names no shape): Pocock's boundary, 4% on the paper's side
+POCOCK_SHAPE = 0.5
+EARLIER_PAPER_SIDE_ERROR = 0.04
+RESOLVED_FALSELY = 0.05  # both sides together: as one look at 95%
+
+
+@functools.lru_cache(maxsize=256)
+def _nominal_tails(looks: tuple[int, ...], tail: float, shape: float) -> tuple[float, ...]:
+    """Each look's nominal one-sided tail for a one-sided error ``tail`` over all ``looks`` under a Wang-Tsiatis
+    boundary of shape Δ: on the normal scale the look at n seeds crosses at c·(n/N)^(Δ−0.5) (N the last look), so
+    early looks are stricter than late ones for Δ < 0.5 and all alike for Δ = 0.5 (Pocock's, computed as before:
+    :func:`_nominal_tail`). Each look's t statistic is mapped to the normal scale through its own p-value (exact
+    for t with n − 1 df), and c is the (1 − tail) quantile of max over looks of z_n / (n/N)^(Δ−0.5) in the same
+    seeded simulation of pivotal null studies as :func:`_nominal_tail`."""
+    if shape == POCOCK_SHAPE or len(looks) == 1:
+        return (_nominal_tail(looks, tail),) * len(looks)
+    from scipy import stats as sps  # ~1 s: a trial worker imports this module (via the spec), never this function
+
+    weights = np.array([(n / looks[-1]) ** (shape - 0.5) for n in looks])
+    rng = np.random.default_rng(20261125)
+    chunk, largest = 20_000, []
+    for _ in range(SEQUENTIAL_SIMULATIONS // chunk):
+        x = rng.standard_normal((chunk, looks[-1]))  # per-seed statistics of null studies, in SD units
+        total, squares = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+        scaled = np.full(chunk, -np.inf)
+        for n, w in zip(looks, weights, strict=True):
+            mean = total[:, n - 1] / n
+            var = np.maximum(squares[:, n - 1] - n * mean**2, 1e-300) / (n - 1)
+            z = sps.norm.isf(sps.t.sf(mean / np.sqrt(var / n), n - 1))  # this look's t statistic, normal scale
+            scaled = np.maximum(scaled, z / w)
+        largest.append(scaled)
+    c = float(np.quantile(np.concatenate(largest), 1 - tail))
+    return tuple(float(sps.norm.sf(c * w)) for w in weights)
 
 
 @dataclass(frozen=True)
 class SideBoundary:
-    """One bound of a :class:`GroupSequential` design: every look uses one constant nominal tail (Pocock's boundary
-    for this side alone), chosen so that over all ``looks`` this side errs in ``error`` of the studies at the
-    truth it guards (where the fixed design, one look at 95%, errs in 2.5%). A fixed design's tail ``t`` (a
-    Bonferroni share of 0.025 for a "best" statistic) stands for ``t · error / 0.025``, so each share scales alike."""
+    """One bound of a :class:`GroupSequential` design at one of its looks (``index``): a Wang-Tsiatis boundary of
+    shape ``shape`` (:func:`_nominal_tails`) placed so that over all ``looks`` this side errs in ``error`` of the
+    studies at the truth it guards (where the fixed design, one look at 95%, errs in 2.5%). A fixed design's tail
+    ``t`` (a Bonferroni share of 0.025 for a "best" statistic) stands for ``t · error / 0.025``, so each share
+    scales alike."""
 
     looks: tuple[int, ...]
     error: float
+    shape: float = POCOCK_SHAPE
+    index: int = 0
 
     def tail(self, tail: float) -> float:
-        """The nominal one-sided tail each look uses for the fixed design's ``tail``."""
-        return _nominal_tail(self.looks, min(0.5, tail * self.error / 0.025))
+        """The nominal one-sided tail this look uses for the fixed design's ``tail``."""
+        return _nominal_tails(self.looks, min(0.5, tail * self.error / 0.025), self.shape)[self.index]
 
 
 @dataclass(frozen=True)
 class GroupSequential:
     """A group-sequential design that stops a question once it is settled either way.
 
-    Its looks (``n_looks``, default 5) are equally spaced from ``first`` to ``max_seeds`` seeds per cell, each
+    Its looks (``n_looks``, default 6) are equally spaced from ``first`` to ``max_seeds`` seeds per cell, each
     with three bounds:
 
-    - the bound on the paper's side of 0 at :data:`PAPER_SIDE_ERROR` (4% of null studies end "supports"),
-    - the other bound at :data:`OTHER_SIDE_ERROR` (1% end "contradicts"): 5% resolved falsely, as one look at 95%;
+    - the bound on the paper's side of 0 at ``paper_error`` (:data:`PAPER_SIDE_ERROR`: 4.5% of null studies end
+      "supports"),
+    - the other bound at the rest of 5% (0.5% end "contradicts"): 5% resolved falsely, as one look at 95%;
     - a futility bound on δ's side at :data:`FUTILITY_ERROR`: of studies whose truth is the effect of interest δ,
       at most 5% end "rules out the paper's size" (the one-sided test of an equivalence test, TOST).
 
-    Each is a :class:`SideBoundary`: a constant nominal tail found by simulating the design's t statistics (pivotal:
-    the same law under every null, and under "the truth is δ" around δ), each side calibrated alone, so the rules
-    are non-binding: a study that runs past a futility stop keeps its 5%. Splitting the 5% unequally between the
-    sides spends it where the paper's claim would be found, and the futility bound needs only one side: that is
-    what lets the design stop with fewer seeds than the fixed design, whether the truth is 0 or δ
-    (``tests/study/test_calibration.py`` asserts both, ≤ 0.80×, with a version without futility that fails).
-    The saving is measured against a last look at :data:`PLANNED_OVER_FIXED` × the fixed design's seeds; the
-    error rates hold for any last look fixed before the first."""
+    Each is a Wang-Tsiatis boundary of shape ``shape`` (:data:`BOUNDARY_SHAPE`; :class:`SideBoundary`), placed by
+    simulating the design's t statistics (pivotal: the same law under every null, and under "the truth is δ"
+    around δ), each side calibrated alone, so the rules are non-binding: a study that runs past a futility stop
+    keeps its 5%. Early looks are stricter than late ones, which spends little where a handful of seeds' t
+    quantiles are wide; most of the 5% goes to the paper's side, where the claim would be found, and the futility
+    bound needs only one side: that is what lets the design stop with fewer seeds than the fixed design, whether
+    the truth is 0 or δ (``tests/study/test_calibration.py`` asserts both, ≤ 0.80×, for every question kind, with
+    a version without futility that fails). Designs recorded before this boundary keep theirs
+    (``shape`` :data:`POCOCK_SHAPE`, ``paper_error`` :data:`EARLIER_PAPER_SIDE_ERROR`). The error rates hold for
+    any last look fixed before the first; the saving is measured at the last look that gives the design 80% power
+    at δ (:func:`~dcl_core.study.analysis.calibration.group_row`)."""
 
     first: int
     max_seeds: int
     n_looks: int = GROUP_LOOKS
     step: int | None = None  # a look every `step` seeds instead (--seeds-per-round), `n_looks` then unused
+    shape: float = BOUNDARY_SHAPE
+    paper_error: float = PAPER_SIDE_ERROR
 
     def __post_init__(self) -> None:
         if not 2 <= self.first <= self.max_seeds or self.n_looks < 1 or (self.step is not None and self.step < 1):
             raise ValueError(f"a group-sequential design needs 2 <= first <= max_seeds, looks >= 1 and step >= 1, "
                              f"got first {self.first}, max_seeds {self.max_seeds}, looks {self.n_looks}, step "
                              f"{self.step}")
+        if not 0 <= self.shape <= POCOCK_SHAPE or not 0 < self.paper_error < RESOLVED_FALSELY:
+            raise ValueError(f"a group-sequential design needs a boundary shape in [0, {POCOCK_SHAPE}] and a paper's "
+                             f"side error in (0, {RESOLVED_FALSELY}), got {self.shape} and {self.paper_error}")
 
     @property
     def looks(self) -> tuple[int, ...]:
@@ -380,32 +425,57 @@ class GroupSequential:
         return tuple(sorted({self.first + math.floor(span * i / (self.n_looks - 1) + 0.5)  # halves up
                              for i in range(self.n_looks)}))
 
-    def side(self, error: float) -> SideBoundary:
-        """The boundary of one side at ``error`` over all looks."""
-        return SideBoundary(self.looks, error)
+    @property
+    def errors(self) -> tuple[float, float, float]:
+        """(paper's side, other side, futility): each bound's error over all looks."""
+        return self.paper_error, RESOLVED_FALSELY - self.paper_error, FUTILITY_ERROR
+
+    def look(self, seeds: int) -> int:
+        """The index of the look a study with ``seeds`` seeds per cell is at: the last look at or below it (the
+        first below the first look; past the last, the last)."""
+        return max([i for i, n in enumerate(self.looks) if n <= seeds], default=0)
+
+    def side(self, error: float, seeds: int | None = None) -> SideBoundary:
+        """The boundary of one side at ``error`` over all looks, at the look of ``seeds`` seeds per cell (None:
+        the first look)."""
+        return SideBoundary(self.looks, error, self.shape, 0 if seeds is None else self.look(seeds))
 
     def describe(self) -> str:
-        """``looks at 5, 8, 10, 13, 15 seeds per cell; each look's bounds at a nominal one-sided 1.4% (paper's side),
-        0.29% (other side) and 1.8% (futility, δ's side), so that …`` (what the answer and ``--dry-run`` print)."""
+        """``looks at 3, 5, 7, 8, 10, 12 seeds per cell; each look's bounds at a nominal one-sided 0.055%→3.1%
+        (paper's side), … so that …`` (what the answer and ``--dry-run`` print)."""
         looks = self.looks
-        t = {e: 100 * self.side(e).tail(0.025) for e in (PAPER_SIDE_ERROR, OTHER_SIDE_ERROR, FUTILITY_ERROR)}
+
+        def tails(error: float) -> str:
+            first, last = (100 * SideBoundary(looks, error, self.shape, i).tail(0.025) for i in (0, len(looks) - 1))
+            return f"{first:.2g}%" if math.isclose(first, last) else f"{first:.2g}%→{last:.2g}%"
+
+        paper, other, futility = (tails(e) for e in self.errors)
+        rising = "" if self.shape == POCOCK_SHAPE or len(looks) == 1 else (
+            f" (rising look by look: a Wang-Tsiatis boundary, Δ {self.shape:g})")
         return (f"looks at {', '.join(map(str, looks))} seeds per cell; each look's bounds at a nominal one-sided "
-                f"{t[PAPER_SIDE_ERROR]:.2g}% (paper's side), {t[OTHER_SIDE_ERROR]:.2g}% (other side) and "
-                f"{t[FUTILITY_ERROR]:.2g}% (futility, δ's side), so that all {len(looks)} looks together end "
-                f"≤ {100 * (PAPER_SIDE_ERROR + OTHER_SIDE_ERROR):g}% of null studies resolved and ≤ "
-                f"{100 * FUTILITY_ERROR:g}% of studies at δ ruling δ out")
+                f"{paper} (paper's side), {other} (other side) and {futility} (futility, δ's side){rising}, so "
+                f"that all {len(looks)} looks together end ≤ {100 * RESOLVED_FALSELY:g}% of null studies resolved "
+                f"and ≤ {100 * FUTILITY_ERROR:g}% of studies at δ ruling δ out")
 
 
 Design = Sequential | GroupSequential  # what --until-resolved records: Pocock's (studies recorded before) or this
 
 
-def group_look(estimate: Callable[[Boundary], Estimate], design: GroupSequential, paper_sign: int) -> Estimate:
-    """One look of a :class:`GroupSequential` design: ``estimate(boundary)`` is the statistic's interval with the
-    boundary's nominal tails. The look's interval takes its bound on the paper's side of 0 from the paper's side's
-    boundary and the other from the other side's, and carries the futility-level interval in ``futility``."""
-    paper = estimate(design.side(PAPER_SIDE_ERROR))
-    other = estimate(design.side(OTHER_SIDE_ERROR))
-    futility = estimate(design.side(FUTILITY_ERROR))
+def look_seeds(data: Data) -> int:
+    """Seeds per cell of the study's look: the most any cell has (a failed trial leaves one cell short)."""
+    return max((len(v) for by_x in data.values() for v in by_x.values()), default=0)
+
+
+def group_look(estimate: Callable[[Boundary], Estimate], design: GroupSequential, paper_sign: int,
+               seeds: int) -> Estimate:
+    """One look of a :class:`GroupSequential` design, at ``seeds`` seeds per cell: ``estimate(boundary)`` is the
+    statistic's interval with the boundary's nominal tails. The look's interval takes its bound on the paper's
+    side of 0 from the paper's side's boundary and the other from the other side's, and carries the
+    futility-level interval in ``futility``."""
+    paper_error, other_error, futility_error = design.errors
+    paper = estimate(design.side(paper_error, seeds))
+    other = estimate(design.side(other_error, seeds))
+    futility = estimate(design.side(futility_error, seeds))
     lo, hi = (paper.lo, other.hi) if paper_sign > 0 else (other.lo, paper.hi)
     return replace(paper, lo=lo, hi=hi, futility=(futility.lo, futility.hi), spread=per_seed_sd(paper))
 

@@ -3,7 +3,7 @@
 A question is settled when its verdict is anything but "not resolved": its interval excludes 0 (supports or
 contradicts the paper) or its futility bound excludes the effect of interest δ (rules out the paper's size). The
 verdicts are looked at after every round under a group-sequential design
-(:class:`~dcl_core.study.analysis.stats.GroupSequential`: 5 looks equally spaced from the study's seeds to the
+(:class:`~dcl_core.study.analysis.stats.GroupSequential`: 6 looks equally spaced from the study's seeds to the
 last look, or one every ``--seeds-per-round``): all looks together end at most 5% of null studies supporting or
 contradicting the paper, and at most 5% of studies whose truth is δ ruling δ out. The design (first look, last
 look, looks) is fixed before the first look and recorded with the study, so a resume continues it and a
@@ -22,7 +22,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.stats import GROUP_LOOKS, MAX_SEEDS_PROJECTED, Design, GroupSequential, Sequential
+from dcl_core.study.analysis.stats import (
+    EARLIER_PAPER_SIDE_ERROR,
+    GROUP_LOOKS,
+    MAX_SEEDS_PROJECTED,
+    POCOCK_SHAPE,
+    Design,
+    GroupSequential,
+    Sequential,
+)
 from dcl_core.study.plan.spec import StudySpec, grid_seeds
 
 if TYPE_CHECKING:
@@ -37,6 +45,8 @@ MAX_SEEDS_PLANNED = MAX_SEEDS_PROJECTED
 # What a round costs beyond its trials: a new Tune experiment, the summary, the MLflow summary run (measured:
 # 5-6 s per round of the smoke study on 2 cores).
 ROUND_OVERHEAD_S = 8.0
+# A group-sequential record's boundary: its key, the design's field, and the value of records from before it
+RECORDED_BOUNDARY = {"shape": ("shape", POCOCK_SHAPE), "paper_side": ("paper_error", EARLIER_PAPER_SIDE_ERROR)}
 
 
 def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float | None,
@@ -62,16 +72,21 @@ def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float |
 
 def from_record(value: Any) -> Design | None:
     """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one. A record
-    with ``looks`` is a :class:`GroupSequential` design; one without (first, max_seeds, step) the Pocock design of
-    studies recorded before it."""
+    with ``looks`` is a :class:`GroupSequential` design (without ``shape`` and ``paper_side``: one recorded before
+    the Wang-Tsiatis boundary, which keeps Pocock's and 4% on the paper's side); one without (first, max_seeds,
+    step) the Pocock design of studies recorded before it."""
     if value is None:
         return None
     shown = str(value)[:120]
     group = isinstance(value, dict) and "looks" in value
-    keys = {"first", "max_seeds", "looks", "step"} if group else {"first", "max_seeds", "step"}
-    ok = (isinstance(value, dict) and set(value) <= keys
-          and all((isinstance(v, int) and not isinstance(v, bool)) or (k == "step" and group and v is None)
-                  for k, v in value.items())
+    keys = {"first", "max_seeds", "looks", "step", *RECORDED_BOUNDARY} if group else {"first", "max_seeds", "step"}
+
+    def whole(k: str, v: Any) -> bool:
+        if k in RECORDED_BOUNDARY:
+            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        return (isinstance(v, int) and not isinstance(v, bool)) or (k == "step" and group and v is None)
+
+    ok = (isinstance(value, dict) and set(value) <= keys and all(whole(k, v) for k, v in value.items())
           and (value.get("max_seeds") or 0) <= MAX_SEEDS_PLANNED and (value.get("looks") or 0) <= MAX_SEEDS_PLANNED)
     if not ok:  # what the command line allows (its bounds), or the design's simulation could take all memory
         raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds, looks and "
@@ -80,19 +95,22 @@ def from_record(value: Any) -> Design | None:
     try:
         if group:
             fields = dict(value)
-            return GroupSequential(fields.pop("first"), fields.pop("max_seeds"), fields.pop("looks"), **fields)
+            boundary = {name: fields.pop(key, earlier) for key, (name, earlier) in RECORDED_BOUNDARY.items()}
+            return GroupSequential(fields.pop("first"), fields.pop("max_seeds"), fields.pop("looks"), **fields,
+                                   **boundary)
         return Sequential(**value)
     except (TypeError, ValueError, KeyError) as err:
         raise ConfigError(f"the study's recorded sequential design {shown} is damaged ({err}); --overwrite "
                           "starts the study afresh") from None
 
 
-def to_record(design: Design | None) -> dict[str, int | None] | None:
+def to_record(design: Design | None) -> dict[str, int | float | None] | None:
     """The sequential design as a JSON-ready dict, or None without one."""
     if design is None:
         return None
     if isinstance(design, GroupSequential):
-        return {"first": design.first, "max_seeds": design.max_seeds, "looks": design.n_looks, "step": design.step}
+        return {"first": design.first, "max_seeds": design.max_seeds, "looks": design.n_looks, "step": design.step,
+                "shape": design.shape, "paper_side": design.paper_error}
     return {"first": design.first, "max_seeds": design.max_seeds, "step": design.step}
 
 
@@ -109,7 +127,7 @@ def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minut
          seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None]) -> Design:
     """The design of this ``--until-resolved`` run: the recorded one when it continues one (a changed
     ``--max-seeds`` or ``--seeds-per-round`` refused), else a :class:`GroupSequential` design with its first look
-    at the study's seeds, 5 looks (or one every ``--seeds-per-round``), the last at ``--max-seeds`` or at the seeds
+    at the study's seeds, 6 looks (or one every ``--seeds-per-round``), the last at ``--max-seeds`` or at the seeds
     the cost estimate fits in ``--max-minutes``."""
     seeds = grid_seeds(spec)
     if not seeds:
