@@ -89,7 +89,7 @@ class SpecArgs:
     data_root: str | None = None
     set: tuple[str, ...] = ()
     name: str = ""
-    design: Mapping[str, int | None] | None = None  # the sequential design of --until-resolved, once planned
+    design: Mapping[str, int | float | None] | None = None  # the sequential design of --until-resolved, once planned
     effect_of_interest: tuple[str, ...] = ()  # --effect-of-interest KEY=VALUE, each as given
 
     def record(self, script: str) -> dict[str, Any]:
