@@ -77,8 +77,13 @@ def test_the_recorded_design_round_trips_and_bounds_later_seeds():
     # recorded before the Wang-Tsiatis boundary: Pocock's, 4% on the paper's side, as it ran
     earlier = rounds.from_record({"first": 5, "max_seeds": 15, "looks": 5, "step": None})
     assert earlier == GroupSequential(5, 15, 5, shape=stats.POCOCK_SHAPE, paper_error=stats.EARLIER_PAPER_SIDE_ERROR)
-    assert earlier.looks == (5, 8, 10, 13, 15) and earlier.errors == pytest.approx((0.04, 0.01, 0.05))
+    assert earlier.looks == (5, 8, 10, 13, 15) and earlier.errors == (0.04, 0.01, 0.05)  # exactly: the tails it ran
     assert rounds.to_record(GroupSequential(3, 20))["shape"] == stats.BOUNDARY_SHAPE
+    # what the earlier code printed for the temperature study recorded under it (docs/results.md), to the character
+    assert earlier.describe() == (
+        "looks at 5, 8, 10, 13, 15 seeds per cell; each look's bounds at a nominal one-sided 1.4% (paper's side), "
+        "0.29% (other side) and 1.8% (futility, δ's side), so that all 5 looks together end ≤ 5% of null studies "
+        "resolved and ≤ 5% of studies at δ ruling δ out")
     for damaged in ({"first": 3}, {"first": 9, "max_seeds": 4, "step": 1}, "3-20", {"first": 3, "x": 1},
                     {"first": 3, "max_seeds": 20, "looks": 0}, {"first": 3, "max_seeds": 20, "looks": True},
                     {"first": 3, "max_seeds": 20, "looks": 10**6}, {"max_seeds": 20, "looks": 5},

@@ -511,7 +511,8 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
     assert "look 1 of 2: 2 seeds per cell" in proc.stdout, proc.stdout[-3000:]
     summary = summary_dir(out, "temperature_sweep")
     record = json.loads((summary / "study_options.json").read_text())
-    assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "looks": 5, "step": None}
+    assert record["command"]["design"] == {"first": 2, "max_seeds": 3, "looks": 6, "step": None, "shape": 0.2,
+                                           "paper_side": 0.045}
     rows = read_table(summary / "results.parquet")
     # 2 smoke seeds leave Δstd's interval tens of points wide: the first look cannot resolve, one more round runs
     assert "look 2 of 2: 3 seeds per cell" in proc.stdout and len(rows) == 12
@@ -538,5 +539,5 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
     capped = run(study_cmd("temperature_sweep.py", tmp_path / "c", "--smoke", "--seeds", "2", "--until-resolved",
                            "--max-seeds", "5", "--max-minutes", "0.02", head=ray_head), env=ray_head.env)
     assert "look 1 of 4: 2 seeds per cell" in capped.stdout and "would end after --max-minutes 0.02" in capped.stdout
-    # (5 looks from 2 to 5 round to 4: 2, 3, 4, 5)
+    # (6 looks from 2 to 5 round to 4: 2, 3, 4, 5)
     assert len(read_table(summary_dir(tmp_path / "c", "temperature_sweep") / "results.parquet")) == 8

@@ -428,7 +428,7 @@ class GroupSequential:
     @property
     def errors(self) -> tuple[float, float, float]:
         """(paper's side, other side, futility): each bound's error over all looks."""
-        return self.paper_error, RESOLVED_FALSELY - self.paper_error, FUTILITY_ERROR
+        return self.paper_error, round(RESOLVED_FALSELY - self.paper_error, 12), FUTILITY_ERROR  # 0.01, not 0.0100…02
 
     def look(self, seeds: int) -> int:
         """The index of the look a study with ``seeds`` seeds per cell is at: the last look at or below it (the
