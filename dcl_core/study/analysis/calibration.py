@@ -25,6 +25,7 @@ runs the same simulation with fewer studies and asserts the bounds.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -205,6 +206,7 @@ def true_sd(kind: Kind, setting: Setting, effect: float, draws: int = 20_000) ->
     return float(np.std(list(stats.per_seed(data, q.function(), q.inputs).values()), ddof=1))
 
 
+@functools.lru_cache(maxsize=64)  # pure and seeded: the design's table and its tests share one computation
 def fixed_seeds(kind: Kind, setting: Setting, effect: float, studies: int = 4000, most: int = 64) -> int | None:
     """Seeds per cell the fixed design (one look at 95%) needs for 80% power at this planted effect. A smooth
     statistic's per-seed values are normal: :func:`.stats.fixed_design_seeds` at true value / true SD. A best-of
@@ -303,7 +305,7 @@ def run_sequential(kind: Kind, setting: Setting, design: stats.Design, effect: f
 
 
 # Planted effects (cell-noise SDs) at which the fixed design needs 12-16 seeds per cell for 80% power (plain
-# setting), per smooth kind: where the group-sequential design's saving is measured.
+# setting), per kind: where the group-sequential design's saving is measured.
 GROUP_EFFECTS = {STD_DIFFERENCE.label: 0.7, GAP_AT_SMALLEST.label: 1.26, GAP_SLOPE.label: 1.5, GAP_AT.label: 1.26,
                  BEST_MARGIN.label: 1.5, BEST_GAP.label: 1.5}
 
@@ -324,6 +326,7 @@ class GroupRow:
     at_delta: SequentialCell
 
 
+@functools.lru_cache(maxsize=64)  # pure and seeded, as fixed_seeds
 def planned_last_look(kind: Kind, setting: Setting, effect: float, first: int, fixed: int, studies: int = 1000,
                       ) -> int:
     """The fewest seeds per cell of a last look at which the group-sequential design (first look ``first``, the
