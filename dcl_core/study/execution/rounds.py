@@ -6,9 +6,10 @@ verdicts are looked at after every round under a group-sequential design
 (:class:`~dcl_core.study.analysis.stats.GroupSequential`: 6 looks equally spaced from the study's seeds to the
 last look, or one every ``--seeds-per-round``): all looks together end at most 5% of null studies supporting or
 contradicting the paper, and at most 5% of studies whose truth is δ ruling δ out. The design (first look, last
-look, looks) is fixed before the first look and recorded with the study, so a resume continues it and a
-re-analysis reproduces its intervals; a study recorded under the earlier design (Pocock's, a look every round:
-:class:`~dcl_core.study.analysis.stats.Sequential`) keeps it. ``--max-minutes`` only stops early, which removes
+look, looks, boundary) is fixed before the first look and recorded with the study, so a resume continues it and a
+re-analysis reproduces its intervals; a study recorded under an earlier design keeps it (the first group-sequential
+boundary, Pocock's with 4% on the paper's side; or Pocock's design with a look every round,
+:class:`~dcl_core.study.analysis.stats.Sequential`). ``--max-minutes`` only stops early, which removes
 looks and can only lower the error rates; without ``--max-seeds`` the last look is planned from the cost estimate
 (what ``--dry-run`` prints).
 """
