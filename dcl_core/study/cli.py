@@ -640,8 +640,6 @@ or where you write).
 
 def answer_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study answer OUTPUT_DIR``: every finished study there re-analysed."""
-    from dcl_core.study.execution.reanalysis import RESULTS_FILE, TOY_FILE  # MLflow: not for --help
-
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study answer", description=ANSWER_DOC,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
@@ -655,9 +653,7 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"{output_dir} holds no finished study (no summary/ folder)")
         if args.name is not None:
             check_name(args.name)
-        dirs = sorted(d for d in (output_dir / "summary").iterdir()
-                      if d.is_dir() and not d.is_symlink() and (args.name is None or d.name == args.name))
-        dirs = [d for d in dirs if (d / RESULTS_FILE).is_file() or (d.name == TOY and (d / TOY_FILE).is_file())]
+        dirs = finished_studies(output_dir, args.name)
         if not dirs:
             raise ConfigError(f"no finished study{f' named {args.name}' if args.name else ''} in {output_dir}/summary")
     except ConfigError as err:
@@ -799,11 +795,20 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     return cli.run_command(body)
 
 
+def finished_studies(output_dir: Path, name: str | None = None, toy: bool = True) -> list[Path]:
+    """The ``summary/<study>`` folders of the finished studies in ``output_dir`` (only ``name``'s when given): those
+    holding a study's results, or with ``toy`` the MI toy's table."""
+    from dcl_core.study.execution.reanalysis import RESULTS_FILE, TOY_FILE  # MLflow: not for --help
+
+    summary = output_dir / "summary"
+    dirs = sorted(d for d in summary.iterdir() if d.is_dir() and not d.is_symlink()
+                  and (name is None or d.name == name)) if summary.is_dir() else []
+    return [d for d in dirs if (d / RESULTS_FILE).is_file() or (toy and d.name == TOY and (d / TOY_FILE).is_file())]
+
+
 def _only_study(output_dir: Path) -> str:
     """The name of the one finished study in ``output_dir``; ConfigError when there is none or several."""
-    summary = output_dir / "summary"
-    names = sorted(d.name for d in summary.iterdir() if d.is_dir() and not d.is_symlink()
-                   and (d / "results.parquet").is_file()) if summary.is_dir() else []
+    names = [d.name for d in finished_studies(output_dir, toy=False)]
     if len(names) != 1:
         raise ConfigError(f"{output_dir} holds {'no finished study' if not names else 'studies ' + ', '.join(names)}"
                           + (": choose one with --name" if names else ""))
