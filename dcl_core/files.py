@@ -4,7 +4,9 @@ A link planted where a lock, config, metrics, journal or summary file goes (``ln
 outputs/.temperature_sweep.lock``) is refused with one line, never followed: nothing outside the folder is
 created, truncated or appended to through it. Whole files are written to a fresh temporary name (``O_EXCL``,
 so never through an existing name or link) and renamed over the target; ``rename`` replaces a link itself, not
-what it points to. Pure standard library, for every layer.
+what it points to. Nothing the project writes ever replaces a device, a FIFO or a socket (``-o /dev/null`` would
+otherwise turn the device into a file), and a file it reads from a folder a user can plant things in is read with
+:func:`read_bounded`: a regular file only, its size checked before reading. Pure standard library, for every layer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,7 +58,29 @@ def disk_full(where: Path | str, resume: bool = False) -> DiskFullError:
 
 
 class UnsafePathError(ConfigError):
-    """A path the project would write is a symbolic link or a folder: refused (one line, exit code 2)."""
+    """A path the project would write is a symbolic link, a folder, a device, a FIFO or a socket: refused (one
+    line, exit code 2)."""
+
+
+def _node_kind(mode: int) -> str | None:
+    """What a file of ``mode`` (``st_mode``) is when it is a node no output may replace, else None."""
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), None)
+
+
+def _refuse_node(path: Path) -> None:
+    """UnsafePathError when ``path`` is a folder, a device, a FIFO or a socket (a link or a regular file passes)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # nothing there (or a file where a folder belongs: what then writes says so)
+        return
+    if stat.S_ISDIR(mode):
+        raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it")
+    kind = _node_kind(mode)
+    if kind is not None:
+        raise UnsafePathError(f"{path} is {kind}, not a regular file: refusing to replace it (name a regular file "
+                              "or a new path)")
 
 
 def open_fd(path: Path | str, flags: int, mode: int = 0o666) -> int:
@@ -72,20 +97,42 @@ def open_fd(path: Path | str, flags: int, mode: int = 0o666) -> int:
         raise
 
 
+def check_output_file(path: Path | str) -> Path:
+    """``path``, a file a user named for a command's output (``-o FILE``), checked before any work is done: a new
+    path or an existing regular file. A symbolic link there is refused, neither followed nor replaced (either
+    would surprise: name the file itself), as are a folder, a device, a FIFO and a socket (UnsafePathError). The
+    folder it goes in is created and must take a new file: ConfigError (one line) when it cannot, DiskFullError
+    when its disk is full."""
+    path = Path(path)
+    if os.path.islink(path):
+        raise UnsafePathError(f"{path} is a symbolic link: refusing to write through it or replace it (name the "
+                              "file itself, or a new path)")
+    _refuse_node(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as err:
+        if no_space(err):
+            raise disk_full(path.parent) from None
+        raise ConfigError(f"cannot write {path}: {err.strerror or err}") from None
+    return path
+
+
 def write_with(path: Path | str, write: Callable[[BinaryIO], object], mode: int = 0o666) -> Path:
     """Write ``path`` atomically without following links: ``write`` fills a fresh temporary file in the same
     folder (``O_EXCL``, binary), which is then renamed over ``path``. A full disk or a crash leaves the previous
-    file, never half of one; a link at ``path`` is replaced, never written through; a folder at ``path`` is
-    refused."""
+    file, never half of one; a link at ``path`` is replaced, never written through; a folder, a device, a FIFO or
+    a socket at ``path`` is refused (UnsafePathError), also one that appears there while ``write`` runs."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_dir() and not path.is_symlink():
-        raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it")
+    _refuse_node(path)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        _refuse_node(path)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -104,6 +151,35 @@ def is_regular_file(path: Path | str) -> bool:
         return stat.S_ISREG(os.lstat(path).st_mode)
     except OSError:
         return False
+
+
+def read_bounded(path: Path | str, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path``, never more than ``max_bytes``. Refused in one line (ConfigError)
+    before anything is read: a missing path, a symbolic link (not followed), a folder, a device, a FIFO or a
+    socket (a FIFO's open never blocks), a file larger than ``max_bytes``, also one that grows past it while
+    read."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode  # look before opening: opening some devices acts (a tape rewinds)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC) if stat.S_ISREG(mode) else -1
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            mode = stat.S_IFLNK
+        else:
+            raise ConfigError(f"cannot read {path}: {err.strerror or err}") from None
+    if fd < 0 or not stat.S_ISREG(mode := os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+                else _node_kind(mode) or "not a file")
+        raise ConfigError(f"{path} is {kind}, not a regular file: not read")
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
+        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+    if size > max_bytes or len(data) > max_bytes:
+        raise ConfigError(f"{path} holds more than {max_bytes:,} bytes ({max(size, len(data)):,}), more than such a "
+                          "file ever holds: not read")
+    return data
 
 
 @contextmanager

@@ -7,7 +7,7 @@ import stat
 import pytest
 
 from dcl_core.config import ConfigError
-from dcl_core.files import UnsafePathError, open_append, open_fd, write_text
+from dcl_core.files import UnsafePathError, check_output_file, open_append, open_fd, read_bounded, write_text
 
 
 @pytest.fixture
@@ -59,3 +59,68 @@ def test_write_text_and_append_create_regular_files_with_the_given_mode(tmp_path
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o600
     assert stat.S_IMODE((tmp_path / "b.txt").stat().st_mode) == 0o644 and (tmp_path / "b.txt").read_text() == "23"
+
+
+def _nodes(tmp_path):
+    """A real character device (1, 3: the one /dev/null is), a real FIFO and a real socket, in ``tmp_path``."""
+    import socket
+
+    os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mkfifo(tmp_path / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "sock"))
+    sock.close()
+    return {"null": stat.S_ISCHR, "fifo": stat.S_ISFIFO, "sock": stat.S_ISSOCK}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_nothing_written_ever_replaces_a_device_a_fifo_or_a_socket(tmp_path):
+    """Issue 46, item 2: ``write_with`` renamed its file over a device (``-o /dev/null`` made /dev/null a file)."""
+    for name, kind in _nodes(tmp_path).items():
+        with pytest.raises(UnsafePathError, match=f"{name} is a (character device|FIFO|socket), not a regular file"):
+            write_text(tmp_path / name, "x")
+        assert kind(os.lstat(tmp_path / name).st_mode), name  # still the node it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null", "sock"]  # no temporary file left
+
+
+def test_a_users_output_is_a_new_path_or_a_regular_file_never_a_link_a_folder_or_a_node(tmp_path, precious):
+    """Issue 46, item 2: ``-o FILE`` is checked before any work; a symbolic link there is refused, not replaced."""
+    if os.geteuid() == 0:  # mknod of a device needs root
+        for name, kind in _nodes(tmp_path).items():
+            with pytest.raises(UnsafePathError, match=f"{name} is a .*, not a regular file: refusing to replace"):
+                check_output_file(tmp_path / name)
+            assert kind(os.lstat(tmp_path / name).st_mode), name
+    assert check_output_file(tmp_path / "new" / "backbone.pt") == tmp_path / "new" / "backbone.pt"
+    assert (tmp_path / "new").is_dir() and not list((tmp_path / "new").iterdir())  # its folder made, nothing left
+    assert check_output_file(precious) == precious and precious.read_text() == "keep me"
+    (tmp_path / "link.pt").symlink_to(precious)
+    with pytest.raises(UnsafePathError, match=r"link\.pt is a symbolic link: refusing to write through it or replace"):
+        check_output_file(tmp_path / "link.pt")
+    (tmp_path / "dangling.pt").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        check_output_file(tmp_path / "dangling.pt")
+    (tmp_path / "dir.pt").mkdir()
+    with pytest.raises(UnsafePathError, match="is a folder where a file belongs"):
+        check_output_file(tmp_path / "dir.pt")
+    with pytest.raises(ConfigError, match=r"^cannot write /proc/self/x: "):  # a folder no file can be made in
+        check_output_file("/proc/self/x")
+    with pytest.raises(ConfigError, match=r"^cannot write "):
+        check_output_file(precious / "x.pt")  # under a file
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_a_bounded_read_takes_regular_files_only_and_looks_before_reading(tmp_path, precious):
+    """Issue 46, item 4: a metrics file linked to /dev/zero read gigabytes; a FIFO hung the reader."""
+    assert read_bounded(precious, 7) == b"keep me"
+    with pytest.raises(ConfigError, match=r"precious.txt holds more than 6 bytes \(7\)"):
+        read_bounded(precious, 6)
+    os.mknod(tmp_path / "zero", 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # the device /dev/zero is
+    os.mkfifo(tmp_path / "fifo")  # opened for reading, a FIFO without a writer blocks forever
+    (tmp_path / "link").symlink_to(precious)
+    (tmp_path / "to_zero").symlink_to(tmp_path / "zero")
+    for name, kind in (("zero", "a character device"), ("fifo", "a FIFO"), ("link", "a symbolic link"),
+                       ("to_zero", "a symbolic link"), ("", "a folder")):
+        with pytest.raises(ConfigError, match=f"is {kind}, not a regular file: not read"):
+            read_bounded(tmp_path / name, 1 << 20)
+    with pytest.raises(ConfigError, match=r"^cannot read .*missing: No such file"):
+        read_bounded(tmp_path / "missing", 10)
