@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from dcl_core.cli import run_command, setup_logging
-from dcl_core.training.export import describe, export
+from dcl_core.training.export import describe, description_path, export
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,13 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dcl_core.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="checkpoint.pt written by dcl_core.train or a study's trial")
     parser.add_argument("-o", "--out", type=Path, default=Path("backbone.pt"),
-                        help="the weights file (default: backbone.pt); its description goes beside it as .json")
+                        help="the weights file (default: backbone.pt): a new path or a regular file, not .json; its "
+                             "description goes beside it as .json")
     args = parser.parse_args(argv)
     setup_logging()
 
     def body() -> int:
         meta = export(args.checkpoint, args.out)
-        print(f"{args.out}: {describe(meta)}; described in {args.out.with_suffix('.json')}")
+        print(f"{args.out}: {describe(meta)}; described in {description_path(args.out)}")
         return 0
 
     return run_command(body)

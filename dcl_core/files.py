@@ -115,7 +115,8 @@ def check_output_file(path: Path | str) -> Path:
     except OSError as err:
         if no_space(err):
             raise disk_full(path.parent) from None
-        raise ConfigError(f"cannot write {path}: {err.strerror or err}") from None
+        why = err.strerror or err
+        raise ConfigError(f"cannot write {path}: no file can be made in {path.parent} ({why})") from None
     return path
 
 

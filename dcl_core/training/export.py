@@ -16,6 +16,10 @@ model without this package, with torchvision's parameter names::
 
 Other widths load into this package's own backbone (:func:`dcl_core.models.build_backbone`). Inputs are normalized
 with the dataset's mean and std, also in the JSON.
+
+Where the two files go is checked before the checkpoint is read (:func:`check_destination`): each a new path or a
+regular file, never a link, a device, a FIFO or the checkpoint itself, and the weights never named ``.json`` (their
+description would overwrite them).
 """
 
 from __future__ import annotations
@@ -25,8 +29,34 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import ConfigError, from_flat_dict
-from dcl_core.files import write_with
+from dcl_core.config import ConfigError, RunFailedError, from_flat_dict
+from dcl_core.files import check_output_file, disk_full, no_space, write_with
+
+
+def description_path(out: Path) -> Path:
+    """Where the description of the weights written to ``out`` goes: beside them, ``out`` with ``.json``."""
+    return out.with_suffix(".json")
+
+
+def check_destination(checkpoint: Path, out: Path) -> Path:
+    """The description's path, once both files' places are checked (before any work): ConfigError (one line) for
+    weights named ``.json`` (the description would overwrite them) or a path that is the checkpoint itself;
+    :func:`dcl_core.files.check_output_file` for a link, a folder, a device, a FIFO or a socket there, or a folder
+    that takes no file."""
+    description = description_path(out)
+    if out.suffix.lower() == ".json":
+        raise ConfigError(f"{out}: the weights cannot go to a .json file, where their description is written "
+                          f"(name them e.g. {out.with_suffix('.pt').name}; the description then goes beside them as "
+                          f"{out.stem}.json)")
+    for path in (out, description):
+        check_output_file(path)
+        try:
+            same = path.exists() and checkpoint.exists() and path.samefile(checkpoint)
+        except OSError:
+            same = False
+        if same:
+            raise ConfigError(f"{path} is the checkpoint being exported: name another file")
+    return description
 
 
 def export(checkpoint: Path, out: Path) -> dict[str, Any]:
@@ -34,8 +64,12 @@ def export(checkpoint: Path, out: Path) -> dict[str, Any]:
 
     Raises:
         CheckpointError: an unreadable or foreign checkpoint.
-        ConfigError: the weights do not fit the model the checkpoint's config describes.
+        ConfigError: the weights do not fit the model the checkpoint's config describes; ``out`` is not a place to
+            write them (:func:`check_destination`).
+        DiskFullError: the disk filled while writing (no file of the two is left half written or alone).
+        RunFailedError: another failed write, in one line.
     """
+    description = check_destination(checkpoint, out)
     # torch and the models (seconds): once the options parsed, not for --help
     import torch
 
@@ -66,10 +100,28 @@ def export(checkpoint: Path, out: Path) -> dict[str, Any]:
         "knn_top1": knn if isinstance(knn, float) and math.isfinite(knn) else None,
         "source": str(checkpoint),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_with(out, lambda f: torch.save(weights, f))
-    write_with(out.with_suffix(".json"), lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode()))
+    try:
+        write_with(out, lambda f: torch.save(weights, f))
+        try:
+            write_with(description, lambda f: f.write((json.dumps(meta, indent=1) + "\n").encode()))
+        except BaseException:
+            out.unlink(missing_ok=True)  # the weights just written: never left without their description
+            raise
+    except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
+        if no_space(err):
+            raise disk_full(out.parent) from None
+        cause = _os_error(err)
+        if cause is None:
+            raise
+        raise RunFailedError(f"cannot write {cause.filename or out}: {cause.strerror or cause}") from None
     return meta
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err``, if any (torch.save raises a RuntimeError while handling its write's)."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
 
 
 def describe(meta: dict[str, Any]) -> str:

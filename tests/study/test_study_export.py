@@ -1,17 +1,24 @@
 """``python -m dcl_core.study export``: which trial a name or ``--best`` picks, and where its checkpoint is found
 (Tune's folder, or for a DDP trial the Ray Train run its last result names, never outside the storage). The export
-of a real study, logged to its MLflow run, is checked end to end in ``test_studies_e2e.py``."""
+of a real study, logged to its MLflow run, is checked end to end in ``test_studies_e2e.py``; ``-o`` never replaces
+a device, a FIFO or a link, and a full disk is one line."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
+from test_full_disk import disk, fill  # noqa: F401 - disk: a fixture (a small tmpfs of the test's own)
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, apply_overrides, preset, to_flat_dict
+from dcl_core.study.analysis.report import write_table
 from dcl_core.study.cli import export_main
 from dcl_core.study.execution.export import choose_row, final_checkpoint, trial_folder
+from dcl_core.training.builders import build_model
+from dcl_core.training.checkpoint import save_checkpoint
 
 
 def _row(trial_id: str, series: str, knn: float | None, status: str = "ok") -> dict:
@@ -87,3 +94,57 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert export_main([str(tmp_path), "--best", "--name", "../x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "../x" in err[0]
+
+
+
+def _finished_study(root: Path) -> Path:
+    """A study folder as a finished study leaves it, for ``export``: its results (one finished trial) and the
+    trial's Tune folder holding a real checkpoint (the smoke model at width 0.125, untrained)."""
+    write_table([_row("ab_00001", "dcl", 33.5)], root / "summary" / "s")
+    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125})
+    state = {"epoch": 1, "model": build_model(cfg).state_dict(), "optimizer": {}, "scaler": {},
+             "config": to_flat_dict(cfg), "history": []}
+    save_checkpoint(state, _trial(root / "ray_results", "s", "dcl_s0_ab_00001") / "checkpoint_000000" /
+                    "checkpoint.pt")
+    return root
+
+
+def _export_line(study: Path, out: Path, capsys: pytest.CaptureFixture[str], code: int) -> str:
+    """The one line ``study export STUDY --best -o OUT`` exits ``code`` with."""
+    assert export_main([str(study), "--best", "-o", str(out)]) == code
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in captured.err, captured.err
+    return err[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_export_never_replaces_a_device_a_fifo_or_a_link(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46, item 2: ``study export OUT --best -o /dev/null`` as root made the device a 742 KB file (and wrote
+    /dev/null.json); ``-o /proc/self/x`` was a traceback (item 10)."""
+    study = _finished_study(tmp_path / "out")
+    os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the device /dev/null is, made here
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "link.pt").symlink_to(tmp_path / "precious")
+    assert _export_line(study, tmp_path / "null", capsys, 2).endswith(
+        "null is a character device, not a regular file: refusing to replace it (name a regular file or a new path)")
+    assert "fifo is a FIFO, not a regular file" in _export_line(study, tmp_path / "fifo", capsys, 2)
+    assert "link.pt is a symbolic link" in _export_line(study, tmp_path / "link.pt", capsys, 2)
+    assert "cannot go to a .json file" in _export_line(study, tmp_path / "w.json", capsys, 2)
+    assert _export_line(study, Path("/proc/self/x"), capsys, 2).startswith("error: cannot write /proc/self/x: ")
+    assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode) and stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.pt", "null", "out"]
+    assert export_main([str(study), "--best", "-o", str(tmp_path / "b.pt")]) == 0  # a new path: written
+    assert json.loads((tmp_path / "b.json").read_text())["width"] == 0.125 and (tmp_path / "b.pt").stat().st_size
+
+
+def test_export_onto_a_full_disk_is_one_line_exit_1(tmp_path: Path, disk: Path,  # noqa: F811 - the fixture
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 46, item 10: Errno 28 while writing the weights was a traceback; now one line, exit 1 (a failed run,
+    as a study on a full disk), and neither file nor a temporary one left (``python -m dcl_core.export`` writes
+    through the same code)."""
+    study = _finished_study(tmp_path / "out")
+    fill(disk, leave=300_000)  # the weights are about 740 KB
+    line = _export_line(study, disk / "b.pt", capsys, 1)
+    assert line == f"error: no space left on the device holding {disk}: free some space"
+    assert sorted(p.name for p in disk.iterdir()) == ["filler"]

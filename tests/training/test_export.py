@@ -1,24 +1,26 @@
 """``python -m dcl_core.export``: a checkpoint's encoder as a plain state dict that torchvision's own ResNet-18 loads
 with ``strict=True`` by the recipe in the module's docstring, giving the project's features to 1e-5 on real images;
-other widths are described as the project's own; bad input exits 2 in one line."""
+other widths are described as the project's own; bad input exits 2 in one line, a place the files must not go
+(a device, a FIFO, a link, the checkpoint, weights named .json) before the checkpoint is read."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
 import torch
 
 import dcl_core.training.export as export_module
-from dcl_core.config import apply_overrides, from_flat_dict, preset
+from dcl_core.config import apply_overrides, from_flat_dict, preset, to_flat_dict
 from dcl_core.data import EvalTransform, load_dataset, normalization_for, resolve_data_root
 from dcl_core.export import main
 from dcl_core.training import train
 from dcl_core.training.builders import build_model
-from dcl_core.training.checkpoint import load_checkpoint
+from dcl_core.training.checkpoint import load_checkpoint, save_checkpoint
 from dcl_core.training.export import export
 
 needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
@@ -81,3 +83,63 @@ def test_a_missing_or_foreign_checkpoint_exits_2_in_one_line(tmp_path: Path, cap
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and path.name in err[0], err
     assert not (tmp_path / "out.pt").exists()
+
+
+
+# ---- where the export goes (issue 46, items 2 and 10): checked before the checkpoint is read, one line each
+
+
+def _checkpoint(tmp_path: Path) -> Path:
+    """A real checkpoint of the smoke preset's model at width 0.125 (untrained: nothing here needs training)."""
+    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125})
+    state = {"epoch": 1, "model": build_model(cfg).state_dict(), "optimizer": {}, "scaler": {},
+             "config": to_flat_dict(cfg), "history": [{"eval/knn_top1": 12.5}]}
+    return save_checkpoint(state, tmp_path / "run" / "checkpoint.pt")
+
+
+def _refused(checkpoint: Path, out: Path, capsys: pytest.CaptureFixture[str], code: int = 2) -> str:
+    """The one line ``python -m dcl_core.export CHECKPOINT -o OUT`` exits ``code`` with."""
+    assert main([str(checkpoint), "-o", str(out)]) == code
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in captured.err, captured.err
+    return err[0]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_export_onto_a_device_or_a_fifo_is_refused_and_the_node_kept(tmp_path: Path, capsys) -> None:
+    """``-o /dev/null`` as root turned the device into a 742 KB file and wrote /dev/null.json beside it."""
+    checkpoint = _checkpoint(tmp_path)
+    os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # the device /dev/null is, made here
+    os.mkfifo(tmp_path / "fifo")
+    os.mknod(tmp_path / "desc.json", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a device where the description goes
+    for out, node in (("null", "null is a character device"), ("fifo", "fifo is a FIFO"),
+                      ("desc.pt", "desc.json is a character device")):
+        assert f"{node}, not a regular file: refusing to replace it" in _refused(checkpoint, tmp_path / out, capsys)
+    assert stat.S_ISCHR(os.lstat(tmp_path / "null").st_mode) and stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    assert stat.S_ISCHR(os.lstat(tmp_path / "desc.json").st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["desc.json", "fifo", "null", "run"]  # nothing written
+
+
+def test_export_never_overwrites_its_own_weights_a_link_s_target_or_the_checkpoint(tmp_path: Path, capsys) -> None:
+    """``-o weights.json``: the description overwrote the weights and export said it succeeded."""
+    checkpoint = _checkpoint(tmp_path)
+    before = checkpoint.read_bytes()
+    assert "the weights cannot go to a .json file" in _refused(checkpoint, tmp_path / "weights.json", capsys)
+    assert "cannot go to a .json file" in _refused(checkpoint, tmp_path / "weights.JSON", capsys)
+    precious = tmp_path / "precious.pt"
+    precious.write_text("keep me")
+    (tmp_path / "link.pt").symlink_to(precious)
+    assert "link.pt is a symbolic link: refusing to write through it" in _refused(checkpoint, tmp_path / "link.pt",
+                                                                                   capsys)
+    (tmp_path / "b.json").symlink_to(precious)  # a link where the description goes
+    assert "b.json is a symbolic link" in _refused(checkpoint, tmp_path / "b.pt", capsys)
+    assert "is the checkpoint being exported" in _refused(checkpoint, checkpoint, capsys)
+    assert "cannot write /proc/self/x: " in _refused(checkpoint, Path("/proc/self/x"), capsys)
+    assert precious.read_text() == "keep me" and checkpoint.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "link.pt", "precious.pt", "run"]
+    # a regular file is replaced, the description written beside it
+    (tmp_path / "old.pt").write_text("an earlier export")
+    assert main([str(checkpoint), "-o", str(tmp_path / "old.pt")]) == 0
+    assert json.loads((tmp_path / "old.json").read_text())["width"] == 0.125
+    assert "conv1.weight" in torch.load(tmp_path / "old.pt", weights_only=True)
