@@ -26,6 +26,7 @@ from dcl_core.config import ConfigError, RunFailedError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -69,7 +70,7 @@ def _node_kind(mode: int) -> str | None:
     return next((name for test, name in kinds if test(mode)), None)
 
 
-def _refuse_node(path: Path) -> None:
+def _refuse_node(path: Path | str, doing: str = "replace it") -> None:
     """UnsafePathError when ``path`` is a folder, a device, a FIFO or a socket (a link or a regular file passes)."""
     try:
         mode = os.lstat(path).st_mode
@@ -79,22 +80,33 @@ def _refuse_node(path: Path) -> None:
         raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it")
     kind = _node_kind(mode)
     if kind is not None:
-        raise UnsafePathError(f"{path} is {kind}, not a regular file: refusing to replace it (name a regular file "
+        raise UnsafePathError(f"{path} is {kind}, not a regular file: refusing to {doing} (name a regular file "
                               "or a new path)")
 
 
 def open_fd(path: Path | str, flags: int, mode: int = 0o666) -> int:
-    """``os.open`` that never follows a link at ``path`` (UnsafePathError) and says plainly when ``path`` is a
-    folder; other OSErrors (a full disk, permissions) propagate."""
+    """``os.open`` of a regular file that never follows a link at ``path`` (UnsafePathError), never opens a device,
+    a FIFO or a socket there (UnsafePathError: a write would reach the device, an open of a FIFO blocks) and says
+    plainly when ``path`` is a folder; other OSErrors (a full disk, permissions) propagate."""
+    _refuse_node(path, "write to it")
     try:
-        return os.open(path, flags | _NOFOLLOW | _CLOEXEC, mode)
+        fd = os.open(path, flags | _NOFOLLOW | _CLOEXEC | _NONBLOCK, mode)  # a FIFO put there since: never blocks
     except OSError as err:
         if err.errno == errno.ELOOP or os.path.islink(path):
             raise UnsafePathError(f"{path} is a symbolic link: refusing to write through it (remove the link; "
                                   "the project writes only regular files inside its output folder)") from None
         if err.errno == errno.EISDIR or (err.errno in (errno.EACCES, errno.EPERM) and os.path.isdir(path)):
             raise UnsafePathError(f"{path} is a folder where a file belongs: remove or rename it") from None
+        if err.errno == errno.ENXIO:  # a FIFO without a reader, opened to write
+            _refuse_node(path, "write to it")
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        _refuse_node(path, "write to it")
+        raise UnsafePathError(f"{path} is not a regular file: refusing to write to it")
+    if not flags & _NONBLOCK:
+        os.set_blocking(fd, True)
+    return fd
 
 
 def check_output_file(path: Path | str) -> Path:
@@ -162,7 +174,7 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
     path = Path(path)
     try:
         mode = os.lstat(path).st_mode  # look before opening: opening some devices acts (a tape rewinds)
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW | _CLOEXEC) if stat.S_ISREG(mode) else -1
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | _NOFOLLOW | _CLOEXEC) if stat.S_ISREG(mode) else -1
     except OSError as err:
         if err.errno == errno.ELOOP:
             mode = stat.S_IFLNK

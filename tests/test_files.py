@@ -2,6 +2,7 @@
 folder); whole files are replaced atomically; a folder where a file belongs is refused in one line."""
 
 import os
+import signal
 import stat
 
 import pytest
@@ -81,6 +82,29 @@ def test_nothing_written_ever_replaces_a_device_a_fifo_or_a_socket(tmp_path):
             write_text(tmp_path / name, "x")
         assert kind(os.lstat(tmp_path / name).st_mode), name  # still the node it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "null", "sock"]  # no temporary file left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_appending_never_writes_to_a_device_and_never_blocks_on_a_fifo(tmp_path):
+    """A FIFO planted at a metrics or journal file blocked its writer's open forever; a device took the lines."""
+    def hung(*_):
+        raise TimeoutError("the open blocked")
+
+    before = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        for name, kind in _nodes(tmp_path).items():
+            with pytest.raises(UnsafePathError, match=f"{name} is a .*, not a regular file: refusing to write to it"), \
+                    open_append(tmp_path / name) as f:
+                f.write("x")
+            with pytest.raises(UnsafePathError, match="not a regular file"):
+                open_fd(tmp_path / name, os.O_RDWR | os.O_CREAT)
+            assert kind(os.lstat(tmp_path / name).st_mode), name
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    with open_append(tmp_path / "ok.jsonl") as f:  # a regular file's writes block as ever (no O_NONBLOCK left)
+        assert os.get_blocking(f.fileno())
 
 
 def test_a_users_output_is_a_new_path_or_a_regular_file_never_a_link_a_folder_or_a_node(tmp_path, precious):
