@@ -6,6 +6,7 @@ A real SQLite MLflow store, the real ``python -m dcl_core.study sync`` entry poi
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -134,3 +135,121 @@ def test_journal_problem_names_what_is_wrong(tmp_path, rec, why):
     from dcl_core.study.tracking import journal_problem
 
     assert why in journal_problem(rec, "s", tmp_path)
+
+
+# -- a replay deletes only what the study staged (issue 46, item 1) ------------------------------------------------
+
+def _victim(tmp_path, name="victim"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "keep").write_text("precious")
+    return folder
+
+
+def test_a_planted_line_cannot_delete_a_folder_anywhere(store, tmp_path, monkeypatch):
+    """Lines naming a path and ``owned`` (what a kept copy's line carries) on operations MLflow refuses or that
+    are refused: replaying them deleted the path's folder (``shutil.rmtree(Path(path).parent)``): a folder
+    outside the output folder, the folder sync runs from (``"path": "x"``), the study's own summary folder."""
+    outside, cwd = _victim(tmp_path), _victim(tmp_path, "cwd")
+    monkeypatch.chdir(cwd)
+    summary = summary_dir(store["out"], "s")
+    (summary / "results.csv").write_text("kept")
+    ghost = "0123456789abcdef0123456789abcdef"
+    plant(store,
+          {"op": "tag", "run": ghost, "key": "k", "value": "v", "path": str(outside / "x"), "owned": True},
+          {"op": "end", "run": ghost, "status": "FINISHED", "time": 1, "path": "x", "owned": True},
+          {"op": "artifact", "run": ghost, "path": str(summary / "results.csv"), "artifact_path": None,
+           "owned": True},
+          {"op": "artifact", "run": store["trial"], "path": str(summary / "results.csv"), "artifact_path": None,
+           "owned": True},
+          {"op": "tag", "run": store["trial"], "key": "k", "value": "v", "path": str(outside / "x"), "owned": True})
+    sync([str(store["out"]), "--name", "s"])
+    assert (outside / "keep").read_text() == "precious"
+    assert (cwd / "keep").read_text() == "precious"
+    assert (summary / "results.csv").read_text() == "kept"
+    assert "k" not in store["client"].get_run(store["trial"]).data.tags  # a line with foreign fields is refused
+
+
+def test_release_deletes_only_a_folder_the_journal_staged(tmp_path):
+    from dcl_core.study.tracking.journal import FILES_DIR, Journal
+
+    journal = Journal(tmp_path / "summary" / "s", "s")
+    plot = tmp_path / "q_hist.png"
+    plot.write_bytes(b"png")
+    staged = journal.keep_copy({"op": "artifact", "run": "r", "path": str(plot), "artifact_path": None})
+    outside = _victim(tmp_path)
+    hexname = "0" * 32
+    (journal.folder / FILES_DIR / hexname).symlink_to(outside)  # a link shaped like a staged folder
+    for path in (outside / "x", journal.folder / "x", journal.folder / FILES_DIR / "x",
+                 journal.folder / FILES_DIR / hexname / "keep", tmp_path / FILES_DIR / hexname / "x",
+                 journal.folder / FILES_DIR / Path(staged["path"]).parent.name / ".." / "x"):
+        journal.release({"op": "artifact", "run": "r", "path": str(path), "artifact_path": None, "owned": True})
+    for op in ("tag", "end", "dict"):  # another operation naming the staged copy: not a staged artifact
+        journal.release({"op": op, "run": "r", "path": staged["path"], "owned": True})
+    assert (outside / "keep").exists() and journal.folder.is_dir() and Path(staged["path"]).exists()
+    journal.release(staged)
+    assert not Path(staged["path"]).parent.exists()
+
+
+def test_a_link_planted_at_the_staging_folder_is_not_written_through(tmp_path):
+    from dcl_core.study.tracking.journal import FILES_DIR, Journal
+
+    journal = Journal(tmp_path / "summary" / "s", "s")
+    journal.folder.mkdir(parents=True)
+    outside = _victim(tmp_path)
+    (journal.folder / FILES_DIR).symlink_to(outside)
+    plot = tmp_path / "q_hist.png"
+    plot.write_bytes(b"png")
+    with pytest.raises(OSError, match="symbolic link"):
+        journal.keep_copy({"op": "artifact", "run": "r", "path": str(plot), "artifact_path": None})
+    assert sorted(p.name for p in outside.iterdir()) == ["keep"]
+
+
+@pytest.mark.parametrize("field", ["path", "owned", "note"])
+def test_a_line_with_a_field_a_tracker_never_writes_is_refused(tmp_path, field):
+    from dcl_core.study.tracking import journal_problem
+
+    rec = {"op": "tag", "run": "r", "key": "k", "value": "v", field: "x"}
+    assert "fields a tracker never writes" in journal_problem(rec, "s", tmp_path)
+
+
+# -- a replay sets no run's identity and no unescaped description (issue 46, item 8) -------------------------------
+
+def test_a_planted_line_cannot_make_a_trial_run_the_summary_run(store, capsys):
+    plant(store, {"op": "tag", "run": store["trial"], "key": "dcl.summary", "value": "true"},
+          {"op": "tag", "run": store["trial"], "key": "trial_id", "value": "t2"},
+          {"op": "tag", "run": store["trial"], "key": "mlflow.parentRunId", "value": store["other"].parent_run_id},
+          {"op": "trial_run", "id": "offline-1", "experiment": "s", "trial_id": "t9", "name": "n",
+           "tags": {"dcl.summary": "true", "trial_id": "t9"}, "params": {}, "time": 1})
+    assert sync([str(store["out"]), "--name", "s"]) == 0
+    assert "4 not replayed" in capsys.readouterr().out
+    tags = store["client"].get_run(store["trial"]).data.tags
+    assert "dcl.summary" not in tags and tags["trial_id"] == "t1"
+    assert tags["mlflow.parentRunId"] == store["s"].parent_run_id
+    exp = store["client"].get_experiment_by_name("s").experiment_id
+    summaries = store["client"].search_runs([exp], "tags.`dcl.summary` = 'true'")
+    assert [r.info.run_id for r in summaries] == [store["s"].parent_run_id]
+
+
+def test_a_planted_description_is_not_replayed_unless_the_tracker_escaped_it(store, capsys):
+    from dcl_core.study.tracking.tracker import NOTE_TAG, literal_markdown
+
+    plant(store, {"op": "tag", "run": store["trial"], "key": NOTE_TAG, "value": "<img src=x onerror=alert(1)>"})
+    assert sync([str(store["out"]), "--name", "s"]) == 0
+    assert "1 not replayed" in capsys.readouterr().out
+    assert NOTE_TAG not in store["client"].get_run(store["trial"]).data.tags
+    note = literal_markdown("tau=0.1: <b>diverged</b> at [1](x) *2* `3` \\ &lt;")  # as the trial callback writes it
+    plant(store, {"op": "tag", "run": store["trial"], "key": NOTE_TAG, "value": note})
+    assert sync([str(store["out"]), "--name", "s"]) == 0
+    assert store["client"].get_run(store["trial"]).data.tags[NOTE_TAG] == note
+
+
+def test_sync_says_what_mlflow_refused_instead_of_calling_it_pushed(store, caplog, capsys):
+    ghost = "0123456789abcdef0123456789abcdef"
+    plant(store, *({"op": "tag", "run": ghost, "key": f"k{i}", "value": "v"} for i in range(3)),
+          {"op": "tag", "run": store["trial"], "key": "ok", "value": "v"})
+    with caplog.at_level("INFO"):
+        assert sync([str(store["out"]), "--name", "s"]) == 1
+    line = next(r.getMessage() for r in caplog.records if "is reachable" in r.getMessage())
+    assert "1 journaled operations pushed, 3 refused by MLflow, 0 not replayed, 0 left" in line
+    assert "1 operations pushed" in capsys.readouterr().out

@@ -6,6 +6,10 @@ It is replayed with the owner's MLflow rights, so it holds only what a study's t
 summary folder; other lines are skipped with one warning. Appends and replays take an exclusive ``flock`` on the
 folder's ``.pending_mlflow.lock`` (a study and ``python -m dcl_core.study sync`` may share a journal). A line cut
 short by a crash is skipped; files are written without following planted links (:mod:`dcl_core.files`).
+
+The only thing a replay deletes is a copy the study staged itself, ``pending_mlflow_files/<32 hex>/``, found from
+the line's path only when that path has exactly this shape inside the journal's own folder (:meth:`Journal.staged`);
+no path read from the file is ever deleted otherwise, whatever the line says.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -39,7 +45,21 @@ PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag name (mlflow.utils.mlflow_
 
 
 SUMMARIZE = "summarize"  # a marker: the study's answer did not reach MLflow, `sync` recomputes it from the results
-_OPS = ("open", "trial_run", "metrics", "params", "tag", "dict", "artifact", "end", SUMMARIZE)
+# Each operation with the fields a tracker writes for it (StudyTracker's methods, Journal.keep_copy's "owned"): a
+# line with any other field was not written by a tracker.
+_FIELDS: dict[str, frozenset[str]] = {op: frozenset(("op", *fields)) for op, fields in {
+    "open": ("id", "experiment", "overwrite", "tags", "time"),
+    "trial_run": ("id", "experiment", "trial_id", "name", "tags", "params", "time"),
+    "metrics": ("run", "metrics"),
+    "params": ("run", "params"),
+    "tag": ("run", "key", "value"),
+    "dict": ("run", "data", "path"),
+    "artifact": ("run", "path", "artifact_path", "owned"),
+    "end": ("run", "status", "time"),
+    SUMMARIZE: ("experiment",),
+}.items()}
+_OPS = tuple(_FIELDS)
+_STAGED = re.compile(r"[0-9a-f]{32}")  # the folder keep_copy stages one copy in: uuid4().hex
 
 
 def _str_map(value: Any) -> bool:
@@ -67,6 +87,8 @@ def journal_problem(rec: Any, experiment: str, root: Path) -> str | None:
     if not isinstance(rec, dict) or rec.get("op") not in _OPS:
         return f"unknown operation {rec.get('op') if isinstance(rec, dict) else rec!r}"
     op = rec["op"]
+    if extra := sorted(str(k)[:40] for k in rec.keys() - _FIELDS[op]):
+        return f"a malformed {op} (fields a tracker never writes: {', '.join(extra[:5])})"
     if op == SUMMARIZE:
         return None if rec.get("experiment") == experiment else f"another experiment ({rec.get('experiment')!r})"
     if op in ("open", "trial_run"):
@@ -194,13 +216,18 @@ class Journal:
         write_text(self.path, "".join(json.dumps(r, default=str) + "\n" for r in records))
 
     def keep_copy(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """``rec`` logging a copy of its temporary file (or folder) kept in the journal folder."""
+        """``rec`` logging a copy of its temporary file (or folder) kept in the journal folder, staged in a folder
+        of its own (``pending_mlflow_files/<uuid4 hex>/``) that :meth:`release` deletes once the copy is
+        delivered. Raises OSError (a full disk; a link planted at ``pending_mlflow_files``)."""
         src = Path(rec["path"])
         files = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file()]
         if sum(p.stat().st_size for p in files) > _MAX_COPY:
             log.warning("%s is too large to keep a copy for MLflow; journaled by its path", src)
             return rec
-        dest = self.folder / FILES_DIR / uuid.uuid4().hex / src.name
+        staging = self.folder / FILES_DIR
+        if staging.is_symlink():  # the copy would land wherever the link points (and be deleted there later)
+            raise OSError(f"{staging} is a symbolic link: not staging a copy through it")
+        dest = staging / uuid.uuid4().hex / src.name
         dest.parent.mkdir(parents=True)
         if src.is_dir():
             shutil.copytree(src, dest)
@@ -208,7 +235,29 @@ class Journal:
             shutil.copy2(src, dest)
         return {**rec, "path": str(dest), "owned": True}
 
+    def staged(self, rec: Mapping[str, Any]) -> Path | None:
+        """The folder :meth:`keep_copy` staged ``rec``'s copy in, if ``rec`` is an artifact operation whose path
+        is exactly ``<this journal's folder>/pending_mlflow_files/<32 hex>/<name>`` and that folder is a real
+        folder there (no link on the way); else None. Nothing else a line names is ever the study's to delete."""
+        if rec.get("op") != "artifact" or not isinstance(rec.get("path"), str):
+            return None
+        path = Path(rec["path"])
+        staging = self.folder / FILES_DIR
+        if path.parent.parent != staging or not _STAGED.fullmatch(path.parent.name) or path.name in ("", ".", ".."):
+            return None
+        for folder in (self.folder, staging, path.parent):
+            try:
+                if not stat.S_ISDIR(os.lstat(folder).st_mode):  # a link (to a folder elsewhere) or not a folder
+                    return None
+            except OSError:
+                return None
+        if os.path.realpath(path.parent) != os.path.join(os.path.realpath(self.folder), FILES_DIR, path.parent.name):
+            return None  # a link above the journal's folder is fine; one inside it is not
+        return path.parent
+
     def release(self, rec: Mapping[str, Any]) -> None:
-        """Delete the kept copy of a delivered (or dropped) artifact operation."""
-        if rec.get("owned"):
-            shutil.rmtree(Path(rec["path"]).parent, ignore_errors=True)
+        """Delete the kept copy of a delivered (or dropped) artifact operation: only a folder :meth:`staged`
+        finds, never a path the line names otherwise (a planted line must not delete a folder)."""
+        folder = self.staged(rec)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -89,8 +89,8 @@ class Synced:
         if self.dropped:
             parts.append(f"{self.dropped} refused by MLflow (see the warning above)")
         if self.not_replayed:
-            parts.append(f"{self.not_replayed} not replayed (lines writing a summary run's answer, which only "
-                         "the study's results give: `python -m dcl_core.study answer` logs it)")
+            parts.append(f"{self.not_replayed} not replayed (lines a study never journals, such as a summary run's "
+                         "answer, which only the study's results give: `python -m dcl_core.study answer` logs it)")
         parts.append(f"{self.left} left" + (f" ({self.last_error})" if self.left and self.last_error else ""))
         return f"{self.study}: " + ", ".join(parts)
 
@@ -121,7 +121,6 @@ def sync_journals(output_dir: Path, found: list[Path], tracking_uri: str | None)
             yield Synced(experiment, refused=str(err))
             continue
         tracker = StudyTracker(uri, experiment, artifact_root=output_dir / "mlartifacts", journal_dir=study_dir)
-        done = tracker.sync()
-        pushed = done - tracker.dropped - tracker.replay_refused - tracker.markers
-        yield Synced(experiment, pushed, tracker.pending(), uri, tracker.last_error, dropped=tracker.dropped,
+        tracker.sync()
+        yield Synced(experiment, tracker.pushed, tracker.pending(), uri, tracker.last_error, dropped=tracker.dropped,
                      not_replayed=tracker.replay_refused, summarize=tracker.summary_missed)

@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 assert PARENT_TAG == MLFLOW_PARENT_RUN_ID  # the journal names MLflow's tag without importing MLflow
 
 
+# What makes a run the study's summary run, a trial's run, or a child of the study's run: set only when the run is
+# created (:meth:`StudyTracker.open`, :meth:`StudyTracker.trial_run`), so a ``tag`` line setting one was planted.
+IDENTITY_TAGS = frozenset((SUMMARY_TAG, TRIAL_TAG, MLFLOW_PARENT_RUN_ID))
+
 MAX_KEY = 250  # MLflow's longest metric key: one longer fails the whole batch (a study's every summary metric)
 
 
@@ -65,6 +69,13 @@ def literal_markdown(text: str) -> str:
     text). Brackets alone are not: an interval ``[0.4, 3.8]`` is no link, and the runs table's Description cell
     shows the text raw, where a backslash would be noise."""
     return re.sub(r"([\\`*_])", r"\\\1", text).replace("<", "&lt;").replace("](", "]\\(")
+
+
+def is_literal_markdown(text: str) -> bool:
+    """Whether ``text`` is what :func:`literal_markdown` makes of some text (every description a tracker writes
+    is; a planted ``<img onerror=…>`` is not)."""
+    plain = re.sub(r"\\([\\`*_])", r"\1", text.replace("]\\(", "](").replace("&lt;", "<"))
+    return literal_markdown(plain) == text
 
 
 def summary_note(verdicts: list[str], words: str = "", plot: str | None = None, run_id: str | None = None) -> str:
@@ -146,8 +157,10 @@ class StudyTracker(StudyRuns):
         self._env_added: list[str] = []  # the MLflow env vars _short_http set (not the user's)
         self._unjournaled = False  # within log_summary's answer: what MLflow does not take now is not journaled
         self.summary_missed = False  # the answer did not reach MLflow (log_summary; a replayed SUMMARIZE marker)
-        self.replay_refused = 0  # journal lines a replay refused to apply (the summary run's content)
+        self.replay_refused = 0  # journal lines a replay refused to apply (:meth:`_replay_problem`)
         self.markers = 0  # SUMMARIZE markers replayed (nothing for MLflow)
+        self.pushed = 0  # journaled operations a replay delivered to MLflow
+        self._flushed = (0, 0, 0)  # the last replay's operations pushed, refused by MLflow, not replayed
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_client": None, "_offline_until": 0.0, "_outage": False, "_env_added": []}
@@ -358,10 +371,12 @@ class StudyTracker(StudyRuns):
 
     def _flush(self) -> tuple[int, BaseException | None]:
         """Replay the journal in order until an operation fails transiently; keep only what is left. Returns
-        (operations done, the transient error or None)."""
+        (lines done with: applied, refused by MLflow or not replayed; the transient error or None); how many of
+        each this replay saw: ``_flushed`` (pushed, refused, not replayed)."""
         journal = self._journal()
         assert journal is not None
         done, error = 0, None
+        before = (self.pushed, self.dropped, self.replay_refused)
         with journal.lock():
             records = journal.read()
             try:
@@ -371,6 +386,7 @@ class StudyTracker(StudyRuns):
                             self._refuse_replay(rec, why)
                         else:
                             self._apply(rec)
+                            self.pushed += rec["op"] != SUMMARIZE
                     except Exception as exc:
                         if not transport.is_refused(exc):
                             error = exc
@@ -380,12 +396,24 @@ class StudyTracker(StudyRuns):
                     done += 1
             finally:
                 journal.rewrite(records[done:], self._ids, self._real)
+                self._flushed = (self.pushed - before[0], self.dropped - before[1], self.replay_refused - before[2])
         return done, error
 
     def _replay_problem(self, rec: dict[str, Any]) -> str | None:
         """Why a journal line must not be replayed, else None. A tracker never journals the summary run's answer
         (its verdict tags, description, metrics, params, tables and plots: :meth:`log_summary`), so such a line
-        was planted by whoever could write the folder: `sync` recomputes the answer from the study's results."""
+        was planted by whoever could write the folder: `sync` recomputes the answer from the study's results.
+        Nor does it journal a tag that makes a run the summary run or a trial's (:data:`IDENTITY_TAGS`), MLflow's
+        own ``mlflow.*`` tags other than a description, or a description it did not escape (:func:`literal_markdown`):
+        a planted ``dcl.summary=true`` on a trial run would have the next answer written onto that trial."""
+        tags = rec.get("tags", {}) if rec["op"] in ("open", "trial_run") else {rec.get("key"): rec.get("value")}
+        if rec["op"] == "trial_run" and (SUMMARY_TAG in tags or tags.get(TRIAL_TAG) != rec["trial_id"]):
+            return "a trial's run tagged as another run (the summary run, or another trial)"
+        if rec["op"] == "tag" and (rec["key"] in IDENTITY_TAGS
+                                   or (rec["key"].startswith("mlflow.") and rec["key"] != NOTE_TAG)):
+            return f"a line setting the tag {rec['key'][:80]!r}, which a tracker sets only as it creates a run"
+        if NOTE_TAG in tags and not is_literal_markdown(str(tags[NOTE_TAG])):
+            return "a run description that is not literal text (a tracker escapes every description it writes)"
         if rec["op"] not in ("tag", "metrics", "params", "dict", "artifact"):
             return None
         if self.is_summary_run(self._real(rec["run"])):
@@ -439,12 +467,15 @@ class StudyTracker(StudyRuns):
                     "is tried again every %g s", redact_uri(self.tracking_uri), self.last_error, where,
                     self.cooldown)
 
-    def _back_online(self, pushed: int) -> None:
+    def _back_online(self, done: int) -> None:
+        """MLflow answered again after ``done`` journal lines were dealt with (:meth:`_flush`)."""
         self._offline_until = 0.0
         self.last_error = None
-        if self._outage or pushed:
-            log.info("MLflow at %s is reachable: %d journaled operations pushed, %d left",
-                     redact_uri(self.tracking_uri), pushed, self.pending())
+        if self._outage or done:
+            pushed, refused, not_replayed = self._flushed if done else (0, 0, 0)
+            log.info("MLflow at %s is reachable: %d journaled operations pushed, %d refused by MLflow, %d not "
+                     "replayed, %d left", redact_uri(self.tracking_uri), pushed, refused, not_replayed,
+                     self.pending())
         self._outage = False
 
     def _drop(self, rec: dict[str, Any], exc: BaseException) -> None:
