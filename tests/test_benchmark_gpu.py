@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 from dcl_core.data import resolve_data_root
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # benchmarks/ (its --summarize is called in this process)
 # Run the script with Ray, Optuna and MLflow unimportable: the GPU machine has none of them.
 WITHOUT = """
 import runpy, sys
@@ -67,3 +71,109 @@ def test_the_gpu_runs_summary_compares_at_the_last_epoch_every_run_finished(tmp_
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("DCL − InfoNCE kNN top-1 at epoch 2: +4.50 [-1.85, +10.85] over 2 seed(s): not resolved")
     assert last.endswith("(Table 1, 200 epochs: +4.8)") and (tmp_path / "answer.md").read_text().strip().endswith(last)
+
+
+# ---- what --summarize reads and writes (issue 46, items 4, 6 and 10): bounded, never through a link, one line
+
+def _runs(out: Path, knn: dict | None = None, config: dict | None = None) -> Path:
+    """Four runs' folders as ``gpu_runs.py`` leaves them (two epochs each)."""
+    for (loss, seed), values in (knn or {("dcl", 0): [40.0, 52.0], ("dcl", 1): [41.0, 50.0],
+                                          ("infonce", 0): [38.0, 47.0], ("infonce", 1): [39.0, 46.0]}).items():
+        (out / f"{loss}_s{seed}").mkdir(parents=True)
+        (out / f"{loss}_s{seed}" / "metrics.jsonl").write_text(
+            "".join(json.dumps({"eval/knn_top1": v, "train/q_mean": 0.9}) + "\n" for v in values))
+        (out / f"{loss}_s{seed}" / "config.json").write_text(json.dumps(config or {
+            "model.arch": "resnet18", "model.width": 1.0, "data.dataset": "cifar10", "data.train_per_class": 500}))
+    return out
+
+
+def _summarize(out: Path, capsys: pytest.CaptureFixture[str], code: int = 2) -> str:
+    """``gpu_runs.py --summarize OUT`` in this process (a hang fails in 20 s): its one error line, or its table."""
+    from benchmarks.gpu_runs import main
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("gpu_runs --summarize hung")
+
+    before = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        assert main(["--summarize", str(out)]) == code
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
+    captured = capsys.readouterr()
+    if code == 0:
+        return captured.out
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in captured.err, captured.err
+    return err[0]
+
+
+def test_the_summary_replaces_a_link_planted_at_answer_md_never_its_target(tmp_path: Path, capsys) -> None:
+    """``ln -s ~/precious OUT/answer.md; gpu_runs.py --summarize OUT`` overwrote precious."""
+    out = _runs(tmp_path / "out")
+    precious = tmp_path / "precious"
+    precious.write_text("keep me")
+    (out / "answer.md").symlink_to(precious)
+    assert "compared at epoch 2" in _summarize(out, capsys, code=0)
+    assert precious.read_text() == "keep me"
+    assert not (out / "answer.md").is_symlink() and "compared at epoch 2" in (out / "answer.md").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
+def test_the_summary_reads_regular_files_only_and_within_their_bound(tmp_path: Path, capsys) -> None:
+    """A metrics.jsonl linked to /dev/zero read 3.4 GB; a FIFO there hung; a larger file is refused unread."""
+    out = _runs(tmp_path / "out")
+    metrics = out / "dcl_s0" / "metrics.jsonl"
+    metrics.unlink()
+    os.mkfifo(metrics)  # opened for reading, a FIFO without a writer blocks forever
+    assert _summarize(out, capsys).endswith("metrics.jsonl is a FIFO, not a regular file: not read")
+    metrics.unlink()
+    os.mknod(metrics, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # the device /dev/zero is, made here
+    assert _summarize(out, capsys).endswith("metrics.jsonl is a character device, not a regular file: not read")
+    metrics.rename(tmp_path / "zero")
+    metrics.symlink_to(tmp_path / "zero")
+    assert _summarize(out, capsys).endswith("metrics.jsonl is a symbolic link, not a regular file: not read")
+    metrics.unlink()
+    from benchmarks.gpu_runs import MAX_METRICS_BYTES
+
+    with metrics.open("wb") as f:  # sparse: its size says what it holds before a byte is read
+        f.truncate(MAX_METRICS_BYTES + 1)
+    assert f"holds more than {MAX_METRICS_BYTES:,} bytes" in _summarize(out, capsys)
+
+
+@pytest.mark.parametrize(("damage", "needle"), [
+    (lambda out: (out / "dcl_s0" / "metrics.jsonl").write_text('{"eval/knn_top1": 40.0}\n{not json\n'),
+     "dcl_s0/metrics.jsonl, line 2 is not JSON"),
+    (lambda out: (out / "dcl_s0" / "metrics.jsonl").write_text('[1, 2]\n'), "line 1 is not a JSON object"),
+    (lambda out: (out / "dcl_s1" / "metrics.jsonl").write_text('{"eval/knn_top1": 40.0}\n{"train/q_mean": 0.9}\n'),
+     "dcl_s1/metrics.jsonl: no eval/knn_top1 at epoch 2, the one the runs are compared at"),
+    (lambda out: (out / "dcl_s1" / "metrics.jsonl").write_text('{"eval/knn_top1": "40"}\n{"eval/knn_top1": 1}\n'),
+     "dcl_s1/metrics.jsonl, epoch 1: eval/knn_top1 is '40', not a number in [0, 100]"),
+    (lambda out: (out / "dcl_s1" / "metrics.jsonl").write_text('{"eval/knn_top1": 1e308}\n'),
+     "eval/knn_top1 is '1e+308', not a number in [0, 100]"),
+    (lambda out: (out / "dcl_s0" / "config.json").write_text("{"), "dcl_s0/config.json is not JSON"),
+    (lambda out: (out / "dcl_s0" / "config.json").write_text('{"model.arch": "resnet18", "model.width": "wide", '
+                                                             '"data.dataset": "cifar10"}'),
+     "config.json: model.width is 'wide', not a number"),
+    (lambda out: (out / "dcl_s0" / "config.json").write_text('{"model.arch": "\\u001b[31mred", '
+                                                             '"data.dataset": "cifar10"}'),
+     "config.json: model.arch is '\\x1b[31mred', not a name"),
+    (lambda out: (out / "dcl_s0" / "config.json").write_text('{"model.arch": "resnet18", "data.dataset": "cifar10",'
+                                                             ' "data.train_per_class": "many"}'),
+     "data.train_per_class is 'many', not a count"),
+])
+def test_a_damaged_run_file_is_one_line_exit_2(tmp_path: Path, capsys, damage, needle) -> None:
+    """Bad JSON, a missing or string kNN, a bad config.json: each was a traceback."""
+    out = _runs(tmp_path / "out")
+    damage(out)
+    assert needle in _summarize(out, capsys)
+    assert not (out / "answer.md").exists()
+
+
+def test_a_missing_folder_or_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    assert _summarize(tmp_path / "missing", capsys).endswith("missing does not exist: name the folder of the runs "
+                                                             "(--out of an earlier run)")
+    assert _summarize(tmp_path / "file", capsys).endswith("file is not a folder: name the folder of the runs "
+                                                          "(--out of an earlier run)")
