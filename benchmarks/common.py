@@ -16,6 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
+from dcl_core.files import write_text
+
+# The most of a run's metrics.jsonl a benchmark reads: one ~1 KB line an epoch, so 4,000 epochs
+# (dcl_core.files.read_bounded: a larger file, a link, a FIFO or a device is refused unread).
+MAX_METRICS_BYTES = 4 * 2**20
+
 
 @dataclass
 class Row:
@@ -94,9 +100,9 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
 
 def write_json(rows: Sequence[Row], path: Path, meta: dict[str, object]) -> None:
-    """``{"meta": …, "rows": [Row as dict, …]}`` to ``path`` (parents created)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    """``{"meta": …, "rows": [Row as dict, …]}`` to ``path`` (parents created; atomically, a link there replaced,
+    never written through: :func:`dcl_core.files.write_text`)."""
+    write_text(path, json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
 
 
 @contextmanager

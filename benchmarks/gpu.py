@@ -6,7 +6,8 @@
 It needs torch and torchvision only (no Ray, Optuna or MLflow: a bare GPU machine), and CIFAR-10 where
 ``--data-root`` says (a pack from ``python -m dcl_core.pack`` travels as one 57 MB file). Each measurement is
 written to ``OUT/gpu.json`` the moment it is taken (a run cut short still reports) and printed as a line; the
-Markdown table in docs/performance.md's format goes to ``OUT/gpu.md`` at the end. Parts, in order, each skipped
+Markdown table in docs/performance.md's format goes to ``OUT/gpu.md`` at the end. Both are written atomically and
+never through a link planted at their names (:func:`dcl_core.files.write_text`). Parts, in order, each skipped
 with a row saying so once the budget is spent:
 
 1. ``autocast``: every contrastive loss at τ 0.005, 0.07, 0.2 and 1.0 under bf16 and fp16 autocast against
@@ -44,10 +45,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import Row, markdown_table  # noqa: E402 - the repository root is on the path from here
+from benchmarks.common import MAX_METRICS_BYTES, Row, markdown_table  # noqa: E402 - the repo root is on the path
 from benchmarks.trainer import BareLoop, trainer_and_bare  # noqa: E402
 from dcl_core import metric_names as M  # noqa: E402
 from dcl_core.config import Config, apply_overrides, derive, preset  # noqa: E402
+from dcl_core.files import read_bounded, write_text  # noqa: E402
 from dcl_core.study.plan.flops import default_flops_of, train_flops_per_image  # noqa: E402
 from dcl_core.training.builders import InMemoryData, build_data, build_loss  # noqa: E402
 from dcl_core.training.run import amp_dtype  # noqa: E402
@@ -77,10 +79,17 @@ class Report:
         met = "" if row.met is None else ("  goal met" if row.met else "  GOAL MISSED")
         print(f"[{row.section}] {row.name}: {row.ours:.4g} {row.unit}{ratio}{met}  {row.note}", flush=True)
 
+    def finish(self) -> str:
+        """Write the rows' Markdown table to ``out/gpu.md``; the table."""
+        table = markdown_table(self.rows)
+        write_text(self.out / "gpu.md", f"{self.meta['device']}, torch {self.meta['torch']}, {self.meta['date']}\n\n"
+                                        f"{table}\n")
+        return table
+
     def _write(self) -> None:
-        partial = self.out / "gpu.json.partial"
-        partial.write_text(json.dumps({"meta": self.meta, "rows": [asdict(r) for r in self.rows]}, indent=1))
-        partial.replace(self.out / "gpu.json")
+        # a fresh temporary name renamed over gpu.json: never half a file, never through a planted link
+        write_text(self.out / "gpu.json", json.dumps({"meta": self.meta, "rows": [asdict(r) for r in self.rows]},
+                                                     indent=1))
 
 
 class Budget:
@@ -265,7 +274,8 @@ def paper_run_rows(data_root: str | None, tiny: bool, out: Path, timeout_s: floa
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
-    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()] if proc.returncode == 0 else []
+    text = read_bounded(out / "metrics.jsonl", MAX_METRICS_BYTES).decode() if proc.returncode == 0 else ""
+    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
     if not lines:
         yield Row(SECTION, "paper run, 2 epochs", math.nan, goal="finite loss, kNN > 10%", met=False, unit="%",
                   note=f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
@@ -333,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # a part that fails is a row, and the next part still runs
             failed.append(name)
             report.add(Row(SECTION, f"{name}: failed", math.nan, note=f"{type(exc).__name__}: {exc}"[:400]))
-    table = markdown_table(report.rows)
-    (args.out / "gpu.md").write_text(f"{meta['device']}, torch {meta['torch']}, {meta['date']}\n\n{table}\n")
-    print(table)
+    print(report.finish())
     missed = [r.name for r in report.rows if r.met is False]
     # --tiny checks that every part runs: a goal (an H100's) is judged on a GPU only
     return 1 if failed or (missed and not args.tiny) else 0

@@ -13,8 +13,8 @@ epoch and loss, mean q_B (the NPC regime), and the platform's paired verdict on 
 t-interval over seeds; :func:`dcl_core.study.analysis.stats.verdict` against Table 1's gap at this batch, its
 200-epoch value, labelled with the epochs run here). Table 1 trains at τ 0.07; ``--tau`` defaults to 0.1.
 
-What ``--summarize`` reads is bounded (:data:`MAX_RUNS` run folders, :data:`MAX_METRICS_BYTES` and
-:data:`MAX_CONFIG_BYTES` a file, regular files only: :func:`dcl_core.files.read_bounded`); what it writes never goes
+What ``--summarize`` reads is bounded (:data:`MAX_RUNS` run folders, :data:`benchmarks.common.MAX_METRICS_BYTES`
+and :data:`MAX_CONFIG_BYTES` a file, regular files only: :func:`dcl_core.files.read_bounded`); what it writes never goes
 through a link planted in OUT (:func:`dcl_core.files.write_text`). A folder, file or value that is not what the runs
 write is one line, ``error: ...``, and exit code 2.
 """
@@ -36,7 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from dcl_core import metric_names as M  # noqa: E402 - the repository root is on the path from here
+from benchmarks.common import MAX_METRICS_BYTES  # noqa: E402 - the repository root is on the path from here
+from dcl_core import metric_names as M  # noqa: E402
 from dcl_core.cli import run_command  # noqa: E402
 from dcl_core.config import ConfigError  # noqa: E402
 from dcl_core.files import open_fd, read_bounded, write_text  # noqa: E402
@@ -45,10 +46,9 @@ from dcl_core.study.analysis.stats import format_estimate, paired_difference, ve
 
 LOSSES = ("infonce", "dcl")
 RUN = re.compile(r"([a-z]{1,20})_s(\d{1,6})")  # a run's folder in OUT: <loss>_s<seed>
-# What --summarize reads, at most: a run writes one ~1 KB line an epoch to metrics.jsonl (4 MiB: 4,000 epochs) and a
-# ~1.2 KB config.json; this script starts 2 x --seeds runs. Larger (or a link, a FIFO, a device) is refused unread.
+# What --summarize reads, at most (and MAX_METRICS_BYTES of each run's metrics.jsonl, benchmarks/common.py): this
+# script starts 2 x --seeds runs; a run's config.json is ~1.2 KB. Larger (or a link, a FIFO, a device): refused unread.
 MAX_RUNS = 64
-MAX_METRICS_BYTES = 4 * 2**20
 MAX_CONFIG_BYTES = 2**20
 NAME = re.compile(r"[\w.+\-]{1,40}")  # an architecture's or a dataset's name as a config says it
 

@@ -177,3 +177,23 @@ def test_a_missing_folder_or_a_file_is_one_line_exit_2(tmp_path: Path, capsys) -
                                                              "(--out of an earlier run)")
     assert _summarize(tmp_path / "file", capsys).endswith("file is not a folder: name the folder of the runs "
                                                           "(--out of an earlier run)")
+
+
+def test_the_gpu_check_writes_its_report_never_through_a_planted_link(tmp_path: Path) -> None:
+    """``benchmarks/gpu.py --out OUT`` wrote through links at ``gpu.json.partial`` and ``gpu.md`` (issue 46, item 6)."""
+    from benchmarks.common import Row
+    from benchmarks.gpu import Report
+
+    out = tmp_path / "out"
+    out.mkdir()
+    precious = {name: tmp_path / f"precious_{name}" for name in ("gpu.json.partial", "gpu.json", "gpu.md")}
+    for name, target in precious.items():
+        target.write_text("keep me")
+        (out / name).symlink_to(target)
+    report = Report(out, {"device": "cpu", "torch": "2", "date": "today"})
+    report.add(Row("gpu", "matmul 8^3 float32", 1.5, unit="TFLOP/s"))
+    assert all(target.read_text() == "keep me" for target in precious.values())
+    assert "| gpu | matmul 8^3 float32 | 1.5 TFLOP/s |" in report.finish()
+    assert all(target.read_text() == "keep me" for target in precious.values())
+    assert json.loads((out / "gpu.json").read_text())["rows"][0]["ours"] == 1.5
+    assert (out / "gpu.md").read_text().startswith("cpu, torch 2, today") and not (out / "gpu.md").is_symlink()
