@@ -109,7 +109,7 @@ def export(checkpoint: Path, out: Path) -> dict[str, Any]:
             raise
     except (OSError, RuntimeError) as err:  # torch.save reports a failed write as a RuntimeError
         if no_space(err):
-            raise disk_full(out.parent) from None
+            raise disk_full(out.absolute().parent) from None
         cause = _os_error(err)
         if cause is None:
             raise
