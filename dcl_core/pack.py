@@ -2,6 +2,10 @@
 which ``--data-root OUT_DIR`` then reads as the folder itself (:mod:`dcl_core.data.packed`: the same images, labels
 and results). For carrying a dataset of many small files where one file travels better (CIFAR-10's 60,000 JPEGs:
 one 57 MB file). Bad input exits with code 2 and one line.
+
+A pack travels, so it takes only image files from inside ROOT: a link out of ROOT, a link loop, a FIFO, a device,
+a file that is no image, an image or a total over the bounds (:data:`dcl_core.data.decode.MAX_IMAGE_BYTES`,
+:data:`dcl_core.data.packed.MAX_PACK_BYTES`) is refused with nothing written, never followed, opened or read.
 """
 
 from __future__ import annotations

@@ -15,17 +15,54 @@ from collections.abc import Callable, Sequence
 import torch
 import torchvision
 from PIL import Image
-from torchvision.datasets.folder import default_loader
 from torchvision.io import ImageReadMode
 from torchvision.transforms.v2 import functional as TF
 
+from dcl_core.config import ConfigError
 from dcl_core.data.errors import DataError, UnreadableImageError
+from dcl_core.files import read_bounded
 
 logger = logging.getLogger(__name__)
 
 _LARGE_TENSOR_BYTES = 8 * 1024**3
 DECODE_CHUNK = 1024
 _JPEG_MAGIC = b"\xff\xd8\xff"
+
+MAX_IMAGE_BYTES = 64 * 1024**2
+"""The most bytes one encoded image file may hold (64 MiB; ImageNet's largest JPEG is ~15 MB): a larger file is
+refused by its size, before a byte of it is read, in a folder (:func:`read_image_bytes`) and in a pack."""
+
+IMAGE_FORMATS = ("JPEG", "MPO", "PNG", "PPM", "BMP", "DIB", "TIFF", "WEBP", "GIF")
+"""The formats a pack takes (:func:`image_format`): what the folder's extensions name, as PIL identifies them."""
+
+
+def read_image_bytes(path: str) -> bytes:
+    """The bytes of the image file ``path`` (a link followed), read by :func:`dcl_core.files.read_bounded`: a
+    regular file of at most :data:`MAX_IMAGE_BYTES`, a FIFO never opened (no hang), a device never read
+    (``/dev/zero`` would fill the memory). UnreadableImageError naming the file otherwise, or when it is empty."""
+    target = os.path.realpath(path) if os.path.islink(path) else path  # read_bounded follows no link itself
+    try:
+        data = read_bounded(target, MAX_IMAGE_BYTES)
+    except ConfigError as exc:  # "<target> is a FIFO, not a regular file: not read", "cannot read <target>: ..."
+        why = str(exc).removeprefix(f"cannot read {target}: ").replace(f"{target} ", "it ", 1)
+        raise UnreadableImageError(f"cannot read image {path}: {why}") from None
+    if not data:
+        raise UnreadableImageError(f"cannot read image {path}: the file is empty")
+    return data
+
+
+def image_format(data: bytes) -> str | None:
+    """The format of the encoded image ``data`` (one of :data:`IMAGE_FORMATS`) as PIL's header parser reads it
+    (the decoder's fallback; nothing is decoded), or None when it is none of them: text, an empty or truncated
+    header, an image too large to decode (PIL's decompression-bomb bound)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                found = str(image.format)
+    except Exception:  # PIL's parsers raise OSError, SyntaxError, ValueError, struct.error, ... on bad headers
+        return None
+    return found if found in IMAGE_FORMATS else None
 
 
 def resize_center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
@@ -36,6 +73,12 @@ def resize_center_crop(image: torch.Tensor, size: int) -> torch.Tensor:
     if image.shape[-2] != size or image.shape[-1] != size:
         image = TF.center_crop(image, [size, size])
     return image
+
+
+def pil_image(data: bytes) -> Image.Image:
+    """The encoded image ``data`` decoded by PIL, as RGB (the fallback for what torchvision cannot decode)."""
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
 
 
 def _decode_one(data: torch.Tensor, name: str, pil: Callable[[], Image.Image]) -> torch.Tensor:
@@ -50,15 +93,8 @@ def _decode_one(data: torch.Tensor, name: str, pil: Callable[[], Image.Image]) -
 
 
 def _read_one(path: str) -> torch.Tensor:
-    """The bytes of one image file as a uint8 tensor; UnreadableImageError naming the file if it is empty or
-    cannot be read."""
-    try:
-        data = torchvision.io.read_file(path)
-    except RuntimeError as exc:  # "read_file, <source>.cpp:83, <reason>"
-        raise UnreadableImageError(f"cannot read image {path}: {str(exc).split(', ')[-1]}") from exc
-    if data.numel() == 0:  # torchvision refuses an empty file (above) in some versions
-        raise UnreadableImageError(f"cannot read image {path}: the file is empty")
-    return data
+    """The bytes of one image file as a uint8 tensor (:func:`read_image_bytes`: bounded, regular files only)."""
+    return torch.frombuffer(bytearray(read_image_bytes(path)), dtype=torch.uint8)
 
 
 def decode_files(paths: Sequence[str], image_size: int | None, pretty: str) -> torch.Tensor:
@@ -82,7 +118,7 @@ def decode_files(paths: Sequence[str], image_size: int | None, pretty: str) -> t
         # torchvision >= 0.29 deprecates torchvision.io decoding in favor of TorchCodec and warns per call.
         warnings.filterwarnings("ignore", ".*image decoding and encoding", category=DeprecationWarning)
         out = _decode_all(paths, image_size, pretty, lambda i: _read_one(paths[i]),
-                          lambda i: default_loader(paths[i]))
+                          lambda i: pil_image(read_image_bytes(paths[i])))
     logger.info("decoded %d %s images in %.2f s", len(paths), pretty, time.perf_counter() - start)
     return out
 
@@ -96,14 +132,10 @@ def decode_bytes(names: Sequence[str], blobs: Sequence[bytes], image_size: int |
             raise UnreadableImageError(f"cannot read image {names[i]}: it is empty")
         return torch.frombuffer(bytearray(blobs[i]), dtype=torch.uint8)
 
-    def pil(i: int) -> Image.Image:
-        with Image.open(io.BytesIO(blobs[i])) as image:
-            return image.convert("RGB")
-
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*image decoding and encoding", category=DeprecationWarning)
-        out = _decode_all(names, image_size, pretty, read, pil)
+        out = _decode_all(names, image_size, pretty, read, lambda i: pil_image(blobs[i]))
     logger.info("decoded %d %s images in %.2f s", len(names), pretty, time.perf_counter() - start)
     return out
 

@@ -5,14 +5,25 @@ from __future__ import annotations
 from dcl_core.config import InputError
 
 
-class DataError(InputError):
-    """A dataset could not be found, read or subset.
+def printable(text: str) -> str:
+    r"""``text`` with each character a terminal would act on (ESC, other control and format characters: what
+    ``str.isprintable`` rejects) written as its escape, ``\x1b``: a file or class name read from the data
+    cannot recolour, move or rewrite the terminal it is shown on."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
-    The message is always a single line: it is shown to the user as ``error: <msg>``.
+
+class DataError(InputError):
+    r"""A dataset could not be found, read or subset.
+
+    The message is always a single line: it is shown to the user as ``error: <msg>``. Runs of whitespace are
+    one space and other control characters are escaped (:func:`printable`): names read from the data (a file
+    named ``"\x1b[31mred.jpg"``) are shown, never obeyed.
     """
 
     def __init__(self, message: str) -> None:
-        super().__init__(" ".join(str(message).split()))
+        super().__init__(printable(" ".join(str(message).split())))
 
 
 class UnreadableImageError(DataError):

@@ -31,12 +31,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision.datasets import ImageFolder
-from torchvision.datasets.folder import default_loader
 from torchvision.transforms import v2
 
 from dcl_core.data.augment import ViewAugmentation, ViewPolicy
 from dcl_core.data.datasets import class_balanced_subset
+from dcl_core.data.decode import pil_image, read_image_bytes
 from dcl_core.data.errors import DataError, UnreadableImageError
+from dcl_core.data.locate import folder_samples
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +82,25 @@ class TwoViews:
 
 
 def load_image(path: str) -> Image.Image:
-    """``ImageFolder``'s loader (PIL, RGB), but a file it cannot read or decode raises
+    """``ImageFolder``'s loader (PIL, RGB) of the file's bytes read within their bound (a regular file, never a
+    FIFO or device: :func:`~dcl_core.data.decode.read_image_bytes`); a file it cannot read or decode raises
     :class:`~dcl_core.data.datasets.UnreadableImageError` naming the file, not PIL's error without it."""
+    data = read_image_bytes(path)
     try:
-        return default_loader(path)
+        return pil_image(data)
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
         raise UnreadableImageError(f"cannot decode image {path}: {exc}") from None
+
+
+class _Folder(ImageFolder):
+    """torchvision's ``ImageFolder``, listed by :func:`~dcl_core.data.locate.folder_samples` (the same files in
+    the same order, but a folder link loop is refused, not walked)."""
+
+    @staticmethod
+    def make_dataset(directory: str | Path, class_to_idx: dict[str, int], extensions: object = None,
+                     is_valid_file: object = None, allow_empty: bool = False) -> list[tuple[str, int]]:
+        """The class folders' image files (the extensions and validity check are ImageFolder's own)."""
+        return folder_samples(str(directory), class_to_idx, allow_empty)
 
 
 def eval_transform(image_size: int, mean: Sequence[float], std: Sequence[float]) -> v2.Compose:
@@ -135,7 +149,7 @@ def folder_split(
     """
     if not split_dir.is_dir():
         raise DataError(f"ImageFolder split not found: {split_dir}")
-    folder = ImageFolder(str(split_dir), transform=transform, loader=load_image)
+    folder = _Folder(str(split_dir), transform=transform, loader=load_image)
     if classes is not None and tuple(folder.classes) != tuple(classes):
         raise DataError(f"{split_dir} has classes {folder.classes[:5]}... unlike the train split's")
     labels = torch.tensor(folder.targets, dtype=torch.long)  # (N,)
