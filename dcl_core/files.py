@@ -188,7 +188,9 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
         raise ConfigError(f"{path} is {kind}, not a regular file: not read")
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(fd).st_size
-        data = f.read(max_bytes + 1) if size <= max_bytes else b""
+        data = f.read(size + 1) if size <= max_bytes else b""  # not max_bytes + 1: read allocates what it is asked
+        if len(data) > size:  # it grew since: the rest, still bounded
+            data += f.read(max_bytes + 1 - len(data))
     if size > max_bytes or len(data) > max_bytes:
         raise ConfigError(f"{path} holds more than {max_bytes:,} bytes ({max(size, len(data)):,}), more than such a "
                           "file ever holds: not read")
