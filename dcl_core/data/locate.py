@@ -203,8 +203,8 @@ def check_dataset(name: str, root: str | None = None, download: bool = False) ->
 
 
 MAX_FOLDER_FILES = 10_000_000
-"""The most files one split of an ImageFolder may list (ImageNet-1K's train split: 1.28M), a file reached through
-several folder links counted each time: a tree of links that multiplies the listing is refused, not listed."""
+"""The most files and folders one split of an ImageFolder may list (ImageNet-1K's train split: 1.28M files), one
+reached through several folder links counted each time: a tree of links that multiplies the listing is refused."""
 
 
 def _identity(path: str) -> tuple[int, int]:
@@ -258,10 +258,10 @@ def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bo
                 if outside is not None and os.path.islink(sub) and not _inside(sub, outside):
                     raise DataError(f"{sub} is a link out of {outside}: only files inside the folder are taken")
                 ancestors[sub] = here | {identity}
-            count += len(files)
+            count += len(files) + len(dirs)
             if count > MAX_FOLDER_FILES:
-                raise DataError(f"{directory} lists more than {MAX_FOLDER_FILES:,} files (a file reached through "
-                                "several folder links counts each time): too many for one split")
+                raise DataError(f"{directory} lists more than {MAX_FOLDER_FILES:,} files and folders (one reached "
+                                "through several folder links counts each time): too many for one split")
             walked.append((root, files))
         for root, files in sorted(walked):
             for name in sorted(files):

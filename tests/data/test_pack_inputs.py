@@ -27,6 +27,7 @@ import torchvision
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from dcl_core.data import DataError, check_dataset, load_dataset, pretraining_images
+from dcl_core.data import locate as locate_module
 from dcl_core.data.decode import MAX_IMAGE_BYTES, read_image_bytes
 from dcl_core.data.locate import PACKED_FILE, folder_samples
 from dcl_core.data.packed import MAX_PACK_BYTES, pack, read_split
@@ -139,6 +140,22 @@ def test_a_link_loop_is_refused_not_walked(tmp_path: Path, capsys) -> None:
                  lambda: folder_split(folder / "train", None)):  # the in-memory and the streaming loader
         with _bounded(), pytest.raises(DataError, match="a link to a folder it lies in"):
             read()
+
+
+def test_links_that_multiply_the_listing_are_refused_at_the_file_bound(tmp_path: Path, monkeypatch) -> None:
+    """Two links to the next folder at each of 12 levels: no loop, but 4,096 ways to each file at the bottom (at
+    24 levels, 16 million: the walk would take hours). The bound, lowered here so the test walks little, stops it."""
+    monkeypatch.setattr(locate_module, "MAX_FOLDER_FILES", 1000)
+    folder = _folder(tmp_path / "if")
+    levels = [folder / "deep" / f"d{i:02d}" for i in range(13)]
+    for level in levels:
+        level.mkdir(parents=True)
+    torchvision.io.write_jpeg(torch.zeros(3, 8, 8, dtype=torch.uint8), str(levels[-1] / "x.jpg"))
+    for upper, lower in zip([folder / "train" / "bird", *levels[1:-1]], levels[1:], strict=True):
+        (upper / "a").symlink_to(lower)
+        (upper / "b").symlink_to(lower)
+    with _bounded(), pytest.raises(DataError, match="lists more than 1,000 files and folders"):
+        load_dataset("imagefolder", "train", root=str(folder), image_size=8)
 
 
 def test_the_listing_is_torchvisions_where_links_make_no_loop(tmp_path: Path) -> None:
