@@ -11,18 +11,15 @@ running them.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import importlib.util
 import logging
 import os
 import re
 import shlex
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +31,7 @@ from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
 from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.analysis.stats import GROUP_LOOKS
-from dcl_core.study.execution import rounds
+from dcl_core.study.execution import rounds, stop_signals
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
 from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_round_seeds
@@ -362,14 +359,16 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
 
 
 def run_request(script: Script, request: StudyRequest) -> int:
-    """Everything :func:`main` does after parsing: SIGTERM handled as Ctrl-C, one exit path."""
-    with _sigterm_as_ctrl_c() as terminated:
+    """Everything :func:`main` does after parsing: Ctrl-C and SIGTERM stop it at any moment
+    (:mod:`~dcl_core.study.execution.stop_signals`), one exit path."""
+    with stop_signals.stop_signals() as stop:
         try:
             outcome = _execute(script, request)
         except InputError as err:  # ConfigError, DataError
             return cli.error(err, cli.EXIT_BAD_INPUT)
         except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
-            return _interrupted(request, err, terminated=bool(terminated))
+            stop.caught()
+            return _interrupted(request, err, terminated=stop.terminated)
         except RunFailedError as err:  # a full disk (DiskFullError): one line, exit 1
             return cli.error(err, cli.EXIT_FAILED)
         except Exception as err:
@@ -539,27 +538,6 @@ def _interrupted(request: StudyRequest, err: BaseException, terminated: bool) ->
     sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
                      f"Continue with:\n  {line}{hint}\n")
     return code
-
-
-@contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
-    """SIGTERM (``kill``, a batch scheduler's time limit, ``ray job stop``) stops the study as Ctrl-C does: Tune
-    saves its state, nothing half-trained is summarized, the resume line is printed (exit 143). Yields the list the
-    handler appends the signal to, so the caller can tell SIGTERM from Ctrl-C; the previous handler is restored."""
-    received: list[int] = []
-
-    def on_sigterm(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        signal.raise_signal(signal.SIGINT)  # Tune's graceful-stop handler while it runs, else KeyboardInterrupt
-
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield received
-        return
-    before = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield received
-    finally:
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def resume_command(argv: list[str] | None) -> str:

@@ -10,9 +10,7 @@ import json
 import logging
 import math
 import os
-import signal
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -32,7 +30,7 @@ from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
-from dcl_core.study.execution import console, ray_env, ray_session, tune_state
+from dcl_core.study.execution import console, ray_env, ray_session, stop_signals, tune_state
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
@@ -75,10 +73,11 @@ STARTUP_TIMEOUT = "timed out during startup"  # Ray's error when a new node's ra
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
-             quiet: bool = False) -> str | None:
+             quiet: bool = False) -> tuple[str, str] | None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
     The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages. Returns
-    the session folder of a local instance this call started (``None`` otherwise)."""
+    the session folder and the mark (:func:`ray_session.marked`) of a local instance this call started (``None``
+    otherwise). Ctrl-C and SIGTERM stop it at any moment as they stop the study (:mod:`.stop_signals`)."""
     levels: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -89,7 +88,7 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     setup: dict[str, Any] = {
         "log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels,
     }
-    with _own_sigterm():
+    with stop_signals.keep_stop_signals():
         if address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=address or None, **setup)
             return None
@@ -97,21 +96,23 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
         local = {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1, "num_gpus": num_gpus,
                  "include_dashboard": False, "_node_ip_address": "127.0.0.1", **setup}
-        try:
-            context = ray.init(**local)
-        except Exception as e:  # Ray raises a bare Exception for it
-            if STARTUP_TIMEOUT not in str(e):
-                raise
-            # Ray gives a new node's raylet a fixed 30 s to register with its GCS; a machine busy with other work
-            # can miss that once. One more try, on a new instance (the first one's processes are stopped).
-            log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once more")
-            ray.shutdown()
-            for temp in _ray_temp_folders():  # the failed start's GCS and raylet
-                ray_session.end_own_sessions(temp)
-            context = ray.init(**local)
+        with ray_session.marked() as mark:  # what identifies this instance's processes later, and nothing else
+            try:
+                context = ray.init(**local)
+            except Exception as e:  # Ray raises a bare Exception for it
+                if STARTUP_TIMEOUT not in str(e):
+                    raise
+                # Ray gives a new node's raylet a fixed 30 s to register with its GCS; a machine busy with other
+                # work can miss that once. One more try, on a new instance (the first one's processes are stopped).
+                log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once "
+                            "more")
+                ray.shutdown()
+                for temp in _ray_temp_folders():  # the failed start's GCS and raylet
+                    ray_session.end_own_sessions(temp, mark)
+                context = ray.init(**local)
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
-    return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
+    return str(context.address_info["session_dir"]), mark  # type: ignore[attr-defined]
 
 
 def _ray_temp_folders() -> list[Path]:
@@ -119,21 +120,6 @@ def _ray_temp_folders() -> list[Path]:
     system's temp folder (``TMPDIR``)."""
     roots = ["/tmp", os.environ.get("TMPDIR"), tempfile.gettempdir()]
     return [Path(r) / "ray" for r in dict.fromkeys(r for r in roots if r)]
-
-
-@contextlib.contextmanager
-def _own_sigterm() -> Iterator[None]:
-    """Keep this process's SIGTERM handling through ``ray.init``: Ray's core worker installs a C++ handler that
-    answers SIGTERM with a stack dump and SIGABRT (exit 134), so the study's own handler (stop like Ctrl-C, exit
-    143 with the resume line) would never run."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
@@ -155,6 +141,8 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         StudyInterruptedError: Ctrl-C stopped it; the finished trials and every checkpoint are kept for --resume.
     """
     validate_spec(spec)
+    if options.verbosity < console.VERBOSE:  # before the first read of Tune's state (a resume's checks)
+        tune_state.quiet_tune_restore_advice()
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
     if spec.base.eval.knn_every != knn_every:
@@ -181,10 +169,9 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
             ray_session.end_dead_session(options.output_dir, spec.name)
         session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if session is not None:
-            ray_session.record_session(options.output_dir, spec.name, session)
+            ray_session.record_session(options.output_dir, spec.name, *session)
         if options.verbosity < console.VERBOSE:
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
-            tune_state.quiet_tune_restore_advice()
         if not local:
             _warn_if_cluster_too_small(options.resources, ray.cluster_resources())
         if options.workers > 1 and options.max_concurrent is None:

@@ -1,0 +1,167 @@
+"""Ctrl-C and SIGTERM stop a study at any moment (dcl_core/study/execution/stop_signals.py), sent as real signals
+to real processes: a study started in the background of a script (SIGINT inherited ignored, as a POSIX shell starts
+``cmd &``) used to run to its end, exit 0, when either came while it imported; a SIGTERM inside ``ray.init`` exited
+15 with no message; a Ctrl-C swallowed inside an import (importlib's weakref callbacks print it as "Exception
+ignored", a third-party ``except:`` drops it) was lost."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from dcl_core.data import resolve_data_root
+from dcl_core.study.execution import stop_signals
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux's /proc")
+STOPPED_WITHIN_S = 60  # from the signal to the exit, on a loaded 2-core machine (it takes about a second)
+
+
+def _as_a_background_job() -> None:
+    """What a POSIX shell does for ``cmd &`` in a script: SIGINT (and SIGQUIT) ignored, inherited by Python."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+def _wait_for(what, timeout: float = 600.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:g} s")
+
+
+BLOCK = """
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+from dcl_core.study.execution.stop_signals import stop_signals
+with stop_signals() as stop:
+    try:
+        {body}
+        print("not stopped", flush=True)
+    except KeyboardInterrupt:
+        stop.caught()
+        print("stopped", "SIGTERM" if stop.terminated else "SIGINT", flush=True)
+"""
+
+
+def _block(tmp_path: Path, body: str) -> subprocess.Popen:
+    script = tmp_path / "block.py"
+    script.write_text(BLOCK.format(repo=str(REPO), body=body))
+    return subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_as_a_background_job)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_block_that_inherited_sigint_ignored_stops_on_either_signal(tmp_path: Path, sig: int) -> None:
+    proc = _block(tmp_path, "open('ready', 'w').close(); time.sleep(60)")
+    try:
+        _wait_for(lambda: (tmp_path / "ready").exists(), timeout=60)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=STOPPED_WITHIN_S)
+    finally:
+        proc.kill()
+    assert out.strip() == f"stopped {signal.Signals(sig).name}", out + err
+    assert proc.returncode == 0 and "Traceback" not in err
+
+
+def test_a_ctrl_c_swallowed_inside_an_import_is_raised_again(tmp_path: Path) -> None:
+    """A module whose import drops a KeyboardInterrupt (a third-party ``except:`` around an optional import, or
+    importlib's weakref callback): the stop comes back within a second or two, before the import is over."""
+    (tmp_path / "swallows.py").write_text(textwrap.dedent("""
+        import time
+        open("ready", "w").close()
+        try:
+            time.sleep(30)
+        except:  # noqa: E722 - what some packages do around an optional import
+            pass
+        time.sleep(30)
+    """))
+    proc = _block(tmp_path, "import swallows")
+    try:
+        _wait_for(lambda: (tmp_path / "ready").exists(), timeout=60)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=STOPPED_WITHIN_S)
+    finally:
+        proc.kill()
+    assert out.strip() == "stopped SIGINT", out + err
+    assert time.monotonic() - sent < 20 * stop_signals.REDELIVER_S  # not after the module's 60 s
+
+
+# ---- a real study ------------------------------------------------------------------------------------------------
+
+
+def _study(out: Path) -> subprocess.Popen:
+    cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
+           "--output-dir", str(out), "--num-cpus", "1"]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_a_background_job)
+
+
+def _maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it is importing torch)."""
+    try:
+        return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def _child_named(pid: int, name: str) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and (entry / "comm").read_text().strip() == name:
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                                reason="embedded CIFAR-10 not present")
+
+
+@pytest.mark.slow  # a real study's imports (no Ray start)
+@needs_data
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_background_study_stops_on_a_signal_while_it_imports(tmp_path: Path, sig: int, code: int) -> None:
+    out = tmp_path / "o"
+    proc = _study(out)
+    try:
+        _wait_for(lambda: _maps_torch(proc.pid) or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=STOPPED_WITHIN_S)  # before: ran the whole study, exit 0
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted") and "nothing was run or written" in lines[0], err
+    assert not out.exists() or not any(out.rglob("*.json"))
+
+
+@pytest.mark.slow  # a real study, stopped while it starts its Ray
+@needs_data
+def test_a_sigterm_while_ray_starts_stops_the_study_and_its_ray(tmp_path: Path) -> None:
+    proc = _study(tmp_path / "o")
+    try:
+        gcs = _wait_for(lambda: _child_named(proc.pid, "gcs_server") or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STOPPED_WITHIN_S)  # before: exit 15, nothing said
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "interrupted (SIGTERM)" in err and "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
+    _wait_for(lambda: not Path(f"/proc/{gcs}").exists(), timeout=30)  # the study's Ray went with it
