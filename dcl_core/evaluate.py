@@ -26,13 +26,14 @@ from dcl_core.config import (
     Config,
     ConfigError,
     InputError,
+    RunFailedError,
     apply_overrides,
     check_device,
     from_flat_dict,
     parse_overrides,
     to_flat_dict,
 )
-from dcl_core.training.checkpoint import load_checkpoint
+from dcl_core.training.checkpoint import CheckpointError, check_model_fits, load_checkpoint
 
 # A checkpoint says what the model is and what it was measured on; these keys say where this machine reads data and
 # how much it holds at once, so a file can neither create folders, download, fork workers nor size batches here.
@@ -75,17 +76,37 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(str(err)) from None
     ev = cfg.eval
     results: dict[str, float] = {"epoch": state["epoch"]}
-    if not args.no_knn:  # a streamed image that cannot be decoded is a DataError found here: exit 2 as well
-        results[M.KNN_TOP1] = evaluate_knn(
-            model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size,
-            device=device,
-        )
-    if args.linear:
-        results |= linear_eval(
-            model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size, device=device,
-        )
+    try:
+        if not args.no_knn:  # a streamed image that cannot be decoded is a DataError found here: exit 2 as well
+            results[M.KNN_TOP1] = evaluate_knn(
+                model.backbone, data, k=ev.knn_k, temperature=ev.knn_temperature, batch_size=ev.batch_size,
+                device=device,
+            )
+        if args.linear:
+            results |= linear_eval(
+                model.backbone, data, preset=ev.linear_preset, seed=cfg.seed, batch_size=ev.batch_size,
+                device=device,
+            )
+    except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        if not _out_of_memory(err):
+            raise
+        raise RunFailedError(f"the evaluation ran out of memory on {device} ({_first_line(err)}); a smaller batch "
+                             "may fit: --set eval.batch_size=N") from None
     print(json.dumps(results))
     return 0
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation that failed (the CPU allocator's, CUDA's, or Python's MemoryError)."""
+    text = str(err)
+    return isinstance(err, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in text or \
+        "out of memory" in text.lower()
+
+
+def _first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, at most 200 characters."""
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:200]
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, torch.device]:
@@ -108,6 +129,12 @@ def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, t
         logging.getLogger(__name__).info("the checkpoint was trained with %s; this evaluation reads with its own "
                                          "settings (--set to change them)", elsewhere)
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    if cfg.model != trained.model:  # --set model.width=16: the model the weights must fill, sized before it is built
+        try:
+            check_model_fits(cfg, state, args.checkpoint)
+        except CheckpointError:
+            raise ConfigError(f"the checkpoint's weights do not fit the configured model: {_misfit(trained, cfg)}"
+                              ) from None
     model = build_model(cfg)
     try:
         model.load_state_dict(state["model"])
@@ -131,7 +158,7 @@ def _stored_elsewhere(stored: dict, used: dict, keys: tuple[str, ...] = LOCAL_KE
     return ", ".join(f"{k}={stored[k]}" for k in keys if stored[k] != used[k])
 
 
-def _misfit(trained: Config, cfg: Config, err: RuntimeError) -> str:
+def _misfit(trained: Config, cfg: Config, err: RuntimeError | None = None) -> str:
     """Why the trained weights do not load into the model ``cfg`` builds: the model keys that differ from the
     checkpoint's (``model.width is 0.125 in the checkpoint, 0.5 here``), else the first specific line of
     torch's error (``size mismatch for ...``)."""
@@ -139,6 +166,8 @@ def _misfit(trained: Config, cfg: Config, err: RuntimeError) -> str:
     changed = [k for k in now if k.startswith("model.") and before[k] != now[k]]
     if changed:
         return "; ".join(f"{k} is {before[k]} in the checkpoint, {now[k]} here" for k in changed)
+    if err is None:
+        return "its model keys differ"
     lines = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
     detail = lines[0] if lines else str(err).strip()
     return detail if len(detail) <= 300 else detail[:297] + "..."

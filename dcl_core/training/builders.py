@@ -56,6 +56,15 @@ def build_model(cfg: Config) -> SSLModel:
     return SSLModel(backbone, head)
 
 
+def model_state_bytes(cfg: Config) -> int:
+    """Bytes of every value (weights and BatchNorm buffers) of the model :func:`build_model` builds for ``cfg``: what
+    a checkpoint of it holds. Built on PyTorch's meta device (shapes only: no memory, no arithmetic), so a config
+    that asks for 22 GiB of weights is measured before anything is allocated."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
 def build_framework(cfg: Config, model: nn.Module, loss: ContrastiveLoss) -> Framework:
     """The configured framework around ``model`` (already on its device) and ``loss``, with explicit values.
 

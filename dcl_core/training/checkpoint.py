@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dcl_core.config import Config, ConfigError, InputError, to_flat_dict
+from dcl_core.config import Config, ConfigError, InputError, from_flat_dict, to_flat_dict
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
@@ -119,7 +119,49 @@ def load_checkpoint(
     except Exception as err:  # an untrusted file may fail in any of torch's readers
         raise CheckpointError(path, _load_failure(err)) from None
     _check_contents(path, state)
+    check_model_fits(from_flat_dict(_model_keys(state["config"])), state, path)
     return state
+
+
+def _model_keys(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``model.*`` entries of a checkpoint's stored config: what the model built from it is."""
+    return {k: v for k, v in config.items() if isinstance(k, str) and k.startswith("model.")}
+
+
+def held_bytes(weights: dict[str, Any]) -> int:
+    """Bytes of tensor data a checkpoint's ``model`` entry holds: each storage once (a crafted file can make a
+    tensor of any size over one shared or zero-stride storage, but not data it does not hold)."""
+    storages = {}
+    for t in weights.values():
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            storages[(storage.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def check_model_fits(cfg: Config, state: dict[str, Any], path: str | os.PathLike) -> None:
+    """CheckpointError unless the model ``cfg`` describes (built by
+    :func:`~dcl_core.training.builders.build_model`) needs no more bytes than the weights the checkpoint
+    ``state`` holds, checked before anything is built: a 1.5 MB file whose config says ``model.arch=resnet50,
+    model.width=16`` would otherwise allocate 22 GiB of parameters (an OOM kill) only to find that its weights do
+    not fit. The checkpoint's own size bounds what it may ask for (:data:`MAX_CHECKPOINT_BYTES`)."""
+    from dcl_core.training.builders import model_state_bytes  # the models (torchvision): once a file is read
+
+    needed, held = model_state_bytes(cfg), held_bytes(state["model"])
+    if needed > held:
+        m = cfg.model
+        raise CheckpointError(path, f"its config asks for a {m.arch} at width {m.width:g} with a projection head "
+                                    f"of {m.proj_hidden_dim} hidden and {m.proj_dim} output units, "
+                                    f"{_size(needed)} of weights, but it holds {_size(held)}: refused before "
+                                    "building the model")
+
+
+def _size(num_bytes: int) -> str:
+    """``22.4 GiB``, ``1.5 MiB``, ``312 bytes``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} bytes"
 
 
 def _load_failure(err: Exception) -> str:

@@ -171,11 +171,15 @@ def test_checkpoints_get_the_permissions_of_the_other_outputs(trained_run):
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002], ids=["022", "077", "002"])
 def test_save_checkpoint_respects_the_umask(tmp_path, umask):
+    from dcl_core.config import Config, apply_overrides, to_flat_dict
+    from dcl_core.training.builders import build_model
     from dcl_core.training.checkpoint import load_checkpoint, save_checkpoint
 
+    cfg = apply_overrides(Config(), {"model.width": 1 / 64, "model.proj_hidden_dim": 1, "model.proj_dim": 1})
     old = os.umask(umask)
     try:
-        path = save_checkpoint({"epoch": 1, "model": {}, "optimizer": {}, "scaler": {}, "config": {},
+        path = save_checkpoint({"epoch": 1, "model": build_model(cfg).state_dict(), "optimizer": {}, "scaler": {},
+                                "config": to_flat_dict(cfg),
                                 "history": [{"loss": 1.5, "q_hist": [0.5, 0.5]}]}, tmp_path / "c" / "checkpoint.pt")
     finally:
         os.umask(old)
