@@ -7,6 +7,7 @@ import copy
 import logging
 import math
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +33,30 @@ def _autocast_context(device: torch.device, amp: bool) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
+# What one image costs in an inference forward pass, in float32 maps: its input and the largest output of any module.
+# The peak RSS measured on CPU (a fresh process, its peak reset before the pass; ResNet-18/50, widths 1/8 to 1, both
+# stems, 128-512 px, batches 1-16) was up to 2.7 times the input plus three largest outputs (a residual block holds
+# its input, its branch and their sum; the previous batch's input is still referenced while the next is made;
+# oneDNN's convolutions add reordered copies; the allocator keeps freed blocks), and varied by half run to run:
+# this counts 4 times that. tests/eval/test_features.py measures it again against this.
+INPUT_COPIES = 4
+LARGEST_OUTPUT_COPIES = 12
+# A cgroup v1 memory limit at or above this is "no limit" (v1 writes 2**63 rounded down to a page)
+_NO_CGROUP_LIMIT = 2**62
+
+
 def available_memory(device: torch.device) -> int | None:
-    """Bytes free for a forward pass on ``device``: CUDA's free memory, or the OS's available memory (Linux's
-    ``MemAvailable``); ``None`` where neither is known."""
+    """Bytes free for a forward pass on ``device``: CUDA's free memory; on the CPU the least of the OS's available
+    memory (Linux's ``MemAvailable``), the room left under this process's cgroup's memory limit (a container's
+    ``--memory``) and under its own limits (``ulimit -v``, ``ulimit -d``); ``None`` where none is known."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    known = [room for room in (_meminfo_available(), _cgroup_room(), _rlimit_room()) if room is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (the whole machine's)."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -47,10 +67,80 @@ def available_memory(device: torch.device) -> int | None:
     return None
 
 
+def _cgroup_room() -> int | None:
+    """Bytes left under the tightest memory limit of this process's cgroup and its ancestors (cgroup v2's
+    ``memory.max``, v1's ``memory.limit_in_bytes``); None without one."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
+    except OSError:
+        return None
+    roots = []  # (the hierarchy's mount, this process's folder in it, the limit's file, the usage's file)
+    for hierarchy, controllers, path in lines:
+        if hierarchy == "0" and not controllers:
+            roots += [(Path("/sys/fs/cgroup") / sub, path, "memory.max", "memory.current") for sub in ("", "unified")]
+        elif "memory" in controllers.split(","):
+            roots.append((Path("/sys/fs/cgroup/memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    rooms = []
+    for mount, path, limit_name, usage_name in roots:
+        folder = mount / path.lstrip("/")
+        for level in (folder, *folder.parents):  # a limit on any ancestor applies too
+            if not level.is_relative_to(mount):
+                break
+            room = _cgroup_level_room(level / limit_name, level / usage_name)
+            if room is not None:
+                rooms.append(room)
+    return min(rooms) if rooms else None
+
+
+def _cgroup_level_room(limit_file: Path, usage_file: Path) -> int | None:
+    """``limit - usage`` of one cgroup's memory files; None when it has no limit (or no such files)."""
+    try:
+        limit_text = limit_file.read_text().strip()
+        usage = int(usage_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not limit_text.isdigit() or int(limit_text) >= _NO_CGROUP_LIMIT:  # v2's "max"; v1's page-rounded 2**63
+        return None
+    return max(0, int(limit_text) - usage)
+
+
+def _rlimit_room() -> int | None:
+    """Bytes left under this process's address-space and data limits (``ulimit -v``, ``ulimit -d``), None without
+    one: an allocation past them fails (a traceback) where the machine has memory to spare."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
+    status = _proc_status()
+    rooms = []
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY and used in status:
+            rooms.append(max(0, soft - status[used]))
+    return min(rooms) if rooms else None
+
+
+def _proc_status() -> dict[str, int]:
+    """The byte counts of ``/proc/self/status`` (``VmSize``, ``VmData``, ``VmRSS``, ``VmHWM``, ...)."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                parts = value.split()
+                if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                    out[name] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def forward_bytes_per_image(backbone: nn.Module, image_shape: tuple[int, ...]) -> int | None:
-    """Memory one image costs in an inference forward pass of ``backbone``: its float input plus three times the
-    largest output of any of its modules (a residual block holds its input, its branch and their sum at once).
-    Traced on PyTorch's meta device (shapes only: no memory, no arithmetic); ``None`` if the trace fails."""
+    """An upper bound of the memory one image costs in an inference forward pass of ``backbone`` (float32): its
+    input :data:`INPUT_COPIES` times and the largest output of any of its modules :data:`LARGEST_OUTPUT_COPIES`
+    times (measured). Traced on PyTorch's meta device (shapes only: no memory, no arithmetic); ``None`` if the trace
+    fails."""
     largest = 0
 
     def record(_module: nn.Module, _inputs: object, output: object) -> None:
@@ -67,7 +157,7 @@ def forward_bytes_per_image(backbone: nn.Module, image_shape: tuple[int, ...]) -
     except Exception as err:  # an op without a meta kernel: no estimate, no cap
         logger.debug("no memory estimate for the evaluation's forward pass: %s", err)
         return None
-    return 4 * (math.prod(image_shape) + 3 * largest)  # float32
+    return 4 * (INPUT_COPIES * math.prod(image_shape) + LARGEST_OUTPUT_COPIES * largest)  # float32
 
 
 def fitting_batch_size(backbone: nn.Module, image_shape: tuple[int, ...], batch_size: int, device: torch.device,
