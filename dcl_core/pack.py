@@ -3,9 +3,10 @@ which ``--data-root OUT_DIR`` then reads as the folder itself (:mod:`dcl_core.da
 and results). For carrying a dataset of many small files where one file travels better (CIFAR-10's 60,000 JPEGs:
 one 57 MB file). Bad input exits with code 2 and one line.
 
-A pack travels, so it takes only image files from inside ROOT: a link out of ROOT, a link loop, a FIFO, a device,
-a file that is no image, an image or a total over the bounds (:data:`dcl_core.data.decode.MAX_IMAGE_BYTES`,
-:data:`dcl_core.data.packed.MAX_PACK_BYTES`) is refused with nothing written, never followed, opened or read.
+A pack travels, so it takes only image files from inside ROOT: a link out of ROOT (unless ``--follow-links`` says
+to take what links point to), a link loop, a FIFO, a device, a file that is no image, an image or a total over the
+bounds (:data:`dcl_core.data.decode.MAX_IMAGE_BYTES`, :data:`dcl_core.data.packed.MAX_PACK_BYTES`) is refused
+with nothing written, never followed, opened or read.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("root", type=Path, help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
     parser.add_argument("-o", "--out-dir", type=Path, required=True,
                         help=f"the folder to write {PACKED_FILE} into (then --data-root OUT_DIR)")
+    parser.add_argument("--follow-links", action="store_true",
+                        help="also take images that links in ROOT point to outside it (a subset such as ImageNet-100 "
+                             "made of links into ImageNet): their bytes go into the pack, which travels")
     args = parser.parse_args(argv)
     setup_logging()
 
     def body() -> int:
-        target = pack(args.root, args.out_dir)
+        target = pack(args.root, args.out_dir, follow_links=args.follow_links)
         print(f"{target}: {target.stat().st_size / 1e6:.1f} MB, splits {', '.join(sorted(splits_of(target)))}")
         return 0
 

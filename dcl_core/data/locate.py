@@ -237,7 +237,8 @@ def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bo
         if not os.path.isdir(top):
             continue
         if outside is not None and not _inside(top, outside):
-            raise DataError(f"{top} is a link out of {outside}: only files inside the folder are taken")
+            raise DataError(f"{top} is a link out of {outside}: only files inside the folder are taken (copy it in, "
+                            "or pack with --follow-links)")
         try:
             ancestors = {top: frozenset({_identity(top)})}  # each folder walked: the folders it lies in, itself
         except OSError:
@@ -256,7 +257,8 @@ def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bo
                     link = next((q for q in (sub, *map(str, Path(sub).parents)) if os.path.islink(q)), sub)
                     raise DataError(f"{link} is a link to a folder it lies in (a loop, {sub}): remove it")
                 if outside is not None and os.path.islink(sub) and not _inside(sub, outside):
-                    raise DataError(f"{sub} is a link out of {outside}: only files inside the folder are taken")
+                    raise DataError(f"{sub} is a link out of {outside}: only files inside the folder are taken "
+                                    "(copy it in, or pack with --follow-links)")
                 ancestors[sub] = here | {identity}
             count += len(files) + len(dirs)
             if count > MAX_FOLDER_FILES:
@@ -270,7 +272,7 @@ def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bo
                     continue
                 if outside is not None and os.path.islink(path) and not _inside(path, outside):
                     raise DataError(f"{path} is a link out of {outside}: only files inside the folder are taken "
-                                    "(copy the file in)")
+                                    "(copy it in, or pack with --follow-links)")
                 listed.append((path, class_to_idx[target_class]))
     found = {label for _, label in listed}
     empty = sorted(c for c, label in class_to_idx.items() if label not in found)

@@ -85,11 +85,12 @@ class _Listed:
     labels: list[int]
 
 
-def pack(root: Path, out_dir: Path, splits: Sequence[str] = SPLIT_FOLDERS) -> Path:
+def pack(root: Path, out_dir: Path, splits: Sequence[str] = SPLIT_FOLDERS, follow_links: bool = False) -> Path:
     """Pack the ImageFolder ``root`` (``root/<split>/<class>/<file>``, the ``splits`` present) into
     ``out_dir/``:data:`PACKED_FILE`; the file written. Files are listed as the loader lists them (classes
-    numbered by the train split's folders); what is not a regular image file inside ``root`` within the bounds
-    is refused (DataError) before the pack is written, or while it is, leaving nothing behind."""
+    numbered by the train split's folders); what is not a regular image file inside ``root`` (or, with
+    ``follow_links``, wherever a link inside it leads: an ImageNet-100 made of links into ImageNet) within the
+    bounds is refused (DataError) before the pack is written, or while it is, leaving nothing behind."""
     present = [s for s in splits if (root / s).is_dir()]
     if "train" not in present:
         raise DataError(f"{root} has no train/ folder: not an ImageFolder root")
@@ -97,7 +98,7 @@ def pack(root: Path, out_dir: Path, splits: Sequence[str] = SPLIT_FOLDERS) -> Pa
     if target.resolve().is_relative_to(root.resolve()):
         raise DataError(f"write the pack outside the folder it packs ({root})")
     try:
-        listed, classes = _list(root, present)
+        listed, classes = _list(root, present, follow_links)
         # a fresh temporary file renamed over the target: a refusal, a full disk or Ctrl-C leaves nothing behind
         write_with(target, lambda f: _write(f, listed, classes))
     except OSError as exc:
@@ -109,10 +110,11 @@ def pack(root: Path, out_dir: Path, splits: Sequence[str] = SPLIT_FOLDERS) -> Pa
     return target
 
 
-def _list(root: Path, splits: Sequence[str]) -> tuple[list[_Listed], list[str]]:
+def _list(root: Path, splits: Sequence[str], follow_links: bool = False) -> tuple[list[_Listed], list[str]]:
     """The splits' files and the classes, every file checked by its ``stat`` (nothing opened): a regular file
-    (through a link inside ``root``) within :data:`MAX_IMAGE_BYTES`, all of them within :data:`MAX_PACK_BYTES`."""
-    inside = root.resolve()
+    (through a link inside ``root``, or any link with ``follow_links``) within :data:`MAX_IMAGE_BYTES`, all of
+    them within :data:`MAX_PACK_BYTES`."""
+    inside = None if follow_links else root.resolve()
     listed: list[_Listed] = []
     classes: list[str] = []
     total = 0

@@ -348,3 +348,22 @@ def test_a_name_with_terminal_escapes_is_shown_escaped(tmp_path: Path, capsys) -
     with pytest.raises(DataError, match="cannot decode image") as info:
         load_dataset("imagefolder", "train", root=str(file.parent), image_size=8)
     assert "\\x1b]0;owned\\x07bird/0.jpg" in str(info.value) and "\x1b" not in str(info.value)
+
+
+def test_follow_links_packs_images_that_links_lead_to_outside_the_folder(tmp_path: Path, capsys) -> None:
+    """A subset made of links into a larger dataset (ImageNet-100 into ImageNet) packs with --follow-links: the
+    bytes of what the links point to, still checked to be regular image files within the bounds."""
+    folder = _folder(tmp_path / "if")
+    outside = tmp_path / "imagenet"
+    outside.mkdir()
+    photo = outside / "photo.jpg"
+    torchvision.io.write_jpeg(torch.full((3, 8, 8), 7, dtype=torch.uint8), str(photo))
+    (folder / "train" / "bird" / "zz.jpg").symlink_to(photo)
+    _refused(capsys, folder, tmp_path / "out", "pack with --follow-links")
+    assert pack_main([str(folder), "-o", str(tmp_path / "out"), "--follow-links"]) == 0
+    split = read_split(tmp_path / "out" / PACKED_FILE, "train")
+    assert photo.read_bytes() in split.blobs()
+    (outside / "secret.jpg").write_bytes(SECRET)  # followed, but still no image: refused
+    (folder / "train" / "bird" / "zy.jpg").symlink_to(outside / "secret.jpg")
+    assert pack_main([str(folder), "-o", str(tmp_path / "out2"), "--follow-links"]) == 2
+    assert "is not an image" in capsys.readouterr().err and not (tmp_path / "out2" / PACKED_FILE).exists()
