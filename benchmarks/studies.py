@@ -85,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcl_core import metric_names as M
+from dcl_core.files import open_fd
 from dcl_core.study.plan.spec import EXPERIMENT_SEP
 
 try:
@@ -562,7 +563,8 @@ def launch(script: str, args: Sequence[str], output_dir: Path) -> Launch:
     with open("/proc/loadavg") as f:
         load = float(f.read().split()[0])
     cmd = [sys.executable, str(STUDIES / script), *args, "--output-dir", str(output_dir)]
-    with log.open("w") as out:
+    # never through a link planted at the log's name (dcl_core.files.open_fd: O_NOFOLLOW, regular files only)
+    with os.fdopen(open_fd(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as out:
         started = time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         sampler = CpuSampler(proc.pid)

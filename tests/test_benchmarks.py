@@ -86,3 +86,17 @@ def test_unknown_section_is_refused() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "unknown section" in proc.stderr
+
+
+def test_a_study_benchmark_never_writes_its_log_through_a_planted_link(tmp_path):
+    """``benchmarks/studies.py`` writes each study's console to ``<output>.log``: a link planted there is refused
+    before the study starts, its target untouched (issue 46, item 6)."""
+    from benchmarks.studies import launch
+    from dcl_core.files import UnsafePathError
+
+    precious = tmp_path / "precious"
+    precious.write_text("keep")
+    (tmp_path / "out.log").symlink_to(precious)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        launch("temperature_sweep.py", ["--dry-run"], tmp_path / "out")
+    assert precious.read_text() == "keep"
