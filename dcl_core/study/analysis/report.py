@@ -31,6 +31,7 @@ from dcl_core.study.analysis.columns import (
 )
 from dcl_core.study.analysis.statistics import gap_between, std_across
 from dcl_core.study.analysis.stats import format_number, t_quantile
+from dcl_core.study.analysis.stored_table import read_stored_table
 
 
 def pyplot() -> Any:
@@ -75,9 +76,9 @@ def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
 
 
 def read_table(path: Path) -> list[Row]:
-    """The rows of a results table written as Parquet."""
-    rows: list[Row] = pq.read_table(path).to_pylist()
-    return rows
+    """The rows of a results table written as Parquet, read within the bounds of a study's table
+    (:func:`~dcl_core.study.analysis.stored_table.read_stored_table`: ConfigError in one line otherwise)."""
+    return read_stored_table(path)
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

@@ -12,10 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from dcl_core.config import ConfigError
-from dcl_core.files import is_regular_file
 from dcl_core.study.analysis.columns import COLUMNS, KNN_TOP1, Status, x_column
 from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
 from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
@@ -48,26 +45,17 @@ def read_json(path: Path) -> dict[str, Any]:
     return value
 
 
-MAX_ROWS = 100_000  # results rows a re-analysis reads: a 1,000-seed grid of 11 τ × 2 losses is 22,000
 NAME = re.compile(r"[\w.+\-()=,: ]{1,80}")  # a loss, framework, method or series name as the studies write them
 _NAMES = ("status", "series", "loss", "framework", "method")
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """A study's results rows as the study summarized them: the table's columns, with each row's ``config`` (read
-    by a search's report) rebuilt from the columns that show config keys. Bounded: at most :data:`MAX_ROWS`."""
-    if not is_regular_file(path):
+    by a search's report) rebuilt from the columns that show config keys. Bounded (rows, bytes, decoded text):
+    :mod:`dcl_core.study.analysis.stored_table`."""
+    if not path.exists() and not path.is_symlink():  # a link, a FIFO or a device: refused by read_table
         raise ConfigError(f"nothing to re-analyse: {path} does not exist (has the study finished there?)")
-    try:
-        rows_in_file = pq.ParquetFile(path).metadata.num_rows
-        if rows_in_file > MAX_ROWS:
-            raise ConfigError(f"{path} holds {rows_in_file:,} rows, more than a study writes (at most "
-                              f"{MAX_ROWS:,}): not re-analysed")
-        rows = read_table(path)
-    except ConfigError:
-        raise
-    except Exception as exc:  # pyarrow's errors for a file that is not Parquet
-        raise ConfigError(f"{path} is not a results table: {str(exc).splitlines()[0]}") from None
+    rows = read_table(path)
     keyed = [c for c in COLUMNS if c.key is not None]
     for r in rows:
         r["config"] = {c.key: r.get(c.name) for c in keyed}
