@@ -34,7 +34,7 @@ from dcl_core.study.analysis.stats import GROUP_LOOKS
 from dcl_core.study.execution import rounds, stop_signals
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
-from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_round_seeds
+from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_looks, recorded_round_seeds
 from dcl_core.study.plan.spec import (
     PROGRESS,
     QUIET,
@@ -517,8 +517,8 @@ def _plan_rounds(script: Script, request: StudyRequest, spec: StudySpec, options
 
     first = len(grid_seeds(spec) or ())
     design = rounds.plan(spec, request.spec_args.design, request.max_seeds, request.max_minutes,
-                         request.seeds_per_round,
-                         lambda: (w / first if (w := wall_seconds_at(first)) else None))
+                         request.seeds_per_round, lambda: (w / first if (w := wall_seconds_at(first)) else None),
+                         recorded_looks(options.resolved().output_dir, spec.name) if options.resume else ())
     return design, wall_seconds_at
 
 

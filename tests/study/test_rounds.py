@@ -159,7 +159,7 @@ def test_the_resume_line_of_an_interrupted_round_continues_with_the_seeds_the_ro
     out = tmp_path / "out"
     record = summary_dir(out, "temperature_sweep") / OPTIONS_FILE
     record.parent.mkdir(parents=True)
-    record.write_text(json.dumps({"spec": {"base": {}}, "command": {
+    record.write_text(json.dumps({"spec": {"base": {}}, "seed_rounds": [[0, 1], [2]], "command": {
         "script": "temperature_sweep", "seeds": 3, "design": {"first": 2, "max_seeds": 4, "step": 1}}}))
     path = Path(__file__).resolve().parents[2] / "studies" / "temperature_sweep.py"
     spec = importlib.util.spec_from_file_location("study_temperature_sweep", path)

@@ -192,6 +192,9 @@ class Verdict:
             value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
         elif e.n < 2:
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
+        elif math.isinf(e.lo) or math.isinf(e.hi):  # a sequential design's early look: a tail past float precision
+            value = (f"{self.question.label} {e.estimate:+.2f}, no finite interval at this look (the sequential "
+                     f"design's bound at {e.n} seeds per cell is beyond any t quantile; its later looks are wider)")
         else:  # stats.t_interval: the seeds' values were identical
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
         if self.words is VerdictWord.RULES_OUT and self.delta is not None:
@@ -213,6 +216,10 @@ class Verdict:
         if self.seeds_needed is None:
             if self.estimate.n < 2:
                 return f"  {self.question.label}: fewer than 2 seeds per cell give no interval; run --seeds 3 or more"
+            if math.isinf(self.estimate.lo) or math.isinf(self.estimate.hi):
+                return (f"  {self.question.label}: this look's bound (the sequential design's, at "
+                        f"{self.estimate.n} seeds per cell) is too strict for a finite interval; its later looks "
+                        "are not")
             if not self.estimate.has_interval:
                 return (f"  {self.question.label}: its {self.estimate.n} seeds gave identical values, so there is no "
                         "spread to build an interval from (a measurement in coarse steps, e.g. kNN on few test "

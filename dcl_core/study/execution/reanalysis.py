@@ -94,6 +94,43 @@ def check_rows(rows: list[dict[str, Any]], path: Path, needed: Iterable[str]) ->
             raise bad(KNN_TOP1, f"of a finished trial must be an accuracy in [0, 100] %, got {str(knn)[:40]!r}")
 
 
+# The MI toy's recorded values: K pairs per batch, a true MI and an estimate in nats. Its true MIs are 2-10 and its
+# bounds at most log K (13.8 at K = 10**6) and log(1 + α); a critic that failed to train gives a negative estimate of a
+# few nats. Beyond these bounds a value was not written by the toy (1e308 printed a slope of 300 digits).
+MAX_TOY_K = 1_000_000
+MAX_TOY_NATS = 1000.0
+TOY_METHODS = ("infonce", "eqco")
+
+
+def check_toy_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """ConfigError (one line naming the file, the row and the field) unless every row of the MI toy's table holds
+    what the toy writes: its method, a whole K in [1, :data:`MAX_TOY_K`], a whole seed >= 0, a true MI in (0,
+    :data:`MAX_TOY_NATS`] and an estimate in [-:data:`MAX_TOY_NATS`, :data:`MAX_TOY_NATS`] nats; never inf, NaN or
+    empty, which the verdict would read as "not measurable"."""
+    if not rows or not set(TOY_COLUMNS) <= set(rows[0]):
+        raise ConfigError(f"{path} is not the MI toy's table")
+
+    def whole(v: Any, low: int, high: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+    def nats(v: Any, low: float, open_low: bool = False) -> bool:
+        return (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                and (low < v if open_low else low <= v) and v <= MAX_TOY_NATS)
+
+    checks = (
+        ("method", lambda v: v in TOY_METHODS, f"must be one of {', '.join(TOY_METHODS)}"),
+        ("k", lambda v: whole(v, 1, MAX_TOY_K), f"must be a whole number of pairs in [1, {MAX_TOY_K:,}]"),
+        ("seed", lambda v: v is None or whole(v, 0, 2**31 - 1), "must be a whole number >= 0"),
+        ("true_mi", lambda v: nats(v, 0.0, open_low=True), f"must be a number of nats in (0, {MAX_TOY_NATS:g}]"),
+        ("mi_estimate", lambda v: nats(v, -MAX_TOY_NATS),
+         f"must be a finite number of nats in [-{MAX_TOY_NATS:g}, {MAX_TOY_NATS:g}] (an MI bound)"),
+    )
+    for i, r in enumerate(rows):
+        for name, ok, why in checks:
+            if not ok(r.get(name)):
+                raise ConfigError(f"{path}, row {i}: {name} {why}, got {str(r.get(name))[:40]!r}")
+
+
 def _check_same_study(spec: StudySpec, recorded: dict[str, Any], path: Path) -> None:
     """The rebuilt spec must be the one that ran (its base config but the data folder, its grids and search)."""
     before = recorded.get("spec")
@@ -137,10 +174,7 @@ def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
     check_store_in_folder(tracking_uri, output_dir)
     out = summary_dir(output_dir, TOY)
     rows = read_rows(out / TOY_FILE)
-    if not rows or not set(TOY_COLUMNS) <= set(rows[0]):
-        raise ConfigError(f"{out / TOY_FILE} is not the MI toy's table")
-    if not all(isinstance(r["k"], int) and not isinstance(r["k"], bool) and 1 <= r["k"] <= 1_000_000 for r in rows):
-        raise ConfigError(f"{out / TOY_FILE}: its k column must hold whole numbers of negatives (1 to 1,000,000)")
+    check_toy_rows(rows, out / TOY_FILE)
     ks = tuple(sorted({int(r["k"]) for r in rows}))
     table, metrics, tags = toy_answer(rows, ks)
     with study_lock(output_dir, TOY, reanalysis=True):

@@ -19,23 +19,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.stats import (
-    EARLIER_PAPER_SIDE_ERROR,
-    GROUP_LOOKS,
-    MAX_SEEDS_PROJECTED,
-    POCOCK_SHAPE,
-    Design,
-    GroupSequential,
-    Sequential,
+from dcl_core.study.analysis.stats import GROUP_LOOKS, MAX_SEEDS_PROJECTED, Design, GroupSequential
+from dcl_core.study.plan.record import (  # the design as a study records it, kept with the record: re-exported
+    RECORDED_BOUNDARY,
+    from_record,
+    to_record,
 )
 from dcl_core.study.plan.spec import StudySpec, grid_seeds
 
 if TYPE_CHECKING:
     from dcl_core.study.execution.results import StudyOutcome
+
+__all__ = ["RECORDED_BOUNDARY", "check_caps", "check_within", "dry_run_lines", "from_record", "plan", "to_record",
+           "until_resolved"]
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,6 @@ MAX_SEEDS_PLANNED = MAX_SEEDS_PROJECTED
 # What a round costs beyond its trials: a new Tune experiment, the summary, the MLflow summary run (measured:
 # 5-6 s per round of the smoke study on 2 cores).
 ROUND_OVERHEAD_S = 8.0
-# A group-sequential record's boundary: its key, the design's field, and the value of records from before it
-RECORDED_BOUNDARY = {"shape": ("shape", POCOCK_SHAPE), "paper_side": ("paper_error", EARLIER_PAPER_SIDE_ERROR)}
 
 
 def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float | None,
@@ -71,65 +69,32 @@ def check_caps(until_resolved: bool, max_seeds: int | None, max_minutes: float |
         raise ConfigError(f"--seeds-per-round must be >= 1, got {seeds_per_round}")
 
 
-def from_record(value: Any) -> Design | None:
-    """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one. A record
-    with ``looks`` is a :class:`GroupSequential` design (without ``shape`` and ``paper_side``: one recorded before
-    the Wang-Tsiatis boundary, which keeps Pocock's and 4% on the paper's side); one without (first, max_seeds,
-    step) the Pocock design of studies recorded before it."""
-    if value is None:
-        return None
-    shown = str(value)[:120]
-    group = isinstance(value, dict) and "looks" in value
-    keys = {"first", "max_seeds", "looks", "step", *RECORDED_BOUNDARY} if group else {"first", "max_seeds", "step"}
-
-    def whole(k: str, v: Any) -> bool:
-        if k in RECORDED_BOUNDARY:
-            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-        return (isinstance(v, int) and not isinstance(v, bool)) or (k == "step" and group and v is None)
-
-    ok = (isinstance(value, dict) and set(value) <= keys and all(whole(k, v) for k, v in value.items())
-          and (value.get("max_seeds") or 0) <= MAX_SEEDS_PLANNED and (value.get("looks") or 0) <= MAX_SEEDS_PLANNED)
-    if not ok:  # what the command line allows (its bounds), or the design's simulation could take all memory
-        raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds, looks and "
-                          f"step must be whole numbers, max_seeds at most {MAX_SEEDS_PLANNED}); --overwrite starts "
-                          "the study afresh")
-    try:
-        if group:
-            fields = dict(value)
-            boundary = {name: fields.pop(key, earlier) for key, (name, earlier) in RECORDED_BOUNDARY.items()}
-            return GroupSequential(fields.pop("first"), fields.pop("max_seeds"), fields.pop("looks"), **fields,
-                                   **boundary)
-        return Sequential(**value)
-    except (TypeError, ValueError, KeyError) as err:
-        raise ConfigError(f"the study's recorded sequential design {shown} is damaged ({err}); --overwrite "
-                          "starts the study afresh") from None
-
-
-def to_record(design: Design | None) -> dict[str, int | float | None] | None:
-    """The sequential design as a JSON-ready dict, or None without one."""
-    if design is None:
-        return None
-    if isinstance(design, GroupSequential):
-        return {"first": design.first, "max_seeds": design.max_seeds, "looks": design.n_looks, "step": design.step,
-                "shape": design.shape, "paper_side": design.paper_error}
-    return {"first": design.first, "max_seeds": design.max_seeds, "step": design.step}
-
-
 def check_within(design: Design | None, seeds: int | None) -> None:
-    """A study run under a sequential design cannot be extended past its last look: that look's boundary was set
-    for no more looks."""
-    if design is not None and seeds is not None and seeds > design.max_seeds:
+    """A study run under a sequential design cannot be extended past its last look (that look's boundary was set
+    for no more looks), nor to seeds between its looks: every round's summary is a look, and one the design did
+    not plan spends error it did not count (and the record could no longer tell the design from a forged one)."""
+    if design is None or seeds is None:
+        return
+    if seeds > design.max_seeds:
         raise ConfigError(f"this study adds seeds under a sequential design that ends at {design.max_seeds} seeds "
                           f"per cell; --seeds {seeds} would look beyond it and void its 5% guarantee (--overwrite "
                           "to start a new design)")
+    if seeds not in design.looks:
+        raise ConfigError(f"this study adds seeds under a sequential design with looks at "
+                          f"{', '.join(map(str, design.looks))} seeds per cell; --seeds {seeds} would look between "
+                          "them and void its 5% guarantee (--until-resolved continues it look by look; --overwrite "
+                          "starts a new design)")
 
 
 def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minutes: float | None,
-         seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None]) -> Design:
+         seeds_per_round: int | None, seconds_per_seed: Callable[[], float | None],
+         looks_ran: Sequence[int] = ()) -> Design:
     """The design of this ``--until-resolved`` run: the recorded one when it continues one (a changed
     ``--max-seeds`` or ``--seeds-per-round`` refused), else a :class:`GroupSequential` design with its first look
     at the study's seeds, 6 looks (or one every ``--seeds-per-round``), the last at ``--max-seeds`` or at the seeds
-    the cost estimate fits in ``--max-minutes``."""
+    the cost estimate fits in ``--max-minutes``. ``looks_ran``: the seeds per cell after each round a resumed study
+    already ran (:func:`~dcl_core.study.plan.record.recorded_looks`); a new design must count each of them as one
+    of its looks (they printed verdicts), so it can begin only at the study's first look."""
     seeds = grid_seeds(spec)
     if not seeds:
         raise ConfigError("--until-resolved adds seeds to a grid study's cells, and this study has no seed grid")
@@ -162,7 +127,14 @@ def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minut
         raise ConfigError(f"--max-seeds {last} is below the first look's {first} seeds per cell")
     if last > MAX_SEEDS_PLANNED:
         raise ConfigError(f"--max-seeds must be at most {MAX_SEEDS_PLANNED}, got {last}")
-    return GroupSequential(first, last, step=seeds_per_round)
+    design = GroupSequential(first, last, step=seeds_per_round)
+    earlier = [n for n in looks_ran if n != first]
+    if earlier:
+        raise ConfigError(f"--until-resolved fixes its design before the study's first look, and this study has "
+                          f"already looked at {', '.join(map(str, earlier))} seeds per cell without one (its "
+                          f"seed_rounds): a design begun now at {first} would not count those looks. Resume it "
+                          "without --until-resolved, or start afresh with --overwrite")
+    return design
 
 
 def dry_run_lines(design: Design, max_minutes: float | None, wall_seconds_at: Callable[[int], float | None]

@@ -1,19 +1,32 @@
 """What a study records next to its summary (``study_options.json``) and how a ``--resume`` is held to it: the
-spec's fingerprint (base config, grids, search, seeds), the seed rounds run so far, and the one change a resume
-takes (more seeds of a grid study). No Ray: re-analysis reads the same record.
+spec's fingerprint (base config, grids, search, seeds), the seed rounds run so far, the sequential design
+``--until-resolved`` recorded (checked against those rounds: each ended at one of its looks), and the one change a
+resume takes (more seeds of a grid study). No Ray: re-analysis reads the same record.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.study.analysis.stats import (
+    EARLIER_PAPER_SIDE_ERROR,
+    MAX_SEEDS_PROJECTED,
+    POCOCK_SHAPE,
+    Design,
+    GroupSequential,
+    Sequential,
+)
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, unseeded
 from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, summary_dir
+
+# A group-sequential record's boundary: its key, the design's field, and the value of records from before it
+RECORDED_BOUNDARY = {"shape": ("shape", POCOCK_SHAPE), "paper_side": ("paper_error", EARLIER_PAPER_SIDE_ERROR)}
 
 
 def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
@@ -83,6 +96,50 @@ def recorded_rounds(before: dict[str, Any], seeds: list[int]) -> list[list[int]]
     return [list(seeds)] if seeds else []
 
 
+def from_record(value: Any) -> Design | None:
+    """The design a study recorded (its command's ``design``), or None; ConfigError if it is not one. A record
+    with ``looks`` is a :class:`GroupSequential` design (without ``shape`` and ``paper_side``: one recorded before
+    the Wang-Tsiatis boundary, which keeps Pocock's and 4% on the paper's side); one without (first, max_seeds,
+    step) the Pocock design of studies recorded before it."""
+    if value is None:
+        return None
+    shown = str(value)[:120]
+    group = isinstance(value, dict) and "looks" in value
+    keys = {"first", "max_seeds", "looks", "step", *RECORDED_BOUNDARY} if group else {"first", "max_seeds", "step"}
+
+    def whole(k: str, v: Any) -> bool:
+        if k in RECORDED_BOUNDARY:
+            return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        return (isinstance(v, int) and not isinstance(v, bool)) or (k == "step" and group and v is None)
+
+    ok = (isinstance(value, dict) and set(value) <= keys and all(whole(k, v) for k, v in value.items())
+          and (value.get("max_seeds") or 0) <= MAX_SEEDS_PROJECTED and (value.get("looks") or 0) <= MAX_SEEDS_PROJECTED)
+    if not ok:  # what the command line allows (its bounds), or the design's simulation could take all memory
+        raise ConfigError(f"the study's recorded sequential design {shown} is damaged (first, max_seeds, looks and "
+                          f"step must be whole numbers, max_seeds at most {MAX_SEEDS_PROJECTED}); --overwrite starts "
+                          "the study afresh")
+    try:
+        if group:
+            fields = dict(value)
+            boundary = {name: fields.pop(key, earlier) for key, (name, earlier) in RECORDED_BOUNDARY.items()}
+            return GroupSequential(fields.pop("first"), fields.pop("max_seeds"), fields.pop("looks"), **fields,
+                                   **boundary)
+        return Sequential(**value)
+    except (TypeError, ValueError, KeyError) as err:
+        raise ConfigError(f"the study's recorded sequential design {shown} is damaged ({err}); --overwrite "
+                          "starts the study afresh") from None
+
+
+def to_record(design: Design | None) -> dict[str, int | float | None] | None:
+    """The sequential design as a JSON-ready dict, or None without one."""
+    if design is None:
+        return None
+    if isinstance(design, GroupSequential):
+        return {"first": design.first, "max_seeds": design.max_seeds, "looks": design.n_looks, "step": design.step,
+                "shape": design.shape, "paper_side": design.paper_error}
+    return {"first": design.first, "max_seeds": design.max_seeds, "step": design.step}
+
+
 def span(seeds: Sequence[int]) -> str:
     """Seeds as a range label: ``0-4``, or the one seed."""
     return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
@@ -142,10 +199,51 @@ def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
     if not path.exists() and not path.is_symlink():
         return {}
     try:
-        command = read_options(path).get("command")
+        before = read_options(path)
     except ConfigError:
         return {}
-    return command if isinstance(command, dict) else {}
+    command = before.get("command")
+    if not isinstance(command, dict):
+        return {}
+    if command.get("design") is not None:  # the design must be the one its rounds ran under
+        check_looks_ran(from_record(command["design"]), looks_ran(before.get("seed_rounds")), path)
+    return command
+
+
+def looks_ran(seed_rounds: Any) -> list[int] | None:
+    """Seeds per cell after each recorded round (``[[0, 1], [2], [3]]``: 2, 3, 4), None when ``seed_rounds`` is not
+    a list of rounds of whole-number seeds."""
+    if not (isinstance(seed_rounds, list) and seed_rounds and all(
+            isinstance(r, list) and r and all(isinstance(s, int) and not isinstance(s, bool) for s in r)
+            for r in seed_rounds)):
+        return None
+    seen: set[int] = set()
+    out = []
+    for r in seed_rounds:
+        seen.update(r)
+        out.append(len(seen))
+    return out
+
+
+def check_looks_ran(design: Design | None, looks: Sequence[int] | None, where: Path | str) -> None:
+    """ConfigError (one line) unless every round a study ran under ``design`` ended at one of its looks, the first
+    round at its first. Each round's summary printed and logged verdicts at the design's level, so each round is a
+    look; a design whose looks are not the rounds (a ``first`` or ``max_seeds`` written over in the record) would
+    give each verdict another boundary than the one its looks spent, e.g. turn "not resolved" into "rules out the
+    paper's size"."""
+    if design is None:
+        return
+    planned = design.looks
+    shown = ", ".join(map(str, planned)) if len(planned) <= 8 else f"{planned[0]}, {planned[1]}, …, {planned[-1]}"
+    if not looks:
+        raise ConfigError(f"{where} records a sequential design (looks at {shown} seeds per cell) but not the seed "
+                          "rounds it ran (seed_rounds): the file is damaged; --overwrite starts the study afresh")
+    off = [n for n in looks if n not in planned]
+    if off:
+        raise ConfigError(f"{where}'s command.design (looks at {shown} seeds per cell) is not the design its seed "
+                          f"rounds ran under (seed_rounds: {', '.join(map(str, looks))} seeds per cell; every round "
+                          f"ends at a look, the first at the first): {off[0]} seeds per cell is not a look, so the "
+                          "file is damaged; --overwrite starts the study afresh")
 
 
 def recorded_round_seeds(output_dir: Path, study: str) -> int | None:
@@ -160,3 +258,14 @@ def recorded_round_seeds(output_dir: Path, study: str) -> int | None:
                                              for r in rounds)):
         return None
     return len({x for r in rounds for x in r}) or None
+
+
+def recorded_looks(output_dir: Path, study: str) -> list[int]:
+    """Seeds per cell after each round the study in ``output_dir`` recorded (:func:`looks_ran`); empty when nothing
+    readable is recorded."""
+    path = summary_dir(output_dir, study) / OPTIONS_FILE
+    try:
+        rounds = read_options(path).get("seed_rounds") if path.is_file() else None
+    except ConfigError:
+        return []
+    return looks_ran(rounds) or []
