@@ -369,3 +369,37 @@ def test_answer_while_the_study_runs_says_to_wait(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is already running" in err and "wait for it to finish, then re-analyse it" in err
     assert "another --name" not in err
+
+
+def test_export_to_mlflow_through_a_planted_artifact_link_is_one_line(tmp_path, capsys):
+    """Issue 46, item 10: ``study export --mlflow`` where the trial run's ``backbone/`` artifact folder is a link to a
+    file outside the study printed MLflow's traceback ("resolved path is outside the artifact directory"). Now one
+    line, exit 2, and the file outside is untouched. A real study folder: results, the trial's real checkpoint, its
+    MLflow run in the folder's own store."""
+    from dcl_core.config import apply_overrides, preset, to_flat_dict
+    from dcl_core.study.cli import export_main
+    from dcl_core.study.tracking.runs import TRIAL_TAG
+    from dcl_core.training.builders import build_model
+    from dcl_core.training.checkpoint import save_checkpoint
+
+    out = (tmp_path / "out").resolve()
+    write_table([{"trial_id": "ab_00001", "series": "dcl", "knn_top1": 33.5, "status": "ok"}], out / "summary" / "s")
+    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125})
+    save_checkpoint({"epoch": 1, "model": build_model(cfg).state_dict(), "optimizer": {}, "scaler": {},
+                     "config": to_flat_dict(cfg), "history": []},
+                    out / "ray_results" / "s" / "dcl_s0_ab_00001" / "checkpoint_000000" / "checkpoint.pt")
+    client = MlflowClient(tracking_uri=default_tracking_uri(out))
+    experiment = client.create_experiment("s", artifact_location=(out / "mlartifacts" / "s").as_uri())
+    run = client.create_run(experiment, tags={TRIAL_TAG: "ab_00001"})
+    artifacts = out / "mlartifacts" / "s" / run.info.run_id / "artifacts"
+    artifacts.mkdir(parents=True)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep\n")
+    (artifacts / "backbone").symlink_to(outside)
+    code = export_main([str(out), "--best", "-o", str(tmp_path / "best.pt"), "--mlflow"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert line == (f"error: cannot log best.pt to backbone/ of run {run.info.run_id}: Invalid path: resolved path is "
+                    "outside the artifact directory")
+    assert outside.read_text() == "keep\n" and outside.is_file() and not outside.is_symlink()

@@ -294,7 +294,10 @@ def log_trial_files(tracking_uri: str, experiment: str, trial_id: str, files: Se
                           "(--tracking-uri names the store the study logged to)")
     run_id = str(runs[0].info.run_id)
     for path in files:
-        client.log_artifact(run_id, str(path), folder)
+        try:
+            client.log_artifact(run_id, str(path), folder)
+        except (MlflowException, OSError) as exc:  # e.g. the run's artifact folder linked outside: MLflow refuses
+            raise ConfigError(f"cannot log {path.name} to {folder}/ of run {run_id}: {transport.reason(exc)}") from None
     return run_id
 
 
