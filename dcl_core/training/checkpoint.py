@@ -119,13 +119,18 @@ def load_checkpoint(
     except Exception as err:  # an untrusted file may fail in any of torch's readers
         raise CheckpointError(path, _load_failure(err)) from None
     _check_contents(path, state)
-    check_model_fits(from_flat_dict(_model_keys(state["config"])), state, path)
+    check_model_fits(_stored_model(path, state["config"]), state, path)
     return state
 
 
-def _model_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """The ``model.*`` entries of a checkpoint's stored config: what the model built from it is."""
-    return {k: v for k, v in config.items() if isinstance(k, str) and k.startswith("model.")}
+def _stored_model(path: Path, config: dict[str, Any]) -> Config:
+    """The default config with the ``model.*`` entries of a checkpoint's stored config (what the model built from it
+    is); a key this version does not know is left out (it builds nothing), a bad value is a CheckpointError."""
+    known = {k for k in to_flat_dict(Config()) if k.startswith("model.")}
+    try:
+        return from_flat_dict({k: v for k, v in config.items() if k in known})
+    except ConfigError as err:
+        raise CheckpointError(path, f"its config: {err}") from None
 
 
 def held_bytes(weights: dict[str, Any]) -> int:

@@ -68,6 +68,15 @@ def test_weights_it_does_not_hold_do_not_count(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
+def test_the_stored_model_is_read_as_a_checkpoint_s_not_as_a_command_line(tmp_path: Path) -> None:
+    """A bad stored model value makes the file "not a dcl_core checkpoint" (a study trial then restarts from
+    scratch, as for any unreadable checkpoint); a model key this version does not know builds nothing and is left
+    out, as a resume's config check leaves it."""
+    with pytest.raises(CheckpointError, match=r"\(its config: model.width must be >= 0.015625, got 1e-09\)"):
+        load_checkpoint(_checkpoint(tmp_path / "bad.pt", {"model.width": 1e-9}))
+    assert load_checkpoint(_checkpoint(tmp_path / "old.pt", {"model.retired_key": 3}))["epoch"] == 1
+
+
 def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
