@@ -100,3 +100,17 @@ def test_off_a_terminal_a_status_line_comes_every_minute_while_no_trial_finishes
     at(monkeypatch, clock, 161)
     progress.on_step_end(0, [])
     assert "1 of 8 trials done, 0 running" in capsys.readouterr().out
+
+
+def test_a_trial_that_reported_itself_failed_is_counted_failed(monkeypatch, capsys):
+    """A trial that gave up (failed the same way twice, or lost to Ray's memory monitor more often than
+    --max-failures allows) ends with a report marked failed: its line says FAILED, as a diverged one's says so."""
+    clock = 1_000_000.0
+    at(monkeypatch, clock, 0)
+    progress = console.ConsoleProgress("s", total=2, started=clock)
+    start(progress, clock, monkeypatch, 0, 0)
+    gave_up = Finished(0)
+    gave_up.last_result = {"failed": 1.0, "time_total_s": 5.0}
+    at(monkeypatch, clock, 5)
+    progress.on_trial_complete(0, [], gave_up)
+    assert "[1/2] t0  FAILED" in capsys.readouterr().out and progress.failed == 1

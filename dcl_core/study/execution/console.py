@@ -99,8 +99,9 @@ class ConsoleProgress(tune.Callback):
               f"failed  {self._clock(now)}", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
-        """Count the trial as finished, failed if it diverged (Tune callback)."""
-        self._finished(trial, failed=bool((trial.last_result or {}).get(M.DIVERGED)))
+        """Count the trial as finished, failed if it diverged or reported itself failed (Tune callback)."""
+        last = trial.last_result or {}
+        self._finished(trial, failed=bool(last.get(M.DIVERGED) or last.get(M.FAILED)))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Count the trial as finished and failed (Tune callback)."""

@@ -14,6 +14,7 @@ from dcl_core import metric_names as M
 from dcl_core.files import is_regular_file
 from dcl_core.study.analysis import answer, answer_output, report
 from dcl_core.study.analysis.columns import (
+    ERROR,
     SEED,
     SERIES,
     STATUS,
@@ -22,6 +23,7 @@ from dcl_core.study.analysis.columns import (
     x_column,
 )
 from dcl_core.study.analysis.rows import trial_row
+from dcl_core.study.execution import memory_loss
 from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import atomic_write_text, redact_uri, summary_dir
@@ -57,6 +59,9 @@ def tune_rows(results: Any) -> list[Row]:
         df = result.metrics_dataframe
         history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
         rows.append(trial_row(result.config or {}, result.metrics or {}, result.error, history))
+        lost = memory_loss.row_error(result.error)  # Tune kept only the text of Ray's memory report
+        if lost:
+            rows[-1][ERROR] = lost
     return rows
 
 

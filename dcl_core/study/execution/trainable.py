@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
 from dcl_core.files import no_space, open_append
 from dcl_core.study import tracking
 from dcl_core.study.analysis.rows import error_text
+from dcl_core.study.execution import memory_loss
 from dcl_core.study.execution.ray_env import setup_worker
 from dcl_core.study.plan.spec import Resources
 from dcl_core.training import NonFiniteLossError, train
@@ -26,6 +28,10 @@ from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError
 
 # Fault injection for tests: every trial crashes once at this epoch / every attempt fails before training.
 CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"
+# ... every attempt holds this much memory after each epoch from this one on ("EPOCH:MiB"), until Ray's memory
+# monitor kills it
+HOLD_ENV = "DCL_HOLD_MEMORY_FROM_EPOCH"
+HOLD_S = 60.0  # the most an attempt holds it (a test whose monitor never fires then sees the trial go on)
 FAIL_ENV = "DCL_FAIL_EVERY_ATTEMPT"
 FAILURES_FILE = ".failures"  # in the trial directory: the cause of each failed attempt, one per line
 
@@ -39,15 +45,21 @@ def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Confi
     return from_flat_dict(flat)
 
 
-def trainable(config: dict[str, Any], resources: Resources | None = None, train_storage: str | None = None) -> None:
+def trainable(config: dict[str, Any], resources: Resources | None = None, train_storage: str | None = None,
+              max_failures: int = 0, memory_losses: dict[str, int] | None = None) -> None:
     """One study trial: one configuration of the core trainer, reporting every epoch to Tune.
 
     ``train_storage`` (a path or URI every node reaches, e.g. under the study's Ray storage) holds a DDP
-    trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes.
+    trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes. ``memory_losses``:
+    the times each trial was lost to Ray's memory monitor in this run of the study; a trial lost more often than
+    ``max_failures`` (``--max-failures``) reports itself failed instead of training again (:mod:`.memory_loss`).
     """
     resources = resources or Resources()
     setup_worker()
     trial_id, trial_dir, work_dir = tracking.trial_context()
+    if memory_loss.over_budget(trial_id, memory_losses, max_failures):
+        tracking.report_failed({}, memory_loss.CAUSE)
+        return
     if resources.num_workers > 1:
         try:
             _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"))
@@ -154,6 +166,7 @@ class _LastMetrics:
         self.metrics = dict(metrics)
         if self.crash_marker is not None:
             _maybe_crash(self.crash_marker, epoch)
+            _maybe_hold_memory(epoch)
 
 
 def _maybe_crash(trial_dir: Path, epoch: int) -> None:
@@ -163,3 +176,10 @@ def _maybe_crash(trial_dir: Path, epoch: int) -> None:
         marker.write_text("injected")
         raise RuntimeError(f"injected crash at epoch {epoch} ({CRASH_ENV})")
 
+
+def _maybe_hold_memory(epoch: int) -> None:
+    at, _, mib = os.environ.get(HOLD_ENV, "").partition(":")
+    if at and epoch >= int(at):
+        held = b"\x01" * (int(mib) << 20)  # written, so resident (a zeroed buffer would not be)
+        time.sleep(HOLD_S)
+        del held

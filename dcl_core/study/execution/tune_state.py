@@ -32,6 +32,7 @@ from ray import tune
 
 from dcl_core import metric_names as M
 from dcl_core.files import is_regular_file, no_space, write_with
+from dcl_core.study.execution import memory_loss
 
 log = logging.getLogger(__name__)
 
@@ -118,17 +119,40 @@ def _not_for_this_study(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     if "Tuner.restore(" in message or "Experiment has been interrupted" in message:
         return False  # the study prints its own resume line (the same command with --resume)
+    if message.startswith("Stop signal received"):
+        return False  # Ctrl-C, SIGTERM, a full disk's stop: the study says it in its own one line
+    if "Error handling checkpoint" in message and _deleting_a_deleted_checkpoint(record):
+        return False  # a resumed experiment's state names a checkpoint its killed run had already deleted
     return not (DISK_FULL.is_set() and record.levelno >= logging.ERROR and "Saving experiment state" in message)
 
 
+def _deleting_a_deleted_checkpoint(record: logging.LogRecord) -> bool:
+    """Whether the record's error is Tune failing to delete a checkpoint folder that is gone already (nothing is
+    lost: the checkpoint was one Tune keeps no more; the new one is registered)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if not isinstance(exc, FileNotFoundError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name != "_delete_fs_path":
+        tb = tb.tb_next
+    return tb is not None
+
+
 def quiet_tune_restore_advice() -> None:
-    """Without ``-v``: no ``Tuner.restore(path=...)`` advice (a study resumes with ``--resume``), no list of the
-    unfinished trials' missing results (each ``--resume`` or interrupt read of an unfinished experiment printed
-    one line per trial), no traceback of Tune's last save on a full disk (the study says so in one line)."""
+    """Without ``-v``: no ``Tuner.restore(path=...)`` advice (a study resumes with ``--resume``), no "Stop signal
+    received" (the study's own line says it was interrupted), no list of the trials whose results Tune could not
+    read (each ``--resume`` after ``kill -9``, Ctrl-C or a full disk printed "Failed to fetch metrics ...
+    FileNotFoundError" for trials whose result file never reached the storage), no traceback of Tune deleting a
+    checkpoint that a killed run had deleted already, no traceback of Tune's last save on a full disk (the study says
+    so in one line), and a trial lost to Ray's memory monitor in one line (:func:`memory_loss.one_line`). Called
+    before a study first reads Tune's state."""
     for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller"):
         logger = logging.getLogger(name)
         if _not_for_this_study not in logger.filters:
             logger.addFilter(_not_for_this_study)
+    controller = logging.getLogger("ray.tune.execution.tune_controller")
+    if memory_loss.one_line not in controller.filters:  # a trial lost to memory: one line, not Ray's whole report
+        controller.addFilter(memory_loss.one_line)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
 

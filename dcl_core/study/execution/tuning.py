@@ -30,7 +30,7 @@ from dcl_core.config import ConfigError, to_flat_dict
 from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
-from dcl_core.study.execution import console, ray_env, ray_session, stop_signals, tune_state
+from dcl_core.study.execution import console, memory_loss, ray_env, ray_session, stop_signals, tune_state
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
@@ -347,18 +347,34 @@ def _trials_of(spec: StudySpec, experiment: TuneExperiment) -> int:
 
 def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions,
                     tracker: tracking.StudyTracker, progress: dict[str, Any] | None = None) -> Any:
-    """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``."""
+    """Fit (or restore and finish) one Tune experiment of the study; returns its ``ResultGrid``. A trial lost to
+    Ray's memory monitor fails as any other (:mod:`.memory_loss`): the experiment goes on from its saved state."""
     storage = str(options.storage)
     exp_uri = storage_join(storage, experiment.name)
-    fn = tune.with_resources(
-        tune.with_parameters(trainable, resources=options.resources, train_storage=storage_join(exp_uri, "_train")),
-        options.resources.trial_resources(),
-    )
-    # A study of several experiments may have been killed before its later ones started: those start afresh.
-    if options.resume and tune.Tuner.can_restore(exp_uri):
-        restored = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True, resume_errored=True)
+
+    def fit(memory_losses: dict[str, int], again: bool) -> Any:
+        fn = tune.with_resources(
+            tune.with_parameters(trainable, resources=options.resources, train_storage=storage_join(exp_uri, "_train"),
+                                 max_failures=options.max_failures, memory_losses=memory_losses),
+            options.resources.trial_resources(),
+        )
+        # A study of several experiments may have been killed before its later ones started: those start afresh.
+        if (options.resume or again) and tune.Tuner.can_restore(exp_uri):
+            # after a memory kill, trials that failed for good stay failed (a --resume retries them once)
+            tuner = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True,
+                                       resume_errored=options.resume and not again)
+        else:
+            tuner = _new_tuner(spec, experiment, options, tracker, progress, fn)
         with _tune_output(verbose=options.verbosity >= console.VERBOSE):  # restored: quiet as a first run
-            return restored.fit()
+            return tuner.fit()
+
+    return memory_loss.fit_despite_memory_losses(fit, exp_uri, options.max_failures)
+
+
+def _new_tuner(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions, tracker: tracking.StudyTracker,
+               progress: dict[str, Any] | None, fn: Any) -> Any:
+    """A new Tune experiment of the study, running the trainable ``fn``."""
+    storage = str(options.storage)
     param_space, search_alg, num_samples = _search(spec, experiment, options)
     scheduler = None
     if options.asha:
@@ -370,7 +386,7 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
     console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,
                                            progress["started"])
     name = functools.partial(_trial_name, keys=varied_keys(spec))
-    tuner = tune.Tuner(
+    return tune.Tuner(
         fn,
         param_space=param_space,
         tune_config=tune.TuneConfig(
@@ -392,8 +408,6 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
             verbose=2 if options.verbosity >= console.VERBOSE else 0,
         ),
     )
-    with _tune_output(verbose=options.verbosity >= console.VERBOSE):
-        return tuner.fit()
 
 
 @contextlib.contextmanager
