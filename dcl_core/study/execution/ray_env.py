@@ -82,9 +82,11 @@ def protect_token_file() -> None:
 
 
 def setup_worker() -> None:
-    """Quiet Ray Train's per-checkpoint INFO line and drop an unraisable SystemExit; idempotent (a reused
-    actor's trainable calls it once per trial as well)."""
+    """Quiet Ray Train's per-checkpoint INFO line and Tune's "Restored on ... from checkpoint" (INFO, once per
+    trial a ``--resume`` continues: the study's console stays as quiet as its first run's), and drop an
+    unraisable SystemExit; idempotent (a reused actor's trainable calls it once per trial as well)."""
     logging.getLogger("ray.train").setLevel(logging.WARNING)
+    logging.getLogger("ray.tune.trainable").setLevel(logging.WARNING)
     if getattr(sys.unraisablehook, "func", None) is not quiet_exit_hook:
         sys.unraisablehook = functools.partial(quiet_exit_hook, sys.unraisablehook)
 
