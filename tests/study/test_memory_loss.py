@@ -68,6 +68,33 @@ def test_tunes_traceback_of_a_trial_lost_to_memory_is_one_line(capsys: pytest.Ca
     assert "Selected to kill" not in err and "ValueError: another failure" in other  # another failure: as Tune logs it
 
 
+def test_a_restored_experiment_deleting_a_checkpoint_already_gone_is_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After a kill (a memory kill's restore, kill -9 then --resume) Tune's saved state can name a checkpoint its
+    killed run had deleted already; Tune's own deletion of it then fails (nothing is lost) and it logged the
+    FileNotFoundError's traceback. Ray's own deletion, on a folder that is not there."""
+    from pyarrow.fs import LocalFileSystem
+    from ray.train._internal.storage import _delete_fs_path  # what Tune's checkpoint manager calls
+
+    tune_state.quiet_tune_restore_advice()
+    logger = logging.getLogger("ray.tune.execution.tune_controller")
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    try:
+        try:
+            _delete_fs_path(LocalFileSystem(), str(tmp_path / "checkpoint_000022"))
+        except FileNotFoundError:
+            logger.exception("Trial %s: Error handling checkpoint %s", "dcl_s0_t0.1_00000", "TrainingResult(...)")
+        try:
+            raise FileNotFoundError("another file")
+        except FileNotFoundError:
+            logger.exception("Trial %s: Error handling checkpoint %s", "dcl_s0_t0.1_00000", "TrainingResult(...)")
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.count("Error handling checkpoint") == 1 and "another file" in err  # any other error is still said
+
+
 def test_kills_that_charge_no_trial_stop_the_study_in_one_line(tmp_path: Path) -> None:
     """No saved state to restore from: each kill charges no trial; the third stops the study, one line."""
     calls = []
