@@ -754,8 +754,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
             from dcl_core.study.tracking import check_store_in_folder, preflight  # MLflow: not for --help
 
             preflight(uri)
-            if args.tracking_uri is None:
-                check_store_in_folder(uri, output_dir)
+            check_store_in_folder(uri, output_dir)  # the folder's own store, named or not, writes only inside it
         from dcl_core.study.execution.export import choose  # pyarrow: not for --help
         from dcl_core.training.export import describe, export  # torch and the models (seconds): not for --help
 

@@ -403,3 +403,26 @@ def test_export_to_mlflow_through_a_planted_artifact_link_is_one_line(tmp_path, 
     assert line == (f"error: cannot log best.pt to backbone/ of run {run.info.run_id}: Invalid path: resolved path is "
                     "outside the artifact directory")
     assert outside.read_text() == "keep\n" and outside.is_file() and not outside.is_symlink()
+
+
+def test_export_to_mlflow_naming_the_folders_own_store_still_checks_where_it_writes(tmp_path, capsys):
+    """``study export --mlflow --tracking-uri sqlite:///OUT/mlflow.db`` (the folder's own store, named) skipped the
+    check that the store's artifact folders lie inside OUT, so ``mlartifacts/s`` linked elsewhere was written
+    through; named or not, the folder's own store is checked, before anything is exported."""
+    from dcl_core.study.cli import export_main
+    from dcl_core.study.tracking.runs import TRIAL_TAG
+
+    out = (tmp_path / "out").resolve()
+    write_table([{"trial_id": "ab_00001", "series": "dcl", "knn_top1": 33.5, "status": "ok"}], out / "summary" / "s")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out / "mlartifacts").mkdir()
+    (out / "mlartifacts" / "s").symlink_to(elsewhere)
+    client = MlflowClient(tracking_uri=default_tracking_uri(out))
+    experiment = client.create_experiment("s", artifact_location=(out / "mlartifacts" / "s").as_uri())
+    client.create_run(experiment, tags={TRIAL_TAG: "ab_00001"})
+    for named in ([], ["--tracking-uri", default_tracking_uri(out)]):
+        code = export_main([str(out), "--best", "-o", str(tmp_path / "best.pt"), "--mlflow", *named])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err and "outside" in err, err
+        assert not (tmp_path / "best.pt").exists() and list(elsewhere.iterdir()) == []
