@@ -232,7 +232,7 @@ def test_a_planted_line_cannot_make_a_trial_run_the_summary_run(store, capsys):
 
 
 def test_a_planted_description_is_not_replayed_unless_the_tracker_escaped_it(store, capsys):
-    from dcl_core.study.tracking.tracker import NOTE_TAG, literal_markdown
+    from dcl_core.study.tracking.notes import NOTE_TAG, literal_markdown
 
     plant(store, {"op": "tag", "run": store["trial"], "key": NOTE_TAG, "value": "<img src=x onerror=alert(1)>"})
     assert sync([str(store["out"]), "--name", "s"]) == 0

@@ -16,7 +16,8 @@ from dcl_core.study.analysis.report import plot_q_hist_epochs, q_hist_edges
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
 from dcl_core.study.tracking.mlflow_view import trial_look
-from dcl_core.study.tracking.tracker import NOTE_TAG, StudyTracker, literal_markdown
+from dcl_core.study.tracking.notes import NOTE_TAG, literal_markdown
+from dcl_core.study.tracking.tracker import StudyTracker
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
 

@@ -181,7 +181,7 @@ def runs_view() -> SavedView:
     """The runs table as MLflow shows it by default, plus two columns where a researcher looks first: the runs'
     Description and kNN top-1, right after the run name. Nothing is filtered or grouped, so a study is one row,
     its summary run (named after the study, its trials nested beneath it, folded), whose Description starts
-    with ``Verdict: <words>`` and then the verdict lines (:func:`dcl_core.study.tracking.tracker.summary_note`).
+    with ``Verdict: <words>`` and then the verdict lines (:func:`dcl_core.study.tracking.notes.summary_note`).
     The same for every study (no spec): it names only MLflow's columns and the metric every study logs.
 
     MLflow merges a view's state over its defaults; the defaults are written out anyway so the view reads as what

@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
@@ -25,6 +24,7 @@ from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, SUMMARIZE, Journal
 from dcl_core.study.tracking.mlflow_view import RUN_COLOR_TAG
+from dcl_core.study.tracking.notes import NOTE_TAG, is_literal_markdown, summary_note, verdict_lines
 from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,6 @@ def metric_name(name: str) -> str:
 
 
 SIGNIFICANT_DIGITS = 6  # of a metric value logged to MLflow
-NOTE_TAG = "mlflow.note.content"  # a run's description in MLflow's UI (markdown)
 
 
 def rounded(value: float) -> float:
@@ -61,40 +60,6 @@ def rounded(value: float) -> float:
     if not math.isfinite(value) or value.is_integer():
         return value
     return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-
-
-def literal_markdown(text: str) -> str:
-    """``text`` as literal markdown: the characters MLflow's renderer (showdown) would read as emphasis, code or
-    HTML are escaped, and so is a link's ``](`` (``[click](javascript:…)`` from a loss name or a note stays
-    text). Brackets alone are not: an interval ``[0.4, 3.8]`` is no link, and the runs table's Description cell
-    shows the text raw, where a backslash would be noise."""
-    return re.sub(r"([\\`*_])", r"\\\1", text).replace("<", "&lt;").replace("](", "]\\(")
-
-
-def is_literal_markdown(text: str) -> bool:
-    """Whether ``text`` is what :func:`literal_markdown` makes of some text (every description a tracker writes
-    is; a planted ``<img onerror=…>`` is not)."""
-    plain = re.sub(r"\\([\\`*_])", r"\1", text.replace("]\\(", "](").replace("&lt;", "<"))
-    return literal_markdown(plain) == text
-
-
-def summary_note(verdicts: list[str], words: str = "", plot: str | None = None, run_id: str | None = None) -> str:
-    """The summary run's description: ``Verdict: <words>`` first (the runs table's Description column shows a
-    line's first 40-odd characters), the verdict lines (what the study prints last), then its plot, embedded from
-    the run's own artifacts (``get-artifact``, relative to the UI, as MLflow's artifact view fetches it)."""
-    parts = [literal_markdown(f"Verdict: {words}")] if words else []
-    parts += [literal_markdown(line) for line in verdicts]
-    if plot and run_id and not run_id.startswith(LOCAL_ID):
-        parts.append(f"![{literal_markdown(plot)}](get-artifact?path={quote(plot)}&run_uuid={run_id})")
-    if parts:
-        parts.append("The cells, the paper's numbers and the NPC regime: table.txt among the artifacts.")
-    return "\n\n".join(parts)
-
-
-def verdict_lines(tags: Mapping[str, str]) -> list[str]:
-    """The verdict lines among a summary run's tags (``verdict_<i>_line``, as the answer makes them), in order."""
-    found = [(int(m.group(1)), v) for k, v in tags.items() if (m := re.fullmatch(r"verdict_(\d+)_line", k))]
-    return [v for _, v in sorted(found)]
 
 
 def git_commit() -> str:
