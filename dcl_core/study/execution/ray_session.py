@@ -4,24 +4,25 @@ A local study starts a private Ray instance (``ray.init(address="local")``) and 
 SIGTERM included. A driver killed outright (``kill -9``, the OOM killer) cannot: its raylet's agents
 (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) and idle workers then run on for minutes, holding memory and
 ports. The study therefore notes its session (``.STUDY.ray_session`` in the output folder: the driver's pid, the
-host, Ray's session folder and the session's mark), and the next start of the same study in the same folder, once
-it holds the study's lock, ends the processes of that session if its driver is dead.
+host, Ray's session folder), and the next start of the same study in the same folder, once it holds the study's
+lock, ends the processes of that session if its driver is dead.
 
-Only processes the study itself started are touched, never another's. The record is untrusted input (a shared
-folder), so what it says is not what identifies them: every process of the study's Ray carries the session's
-*mark* in its environment (:data:`MARK`, ``<driver pid>:<128 random bits>``, set by :func:`marked` around
-``ray.init``, so Ray's GCS, raylet, agents and every worker the raylet starts inherit it; the driver's own later
-children do not), which only that ``ray.init`` could have given them. A process is ended only if it belongs to this
-user, its ``/proc/PID/environ`` holds the recorded mark exactly, and its command line or one of its open files
-names the recorded session folder; the record counts only if it names a dead driver of this host, and the mark
-starts with that driver's pid (a mark copied from a live study's record names a live driver). A forged record can
-therefore at most make the study end nothing: a ``sleep`` holding a file open in a folder shaped like a session,
-or a Ray head started by ``ray start``, carries no mark. Linux only (``/proc``); elsewhere this does nothing.
+Only the study's own Ray is touched, never another's. The output folder may be shared or crafted, so a note counts
+only if the study itself wrote it: each note is signed (HMAC-SHA256 over the output folder, the study and the
+note's fields) with a key that never leaves this user's own cache folder (:func:`key_path`, ``~/.cache/dcl_core/
+ray_session.key``, mode 0600 in a folder of this user's), which whoever planted a note cannot read. A note forged,
+edited, or copied from another folder ends nothing; so does a note when the key cannot be kept (then nothing is
+recorded either). A signed note's session folder is the one ``ray.init`` reported, so its processes are those of
+this user whose command line or open files name it (Ray's agents rename themselves, which also overwrites the
+environment ``/proc`` shows, but keep their logs there open); it counts only if it names a dead driver of this
+host. Linux only (``/proc``); elsewhere this does nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -29,8 +30,8 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from dcl_core.files import is_regular_file, write_with
@@ -40,9 +41,8 @@ log = logging.getLogger(__name__)
 # Ray's name for a session folder: session_2026-11-26_12-57-16_833392_481 (its last number: the starting pid)
 SESSION_NAME = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_(\d+)")
 GRACE_S = 5.0  # after SIGTERM, before SIGKILL
-MARK = "DCL_STUDY_RAY_MARK"  # the environment variable every process of a study's own Ray carries
-MARK_BITS = 128  # random bits in a mark, after the driver's pid: not guessable
-NOTE_MAX_BYTES = 4096  # a session record is ~300 bytes; a longer one is not read past this
+KEY_BYTES = 32  # the signing key: 256 random bits
+NOTE_MAX_BYTES = 4096  # a session note is ~300 bytes; a longer one is not read past this
 
 
 def record_path(output_dir: Path, study: str) -> Path:
@@ -50,28 +50,55 @@ def record_path(output_dir: Path, study: str) -> Path:
     return output_dir / f".{study}.ray_session"
 
 
-@contextlib.contextmanager
-def marked() -> Iterator[str]:
-    """Give every process started inside the block (a local ``ray.init``: its GCS, its raylet, and through the
-    raylet every agent and worker it starts later) this session's mark in its environment: :data:`MARK` =
-    ``<this pid>:<random hex>``. Yields the mark, which :func:`record_session` records; the driver's own
-    environment is restored afterwards, so that what it starts later (a test's subprocess) is not marked."""
-    mark = f"{os.getpid()}:{secrets.token_hex(MARK_BITS // 8)}"
-    before = os.environ.get(MARK)
-    os.environ[MARK] = mark
-    try:
-        yield mark
-    finally:
-        if before is None:
-            os.environ.pop(MARK, None)
-        else:
-            os.environ[MARK] = before
+def key_path() -> Path:
+    """This user's key for signing session notes: in ``$XDG_CACHE_HOME`` (else ``~/.cache``) ``/dcl_core/``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "dcl_core" / "ray_session.key"
 
 
-def record_session(output_dir: Path, study: str, session_dir: str, mark: str) -> None:
-    """Note this driver's local Ray session and its :func:`marked` mark in the study's output folder (replacing an
-    earlier note; readable by its owner only)."""
-    note = {"pid": os.getpid(), "host": socket.gethostname(), "session_dir": session_dir, "mark": mark}
+def _key(create: bool) -> bytes | None:
+    """The signing key, made first when ``create`` (None when it cannot be kept privately: a link, another
+    owner, a file others may read, a read-only home). Two studies making it at once agree on one key: it is
+    written under a temporary name, then linked to its own, which only the first link gets."""
+    path = key_path()
+    with contextlib.suppress(OSError):
+        if create and not os.path.lexists(path):
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(secrets.token_bytes(KEY_BYTES))
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = f.read(KEY_BYTES + 1)
+        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+                and len(key) == KEY_BYTES):
+            return key
+        log.debug("%s is not a private key of %d bytes: Ray sessions are neither recorded nor ended", path, KEY_BYTES)
+    return None
+
+
+def _signature(key: bytes, output_dir: Path, study: str, pid: int, host: str, session_dir: str) -> str:
+    """The note's signature: it holds only for these fields, in this output folder, for this study."""
+    message = json.dumps([str(output_dir.resolve()), study, pid, host, session_dir]).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def record_session(output_dir: Path, study: str, session_dir: str) -> None:
+    """Note this driver's local Ray session in the study's output folder, signed (replacing an earlier note;
+    readable by its owner only)."""
+    key = _key(create=True)
+    if key is None:
+        return
+    pid, host = os.getpid(), socket.gethostname()
+    note = {"pid": pid, "host": host, "session_dir": session_dir,
+            "signature": _signature(key, output_dir, study, pid, host, session_dir)}
     try:
         write_with(record_path(output_dir, study), lambda f: f.write(json.dumps(note).encode()), mode=0o600)
     except OSError as err:  # a convenience for the next start: never a reason to stop this one
@@ -84,65 +111,61 @@ def end_dead_session(output_dir: Path, study: str) -> int:
     path = record_path(output_dir, study)
     if not is_regular_file(path):
         return 0
-    dead = _dead_session(path)
+    session = _dead_session(path, output_dir, study)
     with contextlib.suppress(OSError):
         path.unlink()
-    if dead is None:
+    if session is None:
         return 0
-    session, mark = dead
-    ended = _end(session, mark)
+    ended = _end(session)
     if ended:
         log.warning("ended %d process(es) of this study's earlier Ray (its driver had died without stopping it): %s",
                     ended, session)
     return ended
 
 
-def end_own_sessions(temp_root: Path, mark: str) -> int:
+def end_own_sessions(temp_root: Path) -> int:
     """End the processes of the sessions under Ray's temp folder ``temp_root`` that this process started (their
-    folder's name ends in its pid, and they carry ``mark``, the :func:`marked` block's): what a ``ray.init`` that
-    failed half-way left running. The number ended."""
+    folder's name ends in its pid): what a ``ray.init`` that failed half-way left running. The number ended."""
     ended = 0
     for folder in sorted(temp_root.glob("session_*")):
         named = SESSION_NAME.fullmatch(folder.name)
         if named and int(named.group(1)) == os.getpid():
-            ended += _end(str(folder), mark)
+            ended += _end(str(folder))
     return ended
 
 
-def _end(session: str, mark: str) -> int:
-    """SIGTERM, :data:`GRACE_S`, then SIGKILL to the session's marked processes; how many there were."""
-    left = _processes_of(session, mark)
+def _end(session: str) -> int:
+    """SIGTERM, :data:`GRACE_S`, then SIGKILL to the session's processes; how many there were."""
+    left = _processes_of(session)
     if not left:
         return 0
     _signal(left, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and _processes_of(session, mark):
+    while time.monotonic() < deadline and _processes_of(session):
         time.sleep(0.1)
-    _signal(_processes_of(session, mark), signal.SIGKILL)
+    _signal(_processes_of(session), signal.SIGKILL)
     return len(left)
 
 
-def _dead_session(path: Path) -> tuple[str, str] | None:
-    """(session folder, mark) of the record, if it is well formed, of this host, its driver is dead, and its mark
-    is that driver's; else None (a record without a mark, from before marks, ends nothing)."""
+def _dead_session(path: Path, output_dir: Path, study: str) -> str | None:
+    """The note's session folder, if the note is signed with this user's key for this folder and study, names a
+    session of its driver on this host, and that driver is dead; else None."""
     try:
         with path.open("rb") as f:
             note = json.loads(f.read(NOTE_MAX_BYTES))
-        pid, host = int(note["pid"]), str(note["host"])
-        session, mark = str(note["session_dir"]), str(note["mark"])
+        pid, host, session = int(note["pid"]), str(note["host"]), str(note["session_dir"])
+        signature = str(note["signature"])
     except (OSError, ValueError, TypeError, KeyError):
+        return None
+    key = _key(create=False)
+    if key is None or not hmac.compare_digest(signature, _signature(key, output_dir, study, pid, host, session)):
+        log.debug("%s is not a note this user's studies signed: it ends nothing", path)
         return None
     named = SESSION_NAME.fullmatch(Path(session).name)
     if (not named or int(named.group(1)) != pid or pid <= 1 or not Path(session).is_absolute()
-            or host != socket.gethostname() or not _is_mark_of(mark, pid) or _alive(pid)):
+            or host != socket.gethostname() or _alive(pid)):
         return None
-    return session, mark
-
-
-def _is_mark_of(mark: str, pid: int) -> bool:
-    """Whether ``mark`` has :func:`marked`'s shape for a driver of pid ``pid``."""
-    head, _, secret = mark.partition(":")
-    return head == str(pid) and re.fullmatch(f"[0-9a-f]{{{MARK_BITS // 4}}}", secret) is not None
+    return session
 
 
 def _alive(pid: int) -> bool:
@@ -155,22 +178,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _processes_of(session: str, mark: str | None = None) -> list[int]:
-    """This user's processes whose command line or open files name the session folder (not this process), and,
-    given a ``mark``, whose environment holds it (``MARK=mark`` exactly)."""
+def _processes_of(session: str) -> list[int]:
+    """This user's processes whose command line or open files name the session folder (not this process)."""
     proc = Path("/proc")
     if not proc.is_dir():
         return []
     inside = session.rstrip("/") + "/"
-    marker = f"{MARK}={mark}".encode()
     found = []
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             if entry.stat().st_uid != os.getuid():
-                continue
-            if mark is not None and marker not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
             words = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             if any(w == session or inside in w or w.endswith("=" + session) for w in words):

@@ -73,11 +73,11 @@ STARTUP_TIMEOUT = "timed out during startup"  # Ray's error when a new node's ra
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
-             quiet: bool = False) -> tuple[str, str] | None:
+             quiet: bool = False) -> str | None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
     The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages. Returns
-    the session folder and the mark (:func:`ray_session.marked`) of a local instance this call started (``None``
-    otherwise). Ctrl-C and SIGTERM stop it at any moment as they stop the study (:mod:`.stop_signals`)."""
+    the session folder of a local instance this call started (``None`` otherwise). Ctrl-C and SIGTERM stop it at
+    any moment as they stop the study (:mod:`.stop_signals`)."""
     levels: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -96,23 +96,22 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
         local = {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1, "num_gpus": num_gpus,
                  "include_dashboard": False, "_node_ip_address": "127.0.0.1", **setup}
-        with ray_session.marked() as mark:  # what identifies this instance's processes later, and nothing else
-            try:
-                context = ray.init(**local)
-            except Exception as e:  # Ray raises a bare Exception for it
-                if STARTUP_TIMEOUT not in str(e):
-                    raise
-                # Ray gives a new node's raylet a fixed 30 s to register with its GCS; a machine busy with other
-                # work can miss that once. One more try, on a new instance (the first one's processes are stopped).
-                log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once "
-                            "more")
-                ray.shutdown()
-                for temp in _ray_temp_folders():  # the failed start's GCS and raylet
-                    ray_session.end_own_sessions(temp, mark)
-                context = ray.init(**local)
+        try:
+            context = ray.init(**local)
+        except Exception as e:  # Ray raises a bare Exception for it
+            if STARTUP_TIMEOUT not in str(e):
+                raise
+            # Ray gives a new node's raylet a fixed 30 s to register with its GCS; a machine busy with other
+            # work can miss that once. One more try, on a new instance (the first one's processes are stopped).
+            log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once "
+                        "more")
+            ray.shutdown()
+            for temp in _ray_temp_folders():  # the failed start's GCS and raylet
+                ray_session.end_own_sessions(temp)
+            context = ray.init(**local)
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
-    return str(context.address_info["session_dir"]), mark  # type: ignore[attr-defined]
+    return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
 
 
 def _ray_temp_folders() -> list[Path]:
@@ -169,7 +168,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
             ray_session.end_dead_session(options.output_dir, spec.name)
         session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
         if session is not None:
-            ray_session.record_session(options.output_dir, spec.name, *session)
+            ray_session.record_session(options.output_dir, spec.name, session)
         if options.verbosity < console.VERBOSE:
             logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
         if not local:
