@@ -8,6 +8,7 @@ every ``RAY_memory_monitor_refresh_ms``."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -157,3 +158,28 @@ def test_trials_killed_by_rays_memory_monitor_fail_and_the_study_goes_on(tmp_pat
     assert err.strip().splitlines()[-1] == f"error: every trial failed; the first: {memory_loss.CAUSE}"
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "error" and r["error"] == memory_loss.CAUSE for r in rows)
+
+
+def test_a_trial_that_never_reported_gets_its_row_from_the_config_tune_wrote(tmp_path: Path) -> None:
+    """Tune gives a trial's config only with its last reported result: a trial killed (here: by Ray's memory
+    monitor) on every attempt before it reported had none, its row no grid point, and the study's summary failed
+    sorting the grid (TypeError: '<' not supported between 'NoneType' and 'float'). Its params.json, which Tune
+    writes as the trial starts, gives the config; a FIFO or an oversized file there gives none, at once."""
+    from ray.air.result import Result
+
+    from dcl_core.study.execution.results import MAX_PARAMS_BYTES, tune_rows
+
+    trial = tmp_path / "dcl_s0_t0.1_ab_00000"
+    trial.mkdir()
+    (trial / "params.json").write_text(json.dumps({"loss.name": "dcl", "loss.temperature": 0.1, "seed": 0}))
+    killed = Result(metrics={}, checkpoint=None, error=RuntimeError("killed"), path=str(trial))
+    (row,) = tune_rows([killed])
+    assert row["temperature"] == 0.1 and row["seed"] == 0 and row["status"] == "error"
+    (trial / "params.json").unlink()
+    os.mkfifo(trial / "params.json")
+    (row,) = tune_rows([killed])  # never opened: it would block
+    assert row["temperature"] is None
+    (trial / "params.json").unlink()
+    (trial / "params.json").write_text(" " * (MAX_PARAMS_BYTES + 1))
+    (row,) = tune_rows([killed])
+    assert row["temperature"] is None

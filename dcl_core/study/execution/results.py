@@ -4,11 +4,14 @@ study's parent run."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pyarrow.fs
 
 from dcl_core import metric_names as M
 from dcl_core.files import is_regular_file
@@ -52,17 +55,40 @@ class StudyOutcome:
     power: list[str] = field(default_factory=list)  # the unresolved questions' projected seeds
 
 
+MAX_PARAMS_BYTES = 1 << 20  # a trial's params.json (its flat config): about 2 KB
+
+
 def tune_rows(results: Any) -> list[Row]:
     """Rows of a Tune ``ResultGrid``."""
     rows = []
     for result in results:
         df = result.metrics_dataframe
         history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
-        rows.append(trial_row(result.config or {}, result.metrics or {}, result.error, history))
+        rows.append(trial_row(_config(result), result.metrics or {}, result.error, history))
         lost = memory_loss.row_error(result.error)  # Tune kept only the text of Ray's memory report
         if lost:
             rows[-1][ERROR] = lost
     return rows
+
+
+def _config(result: Any) -> dict[str, Any]:
+    """A Tune ``Result``'s trial config. Tune gives it only with the trial's last reported result, and a trial that
+    failed before it reported (or whose every retry failed before reporting: one killed by Ray's memory monitor)
+    has none; its config is then read from the ``params.json`` Tune wrote in the trial's folder as it started
+    (without it, the trial's row had no grid point and the summary failed sorting them)."""
+    if result.config:
+        return dict(result.config)
+    path = f"{result.path}/params.json"
+    try:
+        info = result.filesystem.get_file_info(path)  # a regular file only: a FIFO planted there would block
+        if info.type != pyarrow.fs.FileType.File or info.size > MAX_PARAMS_BYTES:
+            return {}
+        with result.filesystem.open_input_stream(path) as f:
+            config = json.loads(f.read(MAX_PARAMS_BYTES))  # cut short past the bound: not JSON, no config
+    except (OSError, ValueError) as err:
+        log.debug("no config for the trial at %s: %s", result.path, err)
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker,
