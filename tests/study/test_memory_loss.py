@@ -8,11 +8,11 @@ every ``RAY_memory_monitor_refresh_ms``."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pyrun
 import pytest
@@ -160,26 +160,39 @@ def test_trials_killed_by_rays_memory_monitor_fail_and_the_study_goes_on(tmp_pat
     assert len(rows) == 2 and all(r["status"] == "error" and r["error"] == memory_loss.CAUSE for r in rows)
 
 
-def test_a_trial_that_never_reported_gets_its_row_from_the_config_tune_wrote(tmp_path: Path) -> None:
-    """Tune gives a trial's config only with its last reported result: a trial killed (here: by Ray's memory
-    monitor) on every attempt before it reported had none, its row no grid point, and the study's summary failed
-    sorting the grid (TypeError: '<' not supported between 'NoneType' and 'float'). Its params.json, which Tune
-    writes as the trial starts, gives the config; a FIFO or an oversized file there gives none, at once."""
-    from ray.air.result import Result
+# A Tune experiment whose two trials fail before they report (as a trial killed by Ray's memory monitor on every
+# attempt does), attached to the suite's Ray head
+_NEVER_REPORTED = """
+import sys
+import ray
+from ray import tune
+def train(config):
+    raise RuntimeError("killed before its first report")
+ray.init(address=sys.argv[1])
+tune.Tuner(train, param_space={"loss.name": "dcl", "loss.temperature": tune.grid_search([0.1, 0.5]), "seed": 0},
+           run_config=tune.RunConfig(name="exp", storage_path=sys.argv[2], verbose=0)).fit()
+"""
 
-    from dcl_core.study.execution.results import MAX_PARAMS_BYTES, tune_rows
 
-    trial = tmp_path / "dcl_s0_t0.1_ab_00000"
-    trial.mkdir()
-    (trial / "params.json").write_text(json.dumps({"loss.name": "dcl", "loss.temperature": 0.1, "seed": 0}))
-    killed = Result(metrics={}, checkpoint=None, error=RuntimeError("killed"), path=str(trial))
-    (row,) = tune_rows([killed])
-    assert row["temperature"] == 0.1 and row["seed"] == 0 and row["status"] == "error"
-    (trial / "params.json").unlink()
-    os.mkfifo(trial / "params.json")
-    (row,) = tune_rows([killed])  # never opened: it would block
-    assert row["temperature"] is None
-    (trial / "params.json").unlink()
-    (trial / "params.json").write_text(" " * (MAX_PARAMS_BYTES + 1))
-    (row,) = tune_rows([killed])
-    assert row["temperature"] is None
+@pytest.mark.slow  # a two-trial Tune experiment on the suite's Ray head
+def test_a_trial_that_never_reported_gets_its_row_from_tunes_saved_state(tmp_path: Path, ray_head: Any) -> None:
+    """Tune gives a trial's config only with its last reported result: a trial killed (by Ray's memory monitor) on
+    every attempt before it reported had none, its row no grid point, and the study's summary failed sorting the
+    grid (TypeError: '<' not supported between 'NoneType' and 'float'). The ``params.json`` Tune writes as a trial
+    starts is not a source: an experiment restored after a memory kill may never have synced it to the storage
+    (removed here). The experiment state Tune saved gives each trial's config."""
+    from ray import tune
+
+    from dcl_core.study.execution.results import tune_rows
+
+    proc = pyrun.run([sys.executable, "-c", _NEVER_REPORTED, ray_head.address, str(tmp_path)],
+                     capture_output=True, text=True, timeout=600, env=ray_head.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for params in (tmp_path / "exp").glob("*/params.json"):
+        params.unlink()
+    results = tune.ResultGrid(tune.ExperimentAnalysis(str(tmp_path / "exp")))
+    assert all(not r.config for r in results)
+    rows = tune_rows(results)
+    assert sorted(r["temperature"] for r in rows) == [0.1, 0.5]
+    assert all(r["seed"] == 0 and r["status"] == "error" for r in rows)
+

@@ -47,6 +47,19 @@ def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
     assert run.data.metrics["gap_dcl_minus_infonce/batch_size_32"] == 2.0
 
 
+def test_a_row_without_a_grid_point_is_stored_and_in_no_cell(tmp_path):
+    # A trial whose config was lost (before: one killed before its first report) has no grid point: its row is in
+    # the stored table and the trial counts, but no cell shows it; the summary did not sort None among the floats.
+    spec = StudySpec(name="tau_study", base=preset("smoke"), grid={"loss.temperature": Grid((0.1, 0.5))},
+                     x_key="loss.temperature", x_label="tau")
+    lost = {"trial_id": "lost", "status": "error", "error": "killed", "loss": None, "temperature": None, "seed": None,
+            "knn_top1": None, "config": {}}
+    rows = [*_rows("temperature", (0.1, 0.5), lambda lo, x: 40 + 10 * x), lost]
+    tracker = StudyTracker(default_tracking_uri(tmp_path), spec.name, tmp_path / "mlartifacts", {}).open()
+    outcome = summarize(spec, rows, tmp_path, tracker)
+    assert len(read_table(summary_dir(tmp_path, "tau_study") / "results.parquet")) == 5
+    assert len(outcome.rows) == 5 and "None" not in outcome.table and "0.5" in outcome.table
+
 def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     # A batch study with a planted DCL gain at small batches (3 seeds, a shared per-seed offset), summarized
     # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and

@@ -4,14 +4,11 @@ study's parent run."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import pyarrow.fs
 
 from dcl_core import metric_names as M
 from dcl_core.files import is_regular_file
@@ -55,40 +52,36 @@ class StudyOutcome:
     power: list[str] = field(default_factory=list)  # the unresolved questions' projected seeds
 
 
-MAX_PARAMS_BYTES = 1 << 20  # a trial's params.json (its flat config): about 2 KB
-
-
 def tune_rows(results: Any) -> list[Row]:
     """Rows of a Tune ``ResultGrid``."""
+    configs = _trial_configs(results) if any(not r.config for r in results) else {}
     rows = []
     for result in results:
         df = result.metrics_dataframe
         history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
-        rows.append(trial_row(_config(result), result.metrics or {}, result.error, history))
+        config = dict(result.config or configs.get(result.path, {}))
+        rows.append(trial_row(config, result.metrics or {}, result.error, history))
         lost = memory_loss.row_error(result.error)  # Tune kept only the text of Ray's memory report
         if lost:
             rows[-1][ERROR] = lost
     return rows
 
 
-def _config(result: Any) -> dict[str, Any]:
-    """A Tune ``Result``'s trial config. Tune gives it only with the trial's last reported result, and a trial that
-    failed before it reported (or whose every retry failed before reporting: one killed by Ray's memory monitor)
-    has none; its config is then read from the ``params.json`` Tune wrote in the trial's folder as it started
-    (without it, the trial's row had no grid point and the summary failed sorting them)."""
-    if result.config:
-        return dict(result.config)
-    path = f"{result.path}/params.json"
+def _trial_configs(results: Any) -> dict[str, dict[str, Any]]:
+    """Each trial's config (by its folder) from the experiment state Tune saved as ``fit`` returned. A ``Result``
+    carries its config only with the trial's last reported result: a trial that failed before it reported (one
+    killed by Ray's memory monitor on every attempt) has none there, and the ``params.json`` Tune writes as a trial
+    starts may never have reached the storage (an experiment restored after a memory kill is not synced from its
+    first run's staging folder). Without it the trial's row had no grid point and the summary failed sorting them."""
+    from ray import tune
+
     try:
-        info = result.filesystem.get_file_info(path)  # a regular file only: a FIFO planted there would block
-        if info.type != pyarrow.fs.FileType.File or info.size > MAX_PARAMS_BYTES:
-            return {}
-        with result.filesystem.open_input_stream(path) as f:
-            config = json.loads(f.read(MAX_PARAMS_BYTES))  # cut short past the bound: not JSON, no config
-    except (OSError, ValueError) as err:
-        log.debug("no config for the trial at %s: %s", result.path, err)
+        analysis = tune.ExperimentAnalysis(results.experiment_path, storage_filesystem=results.filesystem)
+    except Exception as err:  # the state Tune just wrote: unreadable only if something else removed it
+        log.warning("the configs of trials that never reported could not be read from %s: %s",
+                    results.experiment_path, err)
         return {}
-    return config if isinstance(config, dict) else {}
+    return {trial.path: dict(trial.config) for trial in analysis.trials if trial.path}
 
 
 def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: StudyTracker,
@@ -105,7 +98,9 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
         parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"
     else:
         parquet, csv = report.write_table(rows, out_dir)
-    table, shown = _table(spec, rows, x)
+    # a row without a grid point (a trial whose config was lost) is in the stored table, in no cell or figure
+    placed = [r for r in rows if r.get(x) is not None]
+    table, shown = _table(spec, placed, x)
     found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
     claim = found.claim
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
@@ -115,17 +110,17 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
                       notes=[answer_output.figure_note(v) for v in found.verdicts])
     stored = [p for p in (parquet, csv) if is_regular_file(p)]
     files = [*stored, png, out_dir / "table.txt", png.with_suffix(".pdf")]
-    q_png = report.plot_q_hists(rows, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
+    q_png = report.plot_q_hists(placed, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
     if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
     if q_png is not None:
         files.append(q_png)
-    points = answer.gap_points({spec.name: rows, **_other_studies(output_dir, spec.name)})
+    points = answer.gap_points({spec.name: placed, **_other_studies(output_dir, spec.name)})
     files.append(report.plot_gap_vs_q(points, out_dir / "gap_vs_npc.png",
                                       "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"))
     if spec.search:
-        table += "\n\n" + format_best(rows, spec.search)
-        files += write_search_plots(rows, spec.search, out_dir)
+        table += "\n\n" + format_best(placed, spec.search)
+        files += write_search_plots(placed, spec.search, out_dir)
     answer_text = answer_output.format_answer(found)
     table += "\n\n" + answer_text
     atomic_write_text(out_dir / "table.txt", table + "\n")
