@@ -15,11 +15,13 @@ Example:
     0.03
 
 A module a job: :mod:`.schema` (the sections, fields and names), :mod:`.keys` (dotted keys and overrides),
-:mod:`.validation` (combination checks), :mod:`.presets`, :mod:`.derive`. Import from here.
+:mod:`.validation` (combination checks), :mod:`.presets`, :mod:`.derive`, :mod:`.negatives` (each framework's
+negatives and the key that sets its K). Import from here; the config imports nothing else of the project.
 """
 
 from dcl_core.config.derive import Derived, derive
 from dcl_core.config.keys import apply_overrides, from_flat_dict, parse_overrides, to_flat_dict
+from dcl_core.config.negatives import NEGATIVES, Negatives
 from dcl_core.config.presets import PRESETS, preset
 from dcl_core.config.schema import (
     ARCH_NAMES,
@@ -49,8 +51,9 @@ from dcl_core.config.validation import check_device, validate
 
 __all__ = [
     "ARCH_NAMES", "AUGMENTATIONS", "CONFIG_KEYS", "DATASET_NAMES", "DATA_LOADERS", "DEVICES", "FRAMEWORK_NAMES",
-    "LOSS_NAMES", "PRESETS", "STEM_NAMES", "Config", "ConfigError", "DataConfig", "Derived", "EvalConfig",
-    "FrameworkConfig", "InputError", "LossConfig", "ModelConfig", "OptimConfig", "Range", "RunFailedError",
+    "LOSS_NAMES", "NEGATIVES", "PRESETS", "STEM_NAMES", "Config", "ConfigError", "DataConfig", "Derived",
+    "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "ModelConfig", "Negatives", "OptimConfig", "Range",
+    "RunFailedError",
     "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "parse_overrides", "preset",
     "to_flat_dict", "validate", "value_at",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dcl_core.config.negatives import NEGATIVES
 from dcl_core.config.schema import Config, ConfigError, value_at
-from dcl_core.frameworks.negatives import NEGATIVES
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,9 @@ def derive(cfg: Config, world_size: int = 1) -> Derived:
     """Compute derived values; ``world_size`` is the number of DDP ranks sharing the global batch.
 
     K, the number of negatives per anchor (the K of EqCo's margin τ·log(α/K); α = None means α = K), is what
-    each framework declares (:mod:`dcl_core.frameworks.negatives`): the value of its K key, or every negative
-    it offers for N images, N being the batch the negatives come from (global with ``loss.gather_distributed``,
-    else per rank).
+    the framework's row of :data:`~dcl_core.config.negatives.NEGATIVES` says: the value of its K key, or every
+    negative it offers for N images, N being the batch the negatives come from (global with
+    ``loss.gather_distributed``, else per rank).
     """
     if cfg.optim.batch_size % world_size:
         raise ConfigError(
@@ -33,7 +33,7 @@ def derive(cfg: Config, world_size: int = 1) -> Derived:
         )
     big_n = cfg.optim.batch_size if cfg.loss.gather_distributed else cfg.optim.batch_size // world_size
     name = cfg.framework.name
-    negatives = NEGATIVES[name]  # the framework's own declaration: what it offers, which key sets K
+    negatives = NEGATIVES[name]  # the framework's row: what it offers, which key sets K
     available = negatives.offered(big_n, cfg.framework.queue_size)
     k = value_at(cfg, negatives.k_key) or available
     if available < 1 or k > available:

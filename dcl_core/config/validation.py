@@ -3,8 +3,8 @@ and the data loader; and the device."""
 
 from __future__ import annotations
 
+from dcl_core.config.negatives import NEGATIVES
 from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
-from dcl_core.frameworks.negatives import NEGATIVES
 
 
 def validate(cfg: Config) -> None:
@@ -84,7 +84,7 @@ def _check_framework(cfg: Config) -> None:
             f"loss.name=align_uniform cannot be used with framework.name={fc.name}: it scores whole embeddings, "
             "not the anchor/positive/negative similarities the framework builds; use framework.name=simclr"
         )
-    negatives = NEGATIVES[fc.name]  # the framework's own declaration: which key sets K, what it offers
+    negatives = NEGATIVES[fc.name]  # the framework's row: which key sets K, what it offers
     for key in ("loss.num_negatives", "framework.num_negatives"):
         if value_at(cfg, key) and key != negatives.k_key:
             users = ", ".join(name for name, n in NEGATIVES.items() if n.k_key == key)

@@ -22,31 +22,18 @@ restored on resume. The building blocks the momentum frameworks share are in :mo
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dcl_core.config import FRAMEWORK_NAMES, NEGATIVES
+from dcl_core.frameworks.common import Framework
+from dcl_core.frameworks.moco import MoCo
+from dcl_core.frameworks.nnclr import NNCLR
+from dcl_core.frameworks.simclr import SimCLR
+from dcl_core.frameworks.simo import SiMo
 
-from dcl_core.frameworks.negatives import NEGATIVES, Negatives
+FRAMEWORKS: dict[str, type[Framework]] = {"simclr": SimCLR, "moco": MoCo, "simo": SiMo, "nnclr": NNCLR}
+# The names live in the torch-free dcl_core.config (the CLIs check them without importing torch), with the table of
+# each framework's negatives the config derives K from: the registry and that table are checked against the one list.
+if tuple(FRAMEWORKS) != FRAMEWORK_NAMES or tuple(NEGATIVES) != FRAMEWORK_NAMES:
+    raise ImportError(f"FRAMEWORKS {tuple(FRAMEWORKS)} and NEGATIVES {tuple(NEGATIVES)} must match "
+                      f"dcl_core.config.FRAMEWORK_NAMES {FRAMEWORK_NAMES}")
 
-# The framework classes need torch; the config imports this package's torch-free declarations
-# (dcl_core.frameworks.negatives) before torch loads, so the classes and FRAMEWORKS load on first use.
-_CLASSES = {"SimCLR": "simclr", "MoCo": "moco", "SiMo": "simo", "NNCLR": "nnclr"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLASSES:
-        return getattr(importlib.import_module(f"dcl_core.frameworks.{_CLASSES[name]}"), name)
-    if name == "FRAMEWORKS":
-        from dcl_core.config.schema import FRAMEWORK_NAMES  # on first use, with the torch classes
-
-        frameworks = {fw: __getattr__(cls) for cls, fw in _CLASSES.items()}
-        # The names live in the torch-free dcl_core.config (the CLIs check them without importing torch); the
-        # registry and the negatives' declarations are checked against that one list.
-        if tuple(frameworks) != FRAMEWORK_NAMES or tuple(NEGATIVES) != FRAMEWORK_NAMES:
-            raise ImportError(f"FRAMEWORKS {tuple(frameworks)} and NEGATIVES {tuple(NEGATIVES)} must match "
-                              f"dcl_core.config.FRAMEWORK_NAMES {FRAMEWORK_NAMES}")
-        globals()["FRAMEWORKS"] = frameworks
-        return frameworks
-    raise AttributeError(f"module 'dcl_core.frameworks' has no attribute {name!r}")
-
-
-__all__ = ["FRAMEWORKS", "NEGATIVES", "NNCLR", "MoCo", "Negatives", "SiMo", "SimCLR"]
+__all__ = ["FRAMEWORKS", "NNCLR", "MoCo", "SiMo", "SimCLR"]

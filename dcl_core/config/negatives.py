@@ -1,7 +1,8 @@
-"""Each framework's negatives, declared by the framework side and torch-free: how many negatives a framework offers
-an anchor for a batch of N images, and which config key chooses K among them (0 = all offered). The config
-derives K (:func:`dcl_core.config.derive`) and checks it against the batch from these declarations before torch
-loads; the framework modules themselves (which need torch) are imported only when one is built.
+"""Each framework's negatives as the config sees them: how many negatives a framework offers an anchor for a batch
+of N images, and which config key chooses K among them (0 = all offered). The config derives K
+(:func:`~dcl_core.config.derive.derive`) and checks it against the batch (:mod:`.validation`) from this table
+before torch loads; :mod:`dcl_core.frameworks` holds its registry to the same names, and each framework's module
+forms the negatives this table counts.
 
 | framework | K chosen by | negatives offered per anchor |
 | --- | --- | --- |
@@ -41,4 +42,3 @@ NEGATIVES: Mapping[str, Negatives] = MappingProxyType({
     "simo": Negatives("framework.num_negatives", lambda n, q: n - 1, "N-1", "the other images' momentum keys"),
     "nnclr": Negatives("loss.num_negatives", lambda n, q: n - 1, "N-1", "the other images (the other view only)"),
 })
-K_KEYS = ("loss.num_negatives", "framework.num_negatives", "framework.queue_size")  # every key that sets a K
