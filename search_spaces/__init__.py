@@ -5,11 +5,10 @@ A space is a dict ``{"loss.temperature": LogUniform(0.05, 1.0), ...}`` of :class
 parameters only for some values of another key (σ only when ``loss.name == "dclw"``, α only for EqCo).
 :data:`SPACES` names the spaces the studies combine, and ``PAPER_*`` hold the papers' grids.
 
-The same data becomes a Ray Tune ``param_space`` (:func:`to_tune`: grid_search and Tune domains; conditional
-entries are rejected), an Optuna define-by-run function (:func:`to_optuna`, picklable so a Tune study can resume)
-or Optuna distributions (:func:`optuna_distributions`). :func:`keys_of` lists every key a space can produce, and
-``tests/study/test_search_spaces.py`` checks each is a valid config key. Ray and Optuna are imported only by the
-functions that need them, so the study driver can build and check a study without loading either.
+:func:`keys_of` lists every key a space can produce, and ``tests/study/test_search_spaces.py`` checks each is a
+valid config key. The package imports nothing, Ray and Optuna included: the study's execution floor turns a space
+into a Ray Tune ``param_space`` or an Optuna define-by-run function
+(:mod:`dcl_core.study.execution.space_translation`).
 """
 
 from search_spaces.spaces import (
@@ -29,9 +28,6 @@ from search_spaces.spaces import (
     LogUniform,
     Space,
     keys_of,
-    optuna_distributions,
-    to_optuna,
-    to_tune,
 )
 
 __all__ = [
@@ -51,7 +47,4 @@ __all__ = [
     "LogUniform",
     "Space",
     "keys_of",
-    "optuna_distributions",
-    "to_optuna",
-    "to_tune",
 ]

@@ -6,6 +6,7 @@ import optuna
 import pytest
 
 from dcl_core.config import CONFIG_KEYS, Config, apply_overrides
+from dcl_core.study.execution.space_translation import to_optuna, to_tune
 from search_spaces import (
     ALPHA,
     LR,
@@ -17,8 +18,6 @@ from search_spaces import (
     Grid,
     LogUniform,
     keys_of,
-    to_optuna,
-    to_tune,
 )
 
 

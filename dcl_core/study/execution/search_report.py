@@ -22,7 +22,8 @@ from optuna.visualization import matplotlib as ovm
 from dcl_core.files import write_with
 from dcl_core.study.analysis.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Row, Status
 from dcl_core.study.analysis.report import pyplot
-from search_spaces import Space, optuna_distributions
+from dcl_core.study.execution.space_translation import optuna_distributions
+from search_spaces import Space
 
 log = logging.getLogger(__name__)
 

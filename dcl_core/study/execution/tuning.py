@@ -32,6 +32,7 @@ from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
 from dcl_core.study.execution import console, memory_loss, ray_env, ray_session, stop_signals, tune_state
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
+from dcl_core.study.execution.space_translation import to_optuna, to_tune
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
 from dcl_core.study.plan.spec import (
@@ -66,7 +67,7 @@ from dcl_core.study.plan.storage import (
     summary_dir,
 )
 from dcl_core.study.tracking import mlflow_view
-from search_spaces import keys_of, to_optuna, to_tune
+from search_spaces import keys_of
 
 log = logging.getLogger(__name__)
 STARTUP_TIMEOUT = "timed out during startup"  # Ray's error when a new node's raylet does not register in 30 s
