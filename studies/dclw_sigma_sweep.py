@@ -25,7 +25,8 @@ from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT
-from dcl_core.study.cli import SpecArgs, base_config, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import PAPER_SIGMA_GRID, SIGMA, Grid
 
@@ -40,7 +41,7 @@ PRESETS = {
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: DCLW over σ (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for DCL)")

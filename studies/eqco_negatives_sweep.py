@@ -26,7 +26,8 @@ from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
-from dcl_core.study.cli import SpecArgs, base_config, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
 
@@ -41,7 +42,7 @@ PRESETS = {
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: SimCLR and SiMo × K × α ∈ {K, fixed} (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
-from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
 
@@ -39,7 +40,7 @@ PRESETS = {
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × epoch budgets (× seeds on a grid) per framework variant under the preset."""
     p = PRESETS[args.preset]
     base = base_config(args, p.base)

@@ -31,7 +31,8 @@ from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, GAP_AT
-from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid
 
@@ -48,7 +49,7 @@ PRESETS = {
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × base learning rates × seeds under the preset."""
     if args.search != "grid":
         raise ConfigError("lr_in_regime is a grid over base lr; for an Optuna search run studies/tau_lr_search.py")

@@ -24,7 +24,8 @@ from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP
-from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
 
@@ -38,7 +39,7 @@ PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: an Optuna search over τ and learning rate for each loss under the preset."""
     if args.search != "optuna":
         raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")

@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, STD_DIFFERENCE
-from dcl_core.study.cli import SpecArgs, base_config, losses_arg, main
+from dcl_core.study.cli.options import StudyArgs
+from dcl_core.study.cli.script import base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 
@@ -57,7 +58,7 @@ PRESETS = {
 }
 
 
-def build_spec(args: SpecArgs) -> StudySpec:
+def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × temperatures (× seeds on a grid) under the preset."""
     p = PRESETS[args.preset]
     base = base_config(args, p.base)

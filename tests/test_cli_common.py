@@ -104,7 +104,7 @@ def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
 def test_a_study_help_shows_where_it_writes_and_how_resume_extends():
     """``--help`` names ``--output-dir``'s default and says that ``--resume`` with more ``--seeds`` extends a
     finished study."""
-    from dcl_core.study.cli import build_parser
+    from dcl_core.study.cli.options import build_parser
 
     text = " ".join(build_parser("doc", "temperature_sweep").format_help().split())
     assert "(default: outputs/)" in text

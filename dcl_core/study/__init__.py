@@ -11,8 +11,8 @@ is ``docs/architecture.md``):
   ``sync``;
 - :mod:`~dcl_core.study.execution`: Ray Tune: the tuning of a study, its trainable, rounds, results and summary,
   re-analysis, the MI toy;
-- :mod:`~dcl_core.study.cli`: every study command line (``studies/*.py``, ``python -m dcl_core.study answer``,
-  ``sync`` and ``calibrate``).
+- :mod:`~dcl_core.study.cli`: every study command line, a module each (``studies/*.py``, ``python -m
+  dcl_core.study answer``, ``sync``, ``export`` and ``calibrate``, the MI toy's), a study's options declared once.
 
 The names below are the package's public API; importing it does not import Ray (tuning a study does).
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from dcl_core.study.plan.prepared import PreparedStudy, prepare
 from dcl_core.study.plan.spec import Resources, StudyOptions, StudySpec, grid_points, validate_spec, with_base
 from dcl_core.study.plan.storage import storage_join, summary_dir
 
@@ -40,6 +41,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "Resources", "StudyOptions", "StudyOutcome", "StudySpec", "grid_points", "init_ray", "run_study",
-    "storage_join", "summary_dir", "summary_lines", "validate_spec", "with_base",
+    "PreparedStudy", "Resources", "StudyOptions", "StudyOutcome", "StudySpec", "grid_points", "init_ray", "prepare",
+    "run_study", "storage_join", "summary_dir", "summary_lines", "validate_spec", "with_base",
 ]

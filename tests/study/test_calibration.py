@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import intervals, stats
 from dcl_core.study.analysis.calibration import (
     EFFECT,
     GROUP_EFFECTS,
@@ -146,7 +146,7 @@ def test_per_cell_t_intervals_cover_the_cell_mean_95_percent():
         covered = total = 0
         for _ in range(2000):
             values = 30.0 + rng.normal(0, 2.0, seeds) + rng.normal(0, 1.0, seeds)
-            e = stats.t_interval(values.tolist())
+            e = intervals.t_interval(values.tolist())
             total += 1
             covered += e.lo <= 30.0 <= e.hi
         assert sps.binomtest(covered, total, 0.95).pvalue > 0.001, (seeds, covered / total)
@@ -331,7 +331,7 @@ def test_the_group_sequential_design_keeps_its_error_rates_in_the_hard_settings(
 @pytest.mark.slow  # the fixed designs' Monte Carlo (true values and spreads): ~12 s
 def test_the_calibrate_command_prints_the_designs_table(capsys):
     """``python -m dcl_core.study calibrate --design``: the table docs/statistics.md shows (here with 20 studies)."""
-    from dcl_core.study.cli import calibrate_main
+    from dcl_core.study.cli.calibrate_command import calibrate_main
 
     assert calibrate_main(["--design", "--studies", "20"]) == 0
     out = capsys.readouterr().out

@@ -16,7 +16,8 @@ from torch import nn
 
 from dcl_core.config import apply_overrides, preset
 from dcl_core.study.analysis import stats
-from dcl_core.study.cli import build_parser, main, spec_args_of
+from dcl_core.study.cli.options import args_of, build_parser
+from dcl_core.study.cli.script import main
 from dcl_core.study.plan import cost
 from dcl_core.study.plan import flops as flop_count
 from dcl_core.study.plan.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
@@ -61,7 +62,7 @@ def expected(name, argv):
     parser = build_parser("", name)
     if name == "tau_lr_search":
         parser.set_defaults(search="optuna")
-    spec = module.build_spec(spec_args_of(parser.parse_args(argv)))
+    spec = module.build_spec(args_of(parser.parse_args(argv)))
     trials = epochs = 0
     for exp in tune_experiments(spec):
         if spec.search is None:

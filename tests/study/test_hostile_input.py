@@ -258,7 +258,7 @@ def test_a_password_with_reserved_characters_is_redacted_whole(uri):
 
 
 def test_the_resume_command_printed_on_ctrl_c_redacts_credentials(monkeypatch):
-    from dcl_core.study.cli import resume_command
+    from dcl_core.study.cli.script import resume_command
 
     monkeypatch.setattr(sys, "argv", ["studies/temperature_sweep.py"])
     line = resume_command(["--tracking-uri", "http://alice:s3cret@127.0.0.1:5000", "--overwrite"])

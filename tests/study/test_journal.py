@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from dcl_core.study import summary_dir
-from dcl_core.study.cli import sync_main as sync
+from dcl_core.study.cli.sync_command import sync_main as sync
 from dcl_core.study.tracking import JOURNAL_FILE, StudyTracker
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyrun
 import pytest
 
-from dcl_core.study.analysis.report import write_table
-from dcl_core.study.cli import answer_main as main
+from dcl_core.study.cli.answer_command import answer_main as main
 from dcl_core.study.execution.reanalysis import read_rows
+from dcl_core.study.plan.writers import write_table
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import pytest
 from dcl_core.config import ConfigError, preset
 from dcl_core.study.analysis import stats
 from dcl_core.study.analysis.stats import GROUP_LOOKS, GroupSequential, Sequential
-from dcl_core.study.cli import build_parser, request_of
+from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.execution import rounds
 from dcl_core.study.execution.results import StudyOutcome
 from dcl_core.study.plan.spec import StudySpec
@@ -41,7 +41,8 @@ def spec_with(seeds):
 
 def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
     def plan(r, seeds=5, per_seed=None, design=None):
-        return rounds.plan(spec_with(seeds), design, r.max_seeds, r.max_minutes, r.seeds_per_round, lambda: per_seed)
+        a = r.args
+        return rounds.plan(spec_with(seeds), design, a.max_seeds, a.max_minutes, a.seeds_per_round, lambda: per_seed)
 
     assert plan(request("--until-resolved", "--max-seeds", "12")) == GroupSequential(5, 12)
     assert plan(request("--until-resolved", "--max-seeds", "12")).looks == (5, 6, 8, 9, 11, 12)
@@ -153,7 +154,7 @@ def test_the_resume_line_of_an_interrupted_round_continues_with_the_seeds_the_ro
     import json
     from pathlib import Path
 
-    from dcl_core.study.cli import main
+    from dcl_core.study.cli.script import main
     from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
 
     out = tmp_path / "out"

@@ -353,7 +353,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
     out = tmp_path / "n"
     # A grid over the learning rate where the huge one diverges.
     from dcl_core.config import apply_overrides, preset
-    from dcl_core.study import StudyOptions, StudySpec, run_study
+    from dcl_core.study import StudyOptions, StudySpec, prepare, run_study
     from search_spaces import Grid
 
     base = apply_overrides(preset("smoke"), {"optim.epochs": 2, "data.train_per_class": 8, "data.test_per_class": 4})
@@ -361,7 +361,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
         name="nan_study", base=base, grid={"optim.base_lr": Grid((0.03, 1e30))}, x_key="optim.base_lr", x_label="lr"
     )
     try:
-        outcome = run_study(spec, StudyOptions(out, num_cpus=1))
+        outcome = run_study(prepare(spec, StudyOptions(out, num_cpus=1)))
     finally:
         import ray
 
@@ -377,7 +377,7 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 
     # --overwrite: the new study's runs replace the old ones in MLflow (soft-deleted, not mixed in).
     try:
-        run_study(spec, StudyOptions(out, num_cpus=1, overwrite=True))
+        run_study(prepare(spec, StudyOptions(out, num_cpus=1, overwrite=True)))
     finally:
         import ray
 
@@ -428,7 +428,7 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     import pyarrow.fs
 
     from dcl_core.config import ConfigError, apply_overrides, preset
-    from dcl_core.study import StudyOptions, StudySpec, run_study, storage_join
+    from dcl_core.study import StudyOptions, StudySpec, prepare, run_study, storage_join
     from search_spaces import Grid
 
     base = apply_overrides(preset("smoke"), {"optim.epochs": 1, "data.train_per_class": 8, "data.test_per_class": 4,
@@ -439,16 +439,16 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
     storage = (tmp_path / "ray").as_uri()  # file:///...: resolved by pyarrow exactly like s3:// or gs://
     out = tmp_path / "out"
     try:
-        first = run_study(spec, StudyOptions(out, storage=storage, num_cpus=1))
+        first = run_study(prepare(spec, StudyOptions(out, storage=storage, num_cpus=1)))
         ids = {r["framework"]: r["trial_id"] for r in first.rows}
         experiments = sorted(p.name for p in (tmp_path / "ray").iterdir())
         assert experiments == ["two_part+simclr", "two_part+simo"]  # at the URI's path, not in a folder "file:"
         with pytest.raises(ConfigError, match="study output exists at file://"):
-            run_study(spec, StudyOptions(out, storage=storage, num_cpus=1))
+            run_study(prepare(spec, StudyOptions(out, storage=storage, num_cpus=1)))
         # As if the driver had died before the SiMo experiment started.
         fs, path = pyarrow.fs.FileSystem.from_uri(storage_join(storage, "two_part+simo"))
         fs.delete_dir(path)
-        resumed = run_study(spec, StudyOptions(out, storage=storage, num_cpus=1, resume=True))
+        resumed = run_study(prepare(spec, StudyOptions(out, storage=storage, num_cpus=1, resume=True)))
     finally:
         import ray
 

@@ -14,9 +14,9 @@ import pytest
 from test_full_disk import disk, fill  # noqa: F401 - disk: a fixture (a small tmpfs of the test's own)
 
 from dcl_core.config import ConfigError, apply_overrides, preset, to_flat_dict
-from dcl_core.study.analysis.report import write_table
-from dcl_core.study.cli import export_main
+from dcl_core.study.cli.export_command import export_main
 from dcl_core.study.execution.export import choose_row, final_checkpoint, trial_folder
+from dcl_core.study.plan.writers import write_table
 from dcl_core.training.builders import build_model
 from dcl_core.training.checkpoint import save_checkpoint
 

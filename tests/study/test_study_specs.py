@@ -13,7 +13,7 @@ from dcl_core import metric_names as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_dict
 from dcl_core.study.analysis.paper import PAPER
 from dcl_core.study.analysis.statistics import BEST_MARGIN
-from dcl_core.study.cli import build_parser, spec_args_of
+from dcl_core.study.cli.options import args_of, build_parser
 from dcl_core.study.execution.results import trial_row
 from dcl_core.study.plan.spec import grid_points, trial_tags, tune_experiments, validate_spec
 from dcl_core.study.tracking.mlflow_view import compare_view, read_tag
@@ -31,7 +31,7 @@ def load(name):
 
 
 def args_for(name, *argv):
-    return spec_args_of(build_parser("", name, tuple(load(name).PRESETS)).parse_args(list(argv)))
+    return args_of(build_parser("", name, tuple(load(name).PRESETS)).parse_args(list(argv)))
 
 
 def presets_of(names):
@@ -180,11 +180,11 @@ def test_storage_join_keeps_uris_intact():
 
 
 def test_asha_is_refused_for_grids_and_resume_keeps_the_original_options(tmp_path):
-    from dcl_core.study import StudyOptions, run_study
+    from dcl_core.study import StudyOptions, prepare
 
     spec = load("temperature_sweep").build_spec(args_for("temperature_sweep", "--smoke"))
     with pytest.raises(ConfigError, match="use it with --search optuna"):
-        run_study(spec, StudyOptions(tmp_path, asha=True))  # refused before Ray starts
+        prepare(spec, StudyOptions(tmp_path, asha=True))  # refused before Ray starts
     before = {"tracking_uri": "sqlite:////a.db", "asha": False, "max_failures": 5}
     StudyOptions(tmp_path, tracking_uri="sqlite:////a.db", max_failures=1).check_resume(before)  # may change
     with pytest.raises(ConfigError, match=re.escape("tracking_uri was 'sqlite:////a.db', now 'http://x:5000'")):

@@ -20,13 +20,14 @@ import pytest
 
 from dcl_core.config import ConfigError, preset
 from dcl_core.study.analysis.answer import Question, build_answer
-from dcl_core.study.analysis.report import read_table, write_rows, write_table
+from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.analysis.stats import GroupSequential
-from dcl_core.study.cli import answer_main as answer
+from dcl_core.study.cli.answer_command import answer_main as answer
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import default_tracking_uri
+from dcl_core.study.plan.writers import write_rows, write_table
 from search_spaces import Grid
 
 STUDY = "temperature_sweep"
@@ -107,7 +108,7 @@ def test_resume_refuses_the_tampered_design_before_anything_runs(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import importlib.util
 
-    from dcl_core.study.cli import main
+    from dcl_core.study.cli.script import main
 
     out = _study(tmp_path)
     _tamper(out, first=4)

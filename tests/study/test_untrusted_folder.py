@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from dcl_core.study.analysis.report import write_table
-from dcl_core.study.cli import answer_main as answer
-from dcl_core.study.cli import sync_main as sync
+from dcl_core.study.cli.answer_command import answer_main as answer
+from dcl_core.study.cli.sync_command import sync_main as sync
 from dcl_core.study.plan.storage import default_tracking_uri
+from dcl_core.study.plan.writers import write_table
 from dcl_core.study.tracking.journal import JOURNAL_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -377,7 +377,7 @@ def test_export_to_mlflow_through_a_planted_artifact_link_is_one_line(tmp_path, 
     line, exit 2, and the file outside is untouched. A real study folder: results, the trial's real checkpoint, its
     MLflow run in the folder's own store."""
     from dcl_core.config import apply_overrides, preset, to_flat_dict
-    from dcl_core.study.cli import export_main
+    from dcl_core.study.cli.export_command import export_main
     from dcl_core.study.tracking.runs import TRIAL_TAG
     from dcl_core.training.builders import build_model
     from dcl_core.training.checkpoint import save_checkpoint
@@ -409,7 +409,7 @@ def test_export_to_mlflow_naming_the_folders_own_store_still_checks_where_it_wri
     """``study export --mlflow --tracking-uri sqlite:///OUT/mlflow.db`` (the folder's own store, named) skipped the
     check that the store's artifact folders lie inside OUT, so ``mlartifacts/s`` linked elsewhere was written
     through; named or not, the folder's own store is checked, before anything is exported."""
-    from dcl_core.study.cli import export_main
+    from dcl_core.study.cli.export_command import export_main
     from dcl_core.study.tracking.runs import TRIAL_TAG
 
     out = (tmp_path / "out").resolve()

@@ -27,6 +27,7 @@ from dcl_core.study.execution import memory_loss
 from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import atomic_write_text, redact_uri, summary_dir
+from dcl_core.study.plan.writers import save_figure, write_table
 from dcl_core.study.tracking import StudyTracker, local_ui_port, metric_name
 from dcl_core.study.tracking.mlflow_view import view_query
 from search_spaces import keys_of
@@ -73,7 +74,7 @@ def _trial_configs(results: Any) -> dict[str, dict[str, Any]]:
     killed by Ray's memory monitor on every attempt) has none there, and the ``params.json`` Tune writes as a trial
     starts may never have reached the storage (an experiment restored after a memory kill is not synced from its
     first run's staging folder). Without it the trial's row had no grid point and the summary failed sorting them."""
-    from ray import tune
+    from ray import tune  # Ray (seconds): re-analysis imports this module without it
 
     try:
         analysis = tune.ExperimentAnalysis(results.experiment_path, storage_filesystem=results.filesystem)
@@ -97,27 +98,29 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too
         parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"
     else:
-        parquet, csv = report.write_table(rows, out_dir)
+        parquet, csv = write_table(rows, out_dir)
     # a row without a grid point (a trial whose config was lost) is in the stored table, in no cell or figure
     placed = [r for r in rows if r.get(x) is not None]
     table, shown = _table(spec, placed, x)
     found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
     claim = found.claim
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
-    png = report.plot(shown, x, spec.x_label, out_dir / f"{spec.name}.png", spec.title or spec.name,
-                      log_x=spec.log_x, series=SERIES, paper=paper_curves,
-                      paper_label=f"paper: {claim.source}" if claim else "paper",
-                      notes=[answer_output.figure_note(v) for v in found.verdicts])
+    figure, rect = report.knn_figure(shown, x, spec.x_label, spec.title or spec.name, log_x=spec.log_x,
+                                     series=SERIES, paper=paper_curves,
+                                     paper_label=f"paper: {claim.source}" if claim else "paper",
+                                     notes=[answer_output.figure_note(v) for v in found.verdicts])
+    png = save_figure(figure, out_dir / f"{spec.name}.png", rect=rect, with_pdf=True)
     stored = [p for p in (parquet, csv) if is_regular_file(p)]
     files = [*stored, png, out_dir / "table.txt", png.with_suffix(".pdf")]
-    q_png = report.plot_q_hists(placed, x, spec.x_label, out_dir / "npc_q_hist.png", series=SERIES)
+    q_figure = report.q_hists_figure(placed, x, spec.x_label, series=SERIES)
+    q_png = None if q_figure is None else save_figure(q_figure, out_dir / "npc_q_hist.png")
     if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
     if q_png is not None:
         files.append(q_png)
     points = answer.gap_points({spec.name: placed, **_other_studies(output_dir, spec.name)})
-    files.append(report.plot_gap_vs_q(points, out_dir / "gap_vs_npc.png",
-                                      "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"))
+    title = "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"
+    files.append(save_figure(report.gap_vs_q_figure(points, title), out_dir / "gap_vs_npc.png"))
     if spec.search:
         table += "\n\n" + format_best(placed, spec.search)
         files += write_search_plots(placed, spec.search, out_dir)

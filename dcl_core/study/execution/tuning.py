@@ -8,7 +8,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import os
 import tempfile
 import time
@@ -34,9 +33,9 @@ from dcl_core.study.execution import console, memory_loss, ray_env, ray_session,
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.space_translation import to_optuna, to_tune
 from dcl_core.study.execution.trainable import trainable
+from dcl_core.study.plan.prepared import PreparedStudy
 from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
 from dcl_core.study.plan.spec import (
-    DDP_TRIAL_CPU,
     Resources,
     StudyInterruptedError,
     StudyOptions,
@@ -47,18 +46,13 @@ from dcl_core.study.plan.spec import (
     num_grid_points,
     round_experiments,
     trial_tags,
-    tune_experiments,
-    validate_spec,
     varied_keys,
-    with_asha,
 )
 from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     OPTUNA_DB,
     atomic_write_text,
     check_no_links,
-    check_output_dir,
-    check_storage,
     storage_delete,
     storage_exists,
     storage_join,
@@ -133,37 +127,25 @@ def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
     return max(1, int(fits))
 
 
-def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
-    """Run (or resume) the study and return its table and summary. Validates everything before Ray starts.
+def run_study(study: PreparedStudy) -> StudyOutcome:
+    """Run (or resume) the prepared study (:func:`~dcl_core.study.plan.prepared.prepare`: checked before Ray
+    starts) and return its table and summary.
 
     Raises:
-        ConfigError: bad input (one line), before Ray starts.
+        ConfigError: bad input found under the study's lock (one line), before Ray starts.
         StudyInterruptedError: Ctrl-C stopped it; the finished trials and every checkpoint are kept for --resume.
     """
-    validate_spec(spec)
+    spec, options, exps, local = study.spec, study.options, list(study.experiments), study.local
+    storage, tracking_uri = study.storage, study.tracking_uri  # still set after the replace() below
     if options.verbosity < console.VERBOSE:  # before the first read of Tune's state (a resume's checks)
         tune_state.quiet_tune_restore_advice()
-    knn_every = spec.base.eval.knn_every
-    spec = with_asha(spec, options.asha)
-    if spec.base.eval.knn_every != knn_every:
-        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
-    options = options.resolved()
-    assert options.storage is not None and options.tracking_uri is not None
-    storage, tracking_uri = options.storage, options.tracking_uri  # still set after the replace() below
-    check_output_dir(options.output_dir)
-    exps = tune_experiments(spec)
-    check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
-    check_storage(options.storage)
-    local = not (options.address or os.environ.get("RAY_ADDRESS"))
-    if local:
-        check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
     with study_lock(options.output_dir, spec.name):
-        existing = [u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)]
+        existing = [u for u in (storage_join(storage, e.name) for e in exps) if storage_exists(u)]
         rounds = _prepare_output(spec, options, exps, existing)
         exps = round_experiments(exps, rounds)
         check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in exps)))
         if options.resume:
-            _check_restorable([u for u in (storage_join(options.storage, e.name) for e in exps) if storage_exists(u)])
+            _check_restorable([u for u in (storage_join(storage, e.name) for e in exps) if storage_exists(u)])
 
         if local:  # what a driver killed by kill -9 or the OOM killer left of this study's own Ray
             ray_session.end_dead_session(options.output_dir, spec.name)
@@ -181,7 +163,7 @@ def run_study(spec: StudySpec, options: StudyOptions) -> StudyOutcome:
         tracker = tracking.StudyTracker(tracking_uri, spec.name,
                                         artifact_root=options.output_dir / "mlartifacts",
                                         tags={"study": spec.name, "git_commit": tracking.git_commit()},
-                                        journal_dir=summary_dir(options.output_dir, spec.name),
+                                        journal_dir=study.summary_dir,
                                         description=spec.description,
                                         experiment_tags=dict([mlflow_view.compare_view(spec).tag()]))
         tracker.open(overwrite=options.overwrite)  # --overwrite: the old trials' runs would mix with the new ones
@@ -229,19 +211,6 @@ def _raise_if_interrupted(exp_uri: str) -> None:
     unfinished = [t for t in tune.ExperimentAnalysis(exp_uri).trials if t.status not in done]
     if unfinished:
         raise StudyInterruptedError(f"{len(unfinished)} trial(s) of {Path(exp_uri).name} did not finish")
-
-
-def check_fits(resources: Resources, cpus: float) -> None:
-    """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
-    own = DDP_TRIAL_CPU if resources.num_workers > 1 else 0.0
-    need = resources.num_workers * resources.cpus_per_worker + own
-    if need > cpus + 1e-9:
-        fit = math.floor((cpus - own) / resources.num_workers * 100) / 100
-        hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
-        raise ConfigError(
-            f"one trial needs {need:g} CPUs ({resources.num_workers} worker(s) x {resources.cpus_per_worker:g}"
-            f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
-            f"use {hint}")
 
 
 def _warn_if_cluster_too_small(resources: Resources, cluster: dict[str, float]) -> None:

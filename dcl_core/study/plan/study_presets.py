@@ -50,7 +50,7 @@ class StudyPreset:
 
     @property
     def base(self) -> tuple[str, dict[str, Any]]:
-        """``(config preset, overrides)``, as :func:`dcl_core.study.cli.base_config` takes it."""
+        """``(config preset, overrides)``, as :func:`dcl_core.study.cli.script.base_config` takes it."""
         return self.config, dict(self.overrides)
 
 

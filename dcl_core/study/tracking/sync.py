@@ -1,5 +1,5 @@
 """What a study journaled while MLflow was unreachable, pushed to MLflow later (``python -m dcl_core.study sync``,
-whose command line is :func:`dcl_core.study.cli.sync_main`).
+whose command line is :func:`dcl_core.study.cli.sync_command.sync_main`).
 
 Every study under ``OUTPUT_DIR/summary/`` with a ``pending_mlflow.jsonl`` (or only one named study) is replayed
 against ``--tracking-uri``, else the folder's own store; a study that logged to another store (a server) names it

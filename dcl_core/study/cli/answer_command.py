@@ -1,0 +1,148 @@
+"""``python -m dcl_core.study answer OUTPUT_DIR``: finished studies re-analysed from their stored results, each
+rebuilt from the options it recorded (``study_options.json``'s ``command``) by its own study script."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dcl_core import cli
+from dcl_core.config import ConfigError
+from dcl_core.files import disk_full, no_space
+from dcl_core.study.analysis.mi_toy import TOY
+from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser, options_of
+from dcl_core.study.cli.script import Script, run_request
+from dcl_core.study.plan.spec import check_name
+from dcl_core.study.plan.storage import OPTIONS_FILE
+
+STUDIES_DIR = Path(__file__).resolve().parents[3] / "studies"  # the study scripts of this checkout
+SCRIPT_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def _load_script(name: str) -> Script:
+    """``studies/<name>.py`` of this checkout as a :class:`Script` (never a path read from the outputs)."""
+    path = STUDIES_DIR / f"{name}.py"
+    if not SCRIPT_NAME.fullmatch(name) or not path.is_file():
+        raise ConfigError(f"the recorded study script {name!r} is not one of {STUDIES_DIR}/*.py")
+    found = importlib.util.spec_from_file_location(f"_study_{name}", path)
+    assert found is not None and found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return Script(module.__doc__ or "", name, module.build_spec,
+                  tuple(getattr(module, "PRESETS", ("smoke", "cpu", "paper"))))
+
+
+def reanalyze_recorded(script: Script, recorded: Mapping[str, Any], output_dir: Path, tracking_uri: str | None,
+                       quiet: bool) -> int:
+    """Re-analyse a study from the options its outputs recorded (``study_options.json``'s ``command``)."""
+    ns = build_parser(script.doc, script.name, script.presets).parse_args([])
+    args = args_from_record(recorded, args_of(ns), f"{output_dir}/summary/{script.name}/{OPTIONS_FILE}")
+    if args.preset not in script.presets:
+        raise ConfigError(f"the recorded preset {args.preset[:40]!r} is not one of {', '.join(script.presets)}")
+    args = replace(args, output_dir=str(output_dir), tracking_uri=tracking_uri, reanalyze=True, quiet=quiet)
+    return run_request(script, StudyRequest(args, options_of(args)))
+
+
+def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None, quiet: bool) -> int:
+    """One study of ``summary/``: rebuilt from its recorded command and re-analysed (the script's own output)."""
+    # MLflow (seconds): not for --help or bad input
+    from dcl_core.study.execution.reanalysis import read_json, reanalyze_toy
+    from dcl_core.study.tracking.sync import study_store
+
+    store = study_store(study_dir, output_dir, tracking_uri)
+    if (note := store.note()) is not None:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    if study_dir.name == TOY:
+        print(reanalyze_toy(output_dir, store.uri))
+        return 0
+    options_file = study_dir / OPTIONS_FILE
+    if not options_file.is_file():
+        raise ConfigError(f"{study_dir} has no {OPTIONS_FILE}: not a study's summary folder")
+    command = read_json(options_file).get("command")
+    if not isinstance(command, dict) or not isinstance(command.get("script"), str):
+        raise ConfigError(f"{options_file} records no command (a study run before re-analysis was recorded): run "
+                          f"`python studies/<script>.py <the options it ran with> --output-dir {output_dir} "
+                          "--reanalyze`")
+    return reanalyze_recorded(_load_script(command["script"]), command, output_dir, store.uri, quiet)
+
+
+ANSWER_DOC = """Re-analyse finished studies without training: recompute the answer from the stored results rows and
+print, write and log it exactly as the study does (``summary/<study>/table.txt``, the plots, the MLflow summary run).
+
+    python -m dcl_core.study answer OUTPUT_DIR [--name STUDY] [--tracking-uri URI] [-q]
+    python studies/NAME.py <the options it ran with> --output-dir OUTPUT_DIR --reanalyze
+
+The first form re-analyses every study in ``OUTPUT_DIR/summary/`` (or ``--name``): each study's
+``study_options.json`` records the study script and the options that built its spec, from which the spec (and so
+its questions, with today's statistics) is rebuilt; the EqCo MI toy is re-analysed from ``mi_toy.parquet``. A study
+run before the options were recorded is re-analysed with the second form. A study that cannot be re-analysed is
+named with one line and the others still are; exit code 0 when every study was re-analysed, else 2. The summary
+run is logged to ``--tracking-uri``, else to the folder's own store (``OUTPUT_DIR/mlflow.db``): the tracking URI
+a study recorded is named, never followed (a folder someone else wrote must not choose where your credentials go
+or where you write).
+"""
+
+
+def answer_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dcl_core.study answer OUTPUT_DIR``: every finished study there re-analysed."""
+    parser = argparse.ArgumentParser(prog="python -m dcl_core.study answer", description=ANSWER_DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
+    parser.add_argument("--name", default=None, help="only this study (default: every study in OUTPUT_DIR)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the answers")
+    args = parser.parse_args(argv)
+    cli.setup_logging(quiet=args.quiet)
+    try:
+        output_dir = args.output_dir.expanduser().resolve()
+        if not (output_dir / "summary").is_dir():
+            raise ConfigError(f"{output_dir} holds no finished study (no summary/ folder)")
+        if args.name is not None:
+            check_name(args.name)
+        dirs = finished_studies(output_dir, args.name)
+        if not dirs:
+            raise ConfigError(f"no finished study{f' named {args.name}' if args.name else ''} in {output_dir}/summary")
+    except ConfigError as err:
+        return cli.error(err)
+    code = 0
+    for i, d in enumerate(dirs):  # one study that cannot be re-analysed does not stop the others
+        if len(dirs) > 1:
+            print(f"{'' if i == 0 else chr(10)}=== {d.name}", flush=True)
+        try:
+            code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet))
+        except ConfigError as err:
+            code = cli.error(f"{d.name}: {err}")
+        except Exception as err:  # one line, and the other studies are still re-analysed
+            if no_space(err):
+                code = max(code, cli.error(f"{d.name}: {disk_full(output_dir)}", cli.EXIT_FAILED))
+                continue
+            logging.getLogger(__name__).debug("re-analysis of %s failed", d.name, exc_info=True)
+            code = cli.error(f"{d.name}: could not be re-analysed ({type(err).__name__}: "
+                             f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else 'no message'})")
+    return code
+
+
+def finished_studies(output_dir: Path, name: str | None = None, toy: bool = True) -> list[Path]:
+    """The ``summary/<study>`` folders of the finished studies in ``output_dir`` (only ``name``'s when given): those
+    holding a study's results, or with ``toy`` the MI toy's table."""
+    from dcl_core.study.execution.reanalysis import RESULTS_FILE, TOY_FILE  # MLflow: not for --help
+
+    summary = output_dir / "summary"
+    dirs = sorted(d for d in summary.iterdir() if d.is_dir() and not d.is_symlink()
+                  and (name is None or d.name == name)) if summary.is_dir() else []
+    return [d for d in dirs if (d / RESULTS_FILE).is_file() or (toy and d.name == TOY and (d / TOY_FILE).is_file())]
+
+
+def only_study(output_dir: Path) -> str:
+    """The name of the one finished study in ``output_dir``; ConfigError when there is none or several."""
+    names = [d.name for d in finished_studies(output_dir, toy=False)]
+    if len(names) != 1:
+        raise ConfigError(f"{output_dir} holds {'no finished study' if not names else 'studies ' + ', '.join(names)}"
+                          + (": choose one with --name" if names else ""))
+    return names[0]

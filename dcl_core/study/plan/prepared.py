@@ -1,0 +1,86 @@
+"""A study prepared to run: its spec validated and set for ASHA, its options resolved (absolute output folder,
+Ray storage, MLflow store), its Tune experiments and every check that needs no Ray made, once, before Ray starts.
+:func:`dcl_core.study.execution.tuning.run_study` consumes it without calling back into planning."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcl_core.config import ConfigError
+from dcl_core.study.plan.spec import (
+    DDP_TRIAL_CPU,
+    Resources,
+    StudyOptions,
+    StudySpec,
+    TuneExperiment,
+    tune_experiments,
+    validate_spec,
+    with_asha,
+)
+from dcl_core.study.plan.storage import check_no_links, check_output_dir, check_storage, study_entries, summary_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedStudy:
+    """One study (or one round of ``--until-resolved``), checked and resolved."""
+
+    spec: StudySpec  # validated, as it runs (ASHA: kNN every epoch)
+    options: StudyOptions  # resolved: storage and tracking_uri are set
+    experiments: tuple[TuneExperiment, ...]
+    local: bool  # a local Ray (no --address, no $RAY_ADDRESS)
+
+    @property
+    def storage(self) -> str:
+        """The Ray storage path or URI."""
+        assert self.options.storage is not None
+        return self.options.storage
+
+    @property
+    def tracking_uri(self) -> str:
+        """The MLflow store."""
+        assert self.options.tracking_uri is not None
+        return self.options.tracking_uri
+
+    @property
+    def summary_dir(self) -> Path:
+        """``OUTPUT_DIR/summary/<study>``."""
+        return summary_dir(self.options.output_dir, self.spec.name)
+
+
+def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
+    """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec,
+    an unusable output folder or storage, a link where the study writes, or a trial no local Ray could fit."""
+    validate_spec(spec)
+    knn_every = spec.base.eval.knn_every
+    spec = with_asha(spec, options.asha)
+    if spec.base.eval.knn_every != knn_every:
+        log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
+    options = options.resolved()
+    assert options.storage is not None
+    check_output_dir(options.output_dir)
+    experiments = tuple(tune_experiments(spec))
+    check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in experiments)))
+    check_storage(options.storage)
+    local = not (options.address or os.environ.get("RAY_ADDRESS"))
+    if local:
+        check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
+    return PreparedStudy(spec, options, experiments, local)
+
+
+def check_fits(resources: Resources, cpus: float) -> None:
+    """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
+    own = DDP_TRIAL_CPU if resources.num_workers > 1 else 0.0
+    need = resources.num_workers * resources.cpus_per_worker + own
+    if need > cpus + 1e-9:
+        fit = math.floor((cpus - own) / resources.num_workers * 100) / 100
+        hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
+        raise ConfigError(
+            f"one trial needs {need:g} CPUs ({resources.num_workers} worker(s) x {resources.cpus_per_worker:g}"
+            f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
+            f"use {hint}")
