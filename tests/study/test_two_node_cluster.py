@@ -7,7 +7,7 @@ nothing of the cluster may outlive the script, on success or on Ctrl-C.
 Needs root and network namespaces: without them the tests skip with the reason, except under ``CI=true``, where
 they fail (CI runs as root on a machine that has them)."""
 
-import importlib.util
+import importlib
 import os
 import re
 import shutil
@@ -38,11 +38,11 @@ pytestmark = [
 UNSTABLE = {"trial_id", "images_per_s"}
 
 
-def _two_node():
-    spec = importlib.util.spec_from_file_location("two_node", REPO / "studies" / "cluster" / "two_node.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _cluster_module(name: str):
+    """A module of ``studies/cluster/``, imported as ``two_node.py`` imports it (the checkout first on sys.path)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f"studies.cluster.{name}")
 
 
 def _missing_capability() -> str | None:
@@ -121,14 +121,14 @@ def test_a_study_on_two_nodes_survives_losing_its_worker(cluster_run):
 def test_its_results_equal_an_uninterrupted_single_machine_run(cluster_run, tmp_path):
     proc, work = cluster_run
     assert proc.returncode == 0, proc.stderr[-3000:]
-    two_node = _two_node()
-    command = two_node.study_command(resolve_data_root("cifar10", None), tmp_path / "local", two_node.STUDY_ARGS)
+    job = _cluster_module("job")
+    command = job.study_command(resolve_data_root("cifar10", None), tmp_path / "local", job.STUDY_ARGS)
     local = pyrun.run([sys.executable, *command[1:], "--num-cpus", "2"], cwd=REPO, capture_output=True,
                       text=True, timeout=900)
     assert local.returncode == 0, local.stderr[-3000:]
 
     def rows(output_dir):
-        table = read_table(summary_dir(output_dir, two_node.EXPERIMENT) / "results.parquet")
+        table = read_table(summary_dir(output_dir, job.EXPERIMENT) / "results.parquet")
         return {(r["loss"], r["temperature"], r["seed"]): {k: v for k, v in r.items() if k not in UNSTABLE}
                 for r in table}
 
@@ -198,16 +198,16 @@ def test_a_closed_terminal_tears_down_its_own_cluster_whatever_follows_and_a_sec
 def test_a_signal_the_moment_a_namespace_exists_leaks_no_namespace(tmp_path, monkeypatch):
     """Ctrl-C as ``ip netns add`` returns: the namespace was recorded before it was made, so the teardown removes it."""
     _require_capability()
-    two_node = _two_node()
-    cluster = two_node.Cluster(tmp_path / "w")
-    made = two_node._ip
+    netns = _cluster_module("netns")
+    cluster = netns.Cluster(tmp_path / "w")
+    made = netns._ip
 
     def interrupted(*args: str) -> None:
         made(*args)
         if args[:2] == ("netns", "add"):
             raise KeyboardInterrupt  # as if Ctrl-C arrived the moment `ip` returned
 
-    monkeypatch.setattr(two_node, "_ip", interrupted)
+    monkeypatch.setattr(netns, "_ip", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt):
             cluster.create_network()
@@ -279,13 +279,13 @@ def _plant(experiment_dir: Path, trials: dict[str, list[tuple[str, int]]]) -> No
 ])
 def test_the_retry_check_tells_a_resumed_trial_from_a_restarted_one(tmp_path, head_epochs, verdict):
     """The script's own check, on planted Tune results (the cluster test sees only the case that happened)."""
-    two_node = _two_node()
-    run = two_node.Run(type("C", (), {"work": tmp_path})(), trials=2, epochs=10, kill_after=5)
-    head, worker = two_node.HEAD_IP, two_node.WORKER_IP
+    job, netns = _cluster_module("job"), _cluster_module("netns")
+    run = job.Run(type("C", (), {"work": tmp_path})(), trials=2, epochs=10, kill_after=5)
+    head, worker = netns.HEAD_IP, netns.WORKER_IP
     _plant(run.experiment_dir, {"a": [(head, e) for e in range(1, 11)],
                                 "b": [(worker, e) for e in range(1, 7)] + [(head, e) for e in head_epochs]})
     run.killed = {"b": 6}
-    failed = run._check_retried(two_node.trial_lines(run.experiment_dir))
+    failed = run._check_retried(job.trial_lines(run.experiment_dir))
     assert (failed == []) if verdict is None else (len(failed) == 1 and verdict in failed[0])
     run.killed = {}
-    assert "the worker was never killed" in run._check_retried(two_node.trial_lines(run.experiment_dir))[0]
+    assert "the worker was never killed" in run._check_retried(job.trial_lines(run.experiment_dir))[0]
