@@ -2,8 +2,8 @@
 
 Writes the backbone's weights (no projection head, no optimizer) as a plain state dict in a weights-only torch file,
 and beside it ``backbone.json``, what it is; a width-1 ResNet-18/50 loads into torchvision's own model by the recipe
-in :mod:`dcl_core.training.export`. A study's trial: ``python -m dcl_core.study export OUTPUT_DIR --trial NAME``
-(or ``--best``). Bad input exits with code 2 and one line.
+in :mod:`dcl_core.training.backbone_export`. A study's trial: ``python -m dcl_core.study export OUTPUT_DIR --trial
+NAME`` (or ``--best``). Bad input exits with code 2 and one line.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from dcl_core.cli import run_command, setup_logging
-from dcl_core.training.export import describe, description_path, export
+from dcl_core.training.backbone_export import describe, description_path, export
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from test_full_disk import disk, fill  # noqa: F401 - disk: a fixture (a small t
 
 from dcl_core.config import ConfigError, apply_overrides, preset, to_flat_dict
 from dcl_core.study.cli.export_command import export_main
-from dcl_core.study.execution.export import choose_row, final_checkpoint, trial_folder
+from dcl_core.study.execution.trial_choice import choose_row, final_checkpoint, trial_folder
 from dcl_core.study.plan.writers import write_table
 from dcl_core.training.builders import build_model
 from dcl_core.training.checkpoint import save_checkpoint

@@ -24,7 +24,7 @@ finished trial with the highest final kNN top-1 (of one series, e.g. ``--best dc
 is read from the study's Tune storage (``OUTPUT_DIR/ray_results``, or ``--storage`` where the study ran with
 another local one). ``--mlflow`` also logs the two files into ``backbone/`` of the trial's MLflow run
 (``--tracking-uri``, else the folder's own store). What the files hold and how to load them:
-``dcl_core.training.export``. Exit code 0, or 2 with one line on bad input.
+``dcl_core.training.backbone_export``. Exit code 0, or 2 with one line on bad input.
 """
 
 
@@ -57,8 +57,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
             preflight(uri)
             check_store_in_folder(uri, output_dir)  # the folder's own store, named or not, writes only inside it
-        from dcl_core.study.execution.export import choose  # pyarrow: not for --help
-        from dcl_core.training.export import describe, export  # torch and the models (seconds): not for --help
+        from dcl_core.study.execution.trial_choice import choose  # pyarrow: not for --help
+        from dcl_core.training.backbone_export import describe, export  # torch and the models (seconds): not for --help
 
         chosen = choose(output_dir, study, storage, args.trial, args.best)
         out = args.out if args.out is not None else Path(f"{chosen.name}.pt")

@@ -1,6 +1,6 @@
 """A study's trained encoder for another codebase: the trial of a cell (by its name) or the best trial (``--best``),
-found in the study's results and its Tune storage, exported by :func:`dcl_core.training.export.export`. The command
-line is ``python -m dcl_core.study export`` (:mod:`dcl_core.study.cli.export_command`)."""
+found in the study's results and its Tune storage, exported by :func:`dcl_core.training.backbone_export.export`. The
+command line is ``python -m dcl_core.study export`` (:mod:`dcl_core.study.cli.export_command`)."""
 
 from __future__ import annotations
 
