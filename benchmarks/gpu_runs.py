@@ -42,7 +42,8 @@ from dcl_core.cli import run_command  # noqa: E402
 from dcl_core.config import ConfigError  # noqa: E402
 from dcl_core.files import open_fd, read_bounded, write_text  # noqa: E402
 from dcl_core.study.analysis import paper  # noqa: E402
-from dcl_core.study.analysis.stats import format_estimate, paired_difference, verdict  # noqa: E402
+from dcl_core.study.analysis.intervals import paired_difference  # noqa: E402
+from dcl_core.study.analysis.stats import format_estimate, verdict  # noqa: E402
 
 LOSSES = ("infonce", "dcl")
 RUN = re.compile(r"([a-z]{1,20})_s(\d{1,6})")  # a run's folder in OUT: <loss>_s<seed>

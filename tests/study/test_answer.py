@@ -9,9 +9,10 @@ import pytest
 
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
 from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
+from dcl_core.study.analysis.intervals import collect
 from dcl_core.study.analysis.paper import paper_claim
 from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
-from dcl_core.study.analysis.stats import GroupSequential, VerdictWord, collect
+from dcl_core.study.analysis.stats import GroupSequential, VerdictWord
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
 GAP = Question("DCL beats InfoNCE at the smallest τ", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")
@@ -128,7 +129,7 @@ def test_planted_null_is_not_resolved_with_a_power_estimate():
 def test_a_projection_past_the_cap_reads_as_not_resolvable():
     """Past MAX_SEEDS_PROJECTED seeds the power line names no number: it is no advice to run 40,000 seeds."""
     from dcl_core.study.analysis.answer import Verdict
-    from dcl_core.study.analysis.stats import Estimate
+    from dcl_core.study.analysis.intervals import Estimate
 
     tiny = Estimate(0.01, -1.0, 1.02, 5)
     line = Verdict(GAP, tiny, VerdictWord.NOT_RESOLVED, None, None).power_line()

@@ -127,7 +127,7 @@ def test_the_property_catches_a_wrongly_declared_input():
 def test_a_seed_missing_a_declared_input_is_left_out():
     """per_seed keeps the seeds that have every declared input, and only those (a cell outside them may lack a
     seed)."""
-    from dcl_core.study.analysis.stats import per_seed
+    from dcl_core.study.analysis.intervals import per_seed
 
     q = Question("smallest", GAP_AT_SMALLEST, "dcl", "infonce")
     data = {s: {x: {seed: m + seed for seed in range(4)} for x, m in by_x.items()}

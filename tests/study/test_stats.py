@@ -11,8 +11,18 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import intervals, stats
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.intervals import (
+    Estimate,
+    cell_means,
+    collect,
+    max_min_interval,
+    paired_difference,
+    per_seed,
+    seed_interval,
+    t_interval,
+)
 from dcl_core.study.analysis.statistics import (
     GAP_AT,
     STD_DIFFERENCE,
@@ -22,22 +32,7 @@ from dcl_core.study.analysis.statistics import (
     std_across,
     std_difference,
 )
-from dcl_core.study.analysis.stats import (
-    MAX_SEEDS_PROJECTED,
-    Estimate,
-    Size,
-    VerdictWord,
-    cell_means,
-    collect,
-    format_estimate,
-    max_min_interval,
-    paired_difference,
-    per_seed,
-    seed_interval,
-    seeds_needed,
-    t_interval,
-    verdict,
-)
+from dcl_core.study.analysis.stats import MAX_SEEDS_PROJECTED, Size, VerdictWord, format_estimate, seeds_needed, verdict
 from dcl_core.study.analysis.stats import (
     size as stats_size,
 )
@@ -465,7 +460,7 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     design = stats.GroupSequential(3, 12)
 
     def estimate(boundary):
-        return stats.t_interval(values, 1 - 2 * boundary.tail(0.025))
+        return intervals.t_interval(values, 1 - 2 * boundary.tail(0.025))
 
     up = stats.group_look(estimate, design, paper_sign=1, seeds=12)
     down = stats.group_look(estimate, design, paper_sign=-1, seeds=12)
@@ -475,10 +470,11 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     flo, fhi = up.futility
     assert up.lo < flo < fhi < up.hi
     # the power line's projection reads the seeds' spread, not the half-width of two sides at two levels
-    assert stats.per_seed_sd(up) == pytest.approx(float(np.std(values, ddof=1)))
+    assert intervals.per_seed_sd(up) == pytest.approx(float(np.std(values, ddof=1)))
     delta = (fhi + up.hi) / 2  # beyond the futility bound, inside the look's interval
     assert stats.verdict(up, 1, delta) is stats.VerdictWord.RULES_OUT
-    assert stats.verdict(stats.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta) is stats.VerdictWord.NOT_RESOLVED
+    assert (stats.verdict(intervals.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta)
+            is stats.VerdictWord.NOT_RESOLVED)
     below = (down.lo + down.futility[0]) / 2  # a paper claiming a negative effect: δ's side is below
     assert down.lo < 0 < down.hi and stats.verdict(down, -1, below) is stats.VerdictWord.RULES_OUT
 
@@ -491,9 +487,9 @@ def test_the_fixed_designs_seeds_for_80_percent_power():
 def test_a_number_prints_the_same_however_its_float_was_computed():
     """A half rounds away from zero after float noise is dropped: one mean computed two ways (a table's fmean and
     an answer's numpy mean) prints one way, where Python's format gives 34.2 for 34.25 and 34.3 for 34.25000...07."""
-    from dcl_core.study.analysis.stats import format_number
+    from dcl_core.study.analysis.intervals import format_number
 
     assert [format_number(v) for v in (34.25, 34.250000000000007, 34.249999999999993)] == ["34.3"] * 3
     assert format_number(-0.05) == "-0.1" and format_number(0.04, signed=True) == "+0.0"
     assert format_number(2.0, 2, signed=True) == "+2.00" and format_number(float("nan")) == "nan"
-    assert stats.format_estimate(stats.Estimate(34.25, 32.35, 36.15, 2)) == "+34.3 [+32.4, +36.2]"
+    assert stats.format_estimate(intervals.Estimate(34.25, 32.35, 36.15, 2)) == "+34.3 [+32.4, +36.2]"

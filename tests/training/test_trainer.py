@@ -187,9 +187,9 @@ def test_every_loss_trains(tmp_path, loss):
 
 @needs_cifar
 def test_same_seed_gives_every_loss_the_same_init_and_data_order(tmp_path):
-    # The studies pair DCL and InfoNCE trials by seed (dcl_core.study.analysis.stats.paired_difference): that pairing
-    # is only meaningful if a seed fixes the initial weights, the images, their order and their views whatever
-    # the loss.
+    # The studies pair DCL and InfoNCE trials by seed (dcl_core.study.analysis.intervals.paired_difference): that
+    # pairing is only meaningful if a seed fixes the initial weights, the images, their order and their views
+    # whatever the loss.
     runtime = Runtime(rank=0, world_size=1, device=torch.device("cpu"), owns_process_group=False)
 
     def start(loss, seed):

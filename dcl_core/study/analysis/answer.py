@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcl_core.study.analysis import statistics, stats
+from dcl_core.study.analysis import intervals, statistics, stats
 from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status, fmt_x
+from dcl_core.study.analysis.intervals import Means, nan
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
 from dcl_core.study.analysis.report import gap_pairs
 from dcl_core.study.analysis.statistics import Statistic
-from dcl_core.study.analysis.stats import Means, VerdictWord, nan
+from dcl_core.study.analysis.stats import VerdictWord
 
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
 
@@ -41,7 +42,7 @@ class Question:
             best x of series ``better`` minus its ``baseline_x``) or ``BEST_GAP`` (the best cell of ``better``
             minus the best of ``base``: tuned against tuned). The first four (:class:`.statistics.Smooth`) get a
             t-interval over seeds of each seed's own statistic, the "best" ones (:class:`.statistics.Best`)
-            paired t bounds corrected for picking the best cell (:func:`.stats.max_min_interval`).
+            paired t bounds corrected for picking the best cell (:func:`.intervals.max_min_interval`).
         better, base: the series compared (``base`` unused by ``best_margin``).
         label: the statistic's short name in the verdict line (``Δstd``).
         paper_sign: +1 if the paper finds the statistic positive, −1 if negative.
@@ -84,11 +85,11 @@ class Question:
         """The statistic as a function of cell means (cells outside the claimed range left out)."""
         return lambda means: self.statistic.of(self, self._restrict(means))
 
-    def inputs(self, means: Mapping[str, Mapping[Any, float]]) -> set[stats.Cell]:
+    def inputs(self, means: Mapping[str, Mapping[Any, float]]) -> set[intervals.Cell]:
         """The cells of ``means`` the statistic reads (within the claimed range)."""
         return self.statistic.inputs(self, self._restrict(means))
 
-    def estimate(self, data: stats.Data, design: stats.Design | None = None) -> stats.Estimate:
+    def estimate(self, data: intervals.Data, design: stats.Design | None = None) -> intervals.Estimate:
         """The statistic on the study's cells with its 95% interval (smooth: t over seeds of each seed's own
         statistic; best-of: paired t bounds corrected for the selection). With a sequential ``design`` the
         interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`; a
@@ -156,7 +157,7 @@ class Verdict:
     interval lies against it."""
 
     question: Question
-    estimate: stats.Estimate
+    estimate: intervals.Estimate
     words: VerdictWord
     paper: PaperValue
     seeds_needed: int | None
@@ -195,7 +196,7 @@ class Verdict:
         elif math.isinf(e.lo) or math.isinf(e.hi):  # a sequential design's early look: a tail past float precision
             value = (f"{self.question.label} {e.estimate:+.2f}, no finite interval at this look (the sequential "
                      f"design's bound at {e.n} seeds per cell is beyond any t quantile; its later looks are wider)")
-        else:  # stats.t_interval: the seeds' values were identical
+        else:  # intervals.t_interval: the seeds' values were identical
             value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
         if self.words is VerdictWord.RULES_OUT and self.delta is not None:
             whose = "the effect of interest" if self.delta_given else "the paper's"
@@ -237,8 +238,8 @@ class Answer:
     """Everything a study prints and logs beyond its table."""
 
     x_label: str
-    cells: dict[str, dict[Any, stats.Estimate]]  # {series: {x: t-interval over seeds}}
-    pairs: dict[str, dict[Any, stats.Estimate]]  # {"dcl − infonce": {x: paired gap}}
+    cells: dict[str, dict[Any, intervals.Estimate]]  # {series: {x: t-interval over seeds}}
+    pairs: dict[str, dict[Any, intervals.Estimate]]  # {"dcl − infonce": {x: paired gap}}
     q_b: dict[str, dict[Any, float]]  # {series: {x: mean q_B over seeds}}
     regime: str
     verdicts: list[Verdict] = field(default_factory=list)
@@ -300,17 +301,17 @@ def _one_per_seed(rows: Sequence[Mapping[str, Any]], x_key: str) -> list[Mapping
     return list(best.values())
 
 
-def _paired(data: stats.Data, better: str, base: str, base_x: Any = None) -> dict[Any, stats.Estimate]:
+def _paired(data: intervals.Data, better: str, base: str, base_x: Any = None) -> dict[Any, intervals.Estimate]:
     """``better − base`` per x, paired by seed; with ``base_x``, every x of ``better`` against ``base`` at
     ``base_x`` (DCLW's σ against σ = 1000, i.e. DCL)."""
     if better not in data or base not in data:
         return {}
     if base_x is None:
-        return {x: stats.paired_difference(data[better][x], data[base][x])
+        return {x: intervals.paired_difference(data[better][x], data[base][x])
                 for x in sorted(set(data[better]) & set(data[base]))}
     if base_x not in data[base]:
         return {}
-    return {x: stats.paired_difference(data[better][x], data[base][base_x]) for x in sorted(data[better])
+    return {x: intervals.paired_difference(data[better][x], data[base][base_x]) for x in sorted(data[better])
             if x != base_x}
 
 
@@ -323,8 +324,8 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
     ``base`` at one x; ``None`` = every DCL/InfoNCE pair of series. ``design``: the verdicts are looks of this
     sequential design (their intervals at its nominal level); ``None``: one look at 95%."""
     rows = _one_per_seed(rows, x_key)
-    data = stats.collect(rows, x_key)
-    cells = {s: {x: stats.t_interval(list(by_seed.values())) for x, by_seed in sorted(by_x.items())}
+    data = intervals.collect(rows, x_key)
+    cells = {s: {x: intervals.t_interval(list(by_seed.values())) for x, by_seed in sorted(by_x.items())}
              for s, by_x in sorted(data.items())}
     pairs = default_pairs(list(data)) if pairs is None else list(pairs)
     paired = {}
@@ -334,7 +335,7 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
         name = f"{better} − {base}" + (f"@{fmt_x(base_x)}" if base_x is not None else "")
         if gaps := _paired(data, better, base, base_x):
             paired[name] = gaps
-    q_data = stats.collect(rows, x_key, value_key=Q_MEAN)
+    q_data = intervals.collect(rows, x_key, value_key=Q_MEAN)
     q_b = {s: {x: _mean(list(by_seed.values())) for x, by_seed in by_x.items()} for s, by_x in q_data.items()}
     claim = paper_claim(paper) if paper else None
     verdicts = []
@@ -345,7 +346,7 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
     return Answer(x_label, cells, paired, q_b, regime_line(q_b, bases), verdicts, claim, list(questions), design)
 
 
-def judge(question: Question, est: stats.Estimate, paper: PaperValue) -> Verdict:
+def judge(question: Question, est: intervals.Estimate, paper: PaperValue) -> Verdict:
     """The verdict on ``question`` of its estimate: the words, weighed against δ (the question's
     ``effect_of_interest``, else the paper's value), and the seeds an unresolved one would need."""
     delta = question.effect_of_interest
@@ -388,8 +389,8 @@ def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list
         for key, by_loss in by_cell.items():
             if "dcl" not in by_loss or "infonce" not in by_loss:
                 continue
-            gap = stats.paired_difference({s: r[KNN_TOP1] for s, r in by_loss["dcl"].items()},
-                                          {s: r[KNN_TOP1] for s, r in by_loss["infonce"].items()})
+            gap = intervals.paired_difference({s: r[KNN_TOP1] for s, r in by_loss["dcl"].items()},
+                                              {s: r[KNN_TOP1] for s, r in by_loss["infonce"].items()})
             q = _mean([r.get(Q_MEAN) for r in by_loss["infonce"].values()])
             if gap.n and not math.isnan(q):
                 cell = dict(zip(CELL_COLUMNS, key, strict=True))

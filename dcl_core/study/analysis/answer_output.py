@@ -7,20 +7,20 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import intervals, stats
 from dcl_core.study.analysis.answer import Answer, Verdict, paper_curves
 from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.paper import PaperClaim
 from dcl_core.study.analysis.stats import VerdictWord
 
 
-def _ci(e: stats.Estimate, signed: bool = False) -> str:
+def _ci(e: intervals.Estimate, signed: bool = False) -> str:
     if e.n == 0 or math.isnan(e.estimate):
         return "-"
     def f(v: float) -> str:
-        return stats.format_number(v, 1, signed)
+        return intervals.format_number(v, 1, signed)
 
-    if not e.has_interval:  # one seed, or seeds with identical values (stats.t_interval)
+    if not e.has_interval:  # one seed, or seeds with identical values (intervals.t_interval)
         return f"{f(e.estimate)} (n={e.n}{', identical' if e.n > 1 else ''})"
     return f"{f(e.estimate)} [{f(e.lo)}, {f(e.hi)}]"
 

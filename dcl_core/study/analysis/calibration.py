@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import intervals, stats
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 from dcl_core.study.analysis.statistics import Kind as StatisticKind
@@ -167,12 +167,12 @@ KINDS: tuple[Kind, ...] = (
 )
 
 
-def simulate(kind: Kind, setting: Setting, seeds: int, effect: float, rng: np.random.Generator) -> stats.Data:
+def simulate(kind: Kind, setting: Setting, seeds: int, effect: float, rng: np.random.Generator) -> intervals.Data:
     """One simulated study's data, ``{series: {x: {seed: value}}}``."""
     truth = kind.truth(setting, effect)
     scales = setting.series_scale if kind.series_noise else (1.0, 1.0)
     sd = setting.noise()
-    data: stats.Data = {}
+    data: intervals.Data = {}
     offsets = rng.normal(0, setting.seed_sd, seeds)
     for i, (series, curve) in enumerate(truth.items()):
         noise = rng.normal(0, 1, (seeds, setting.n_x)) * sd * scales[min(i, 1)]
@@ -195,7 +195,7 @@ def true_value(kind: Kind, setting: Setting, effect: float, draws: int = 20_000)
     rng = np.random.default_rng(12345)
     one = replace(setting, missing=False)
     data = simulate(kind, one, draws, effect, rng)
-    return float(np.mean(list(stats.per_seed(data, q.function(), q.inputs).values())))
+    return float(np.mean(list(intervals.per_seed(data, q.function(), q.inputs).values())))
 
 
 def true_sd(kind: Kind, setting: Setting, effect: float, draws: int = 20_000) -> float:
@@ -203,7 +203,7 @@ def true_sd(kind: Kind, setting: Setting, effect: float, draws: int = 20_000) ->
     design's power depends on (:func:`fixed_seeds`)."""
     q = kind.question(setting)
     data = simulate(kind, replace(setting, missing=False), draws, effect, np.random.default_rng(54321))
-    return float(np.std(list(stats.per_seed(data, q.function(), q.inputs).values()), ddof=1))
+    return float(np.std(list(intervals.per_seed(data, q.function(), q.inputs).values()), ddof=1))
 
 
 @functools.lru_cache(maxsize=64)  # pure and seeded: the design's table and its tests share one computation

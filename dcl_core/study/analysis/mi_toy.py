@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import intervals
 from dcl_core.study.analysis.answer import Question, Verdict, judge
 from dcl_core.study.analysis.answer_output import verdict_metrics, verdict_tags
 from dcl_core.study.analysis.paper import PAPER_KS, PAPER_TABLE5, paper_claim
@@ -72,7 +72,7 @@ def toy_verdict(rows: list[dict[str, Any]]) -> Verdict:
     value is the same slope of Table 5's row at that MI."""
     mi = max(r["true_mi"] for r in rows)
     series = {m: f"{m}/MI={mi:g}" for m in ("infonce", "eqco")}
-    data: stats.Data = {name: {} for name in series.values()}
+    data: intervals.Data = {name: {} for name in series.values()}
     for r in rows:
         if r["true_mi"] == mi and r.get("mi_estimate") is not None:
             data[series[r["method"]]].setdefault(r["k"], {})[int(r.get("seed") or 0)] = r["mi_estimate"]

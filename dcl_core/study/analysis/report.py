@@ -29,8 +29,8 @@ from dcl_core.study.analysis.columns import (
     cell_label,
     fmt_x,
 )
+from dcl_core.study.analysis.intervals import format_number, t_quantile
 from dcl_core.study.analysis.statistics import gap_between, std_across
-from dcl_core.study.analysis.stats import format_number, t_quantile
 from dcl_core.study.analysis.stored_table import read_stored_table
 
 

@@ -4,9 +4,9 @@ interval it gets, and the name records and MLflow know it by.
 Two kinds (:class:`Kind`), two intervals (:mod:`dcl_core.study.analysis.stats`):
 
 - :class:`Smooth` (a std difference across x, a gap at one x, a slope): computed on each seed's own cells, then a
-  t-interval over seeds (:func:`.stats.seed_interval`), over the cells :attr:`Smooth.inputs` declares;
+  t-interval over seeds (:func:`.intervals.seed_interval`), over the cells :attr:`Smooth.inputs` declares;
 - :class:`Best` (the best σ against DCL, tuned against tuned): a max/min of paired contrasts, whose groups
-  :attr:`Best.contrasts` declares, with t bounds corrected for the selection (:func:`.stats.max_min_interval`).
+  :attr:`Best.contrasts` declares, with t bounds corrected for the selection (:func:`.intervals.max_min_interval`).
 
 :data:`STATISTICS` is the registry: every statistic by its name (the string a study's records, its MLflow
 metrics ``verdict/<name>_<i>`` and re-analysis use). :class:`~dcl_core.study.analysis.answer.Question` takes one
@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.stats import Cell, Means, nan
+from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis.intervals import Cell, Means, nan
 
 CellMeans = Mapping[str, Mapping[Any, float]]
 Cells = Mapping[str, Mapping[Any, object]]  # a study's cells, whatever they hold (means, or values by seed)
@@ -159,8 +159,8 @@ class Statistic:
         """The cells of ``means`` the statistic reads: those whose removal or change can change its value."""
         raise NotImplementedError
 
-    def estimate(self, q: Compared, data: stats.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> stats.Estimate:
+    def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
+                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
         """The statistic on ``data`` with its 95% interval (or, with a sequential ``design``, that design's at this
         look). ``function`` and ``inputs`` are the statistic and its inputs on cell means restricted to the
         question's range (:meth:`~dcl_core.study.analysis.answer.Question.function`)."""
@@ -179,11 +179,11 @@ class Smooth(Statistic):
         """The cells the statistic reads (a seed missing one of them has no value of it)."""
         return self.reads(q, means)
 
-    def estimate(self, q: Compared, data: stats.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> stats.Estimate:
+    def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
+                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
         """A t-interval over seeds of each seed's own statistic (the design's interval at this look)."""
         level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
-        return stats.seed_interval(data, function, inputs, level)
+        return intervals.seed_interval(data, function, inputs, level)
 
 
 @dataclass(frozen=True, repr=False)
@@ -199,12 +199,12 @@ class Best(Statistic):
         """Every cell of every contrast."""
         return {cell for group in self.contrasts(q, means) for contrast in group for cell in contrast}
 
-    def estimate(self, q: Compared, data: stats.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> stats.Estimate:
+    def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
+                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
         """Paired t bounds over the contrasts, corrected for picking the best (the design's at this look)."""
         cells = {s: {x: v for x, v in by_x.items() if q.in_range(x) and v} for s, by_x in data.items()}
-        return stats.max_min_interval(cells, self.contrasts(q, cells),
-                                      adjust=design.tail if design is not None else None)
+        return intervals.max_min_interval(cells, self.contrasts(q, cells),
+                                          adjust=design.tail if design is not None else None)
 
 
 def _base(q: Compared) -> str:
