@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis import intervals, sequential
 from dcl_core.study.analysis.calibration import (
     EFFECT,
     GROUP_EFFECTS,
@@ -170,7 +170,7 @@ def test_format_report_lists_every_kind(report):
 
 
 # ------------------------------------------------------------------------------------ sequential (--until-resolved)
-SEQUENTIAL = stats.Sequential(first=3, max_seeds=18)  # a look after every seed, 3 to 18 seeds per cell
+SEQUENTIAL = sequential.Sequential(first=3, max_seeds=18)  # a look after every seed, 3 to 18 seeds per cell
 
 
 @pytest.mark.slow  # a sequential simulation of 300-400 studies
@@ -194,7 +194,7 @@ def test_a_sequential_study_that_stops_once_settled_rules_out_a_true_effect_at_m
     With δ the planted effect's true value, studies whose truth is δ end ruling it out in at most 5% (the design's
     two-sided boundary, applied around δ, allows 2.5%); null studies, which now stop once they rule a large δ
     out, use fewer seeds than when only excluding 0 could stop them, and still resolve at most 5%."""
-    design = stats.Sequential(first=3, max_seeds=10)
+    design = sequential.Sequential(first=3, max_seeds=10)
     setting = SETTINGS[3]  # 6 x, a missing trial
     delta = true_value(kind, setting, NEAR)
     at_delta = run_sequential(kind, setting, design, NEAR, 1000 if kind.name in SMOOTH else 200,
@@ -211,7 +211,7 @@ def test_a_sequential_study_that_stops_once_settled_rules_out_a_true_effect_at_m
 def test_ruling_out_at_the_fixed_level_after_every_seed_would_not_be_calibrated():
     """The test above can fail: the fixed 95% interval looked at after every seed rules out a true δ in more than
     5% of the studies (the same simulation with the one-look level at every look)."""
-    class EveryLookAtTheFixedLevel(stats.Sequential):
+    class EveryLookAtTheFixedLevel(sequential.Sequential):
         def tail(self, tail: float) -> float:
             return tail
 
@@ -225,7 +225,7 @@ def test_ruling_out_at_the_fixed_level_after_every_seed_would_not_be_calibrated(
 def test_looking_after_every_seed_at_the_fixed_level_would_not_be_calibrated():
     """The reason for the design: the fixed 95% interval looked at after every seed resolves a null study far
     more often than 5% (the same simulation with p* = 0.025 at every look)."""
-    class EveryLookAtTheFixedLevel(stats.Sequential):
+    class EveryLookAtTheFixedLevel(sequential.Sequential):
         def tail(self, tail: float) -> float:
             return tail
 
@@ -248,12 +248,12 @@ def test_a_sequential_study_needs_fewer_seeds_than_the_fixed_design_with_80_perc
 
 
 def test_the_sequential_boundary_is_stricter_than_one_look_and_the_same_everywhere():
-    design = stats.Sequential(first=3, max_seeds=18)
+    design = sequential.Sequential(first=3, max_seeds=18)
     assert design.looks == tuple(range(3, 19))
     assert 0.001 < design.tail(0.025) < 0.025 / 4  # stricter than one look, far looser than Bonferroni's 0.025/16
-    assert stats.Sequential(first=5, max_seeds=5).tail(0.025) == 0.025  # one look is the fixed design
+    assert sequential.Sequential(first=5, max_seeds=5).tail(0.025) == 0.025  # one look is the fixed design
     with pytest.raises(ValueError):
-        stats.Sequential(first=1, max_seeds=5)
+        sequential.Sequential(first=1, max_seeds=5)
 
 
 @pytest.mark.slow  # a sequential simulation of 300-400 studies
@@ -270,7 +270,7 @@ def test_tuned_against_tuned_over_three_learning_rates_is_calibrated(setting):
         assert binomial_upper(cell.resolved, cell.studies), (n, cell)
     planted = rep.planted[kind.name][5]
     assert planted.covered / planted.with_interval >= 0.95, planted
-    cell = run_sequential(kind, setting, stats.Sequential(5, 20), 0.0, 300, np.random.default_rng(11))
+    cell = run_sequential(kind, setting, sequential.Sequential(5, 20), 0.0, 300, np.random.default_rng(11))
     assert binomial_upper(cell.resolved, cell.studies), cell
 
 
@@ -317,7 +317,7 @@ def test_without_its_futility_bound_the_design_would_not_save_seeds_at_the_null(
 def test_the_group_sequential_design_keeps_its_error_rates_in_the_hard_settings(kind):
     """Unequal noise, a missing trial, 11 x, "best" statistics: null studies resolved and studies at δ ruling δ
     out stay ≤ 5% (the design's three bounds scale each Bonferroni share of a best-of statistic alike)."""
-    design = stats.GroupSequential(3, 12)
+    design = sequential.GroupSequential(3, 12)
     # a best-of statistic over 11 x takes ~40 s: unequal noise and a missing trial in its 4-6 x settings instead
     for setting in (SETTINGS[3], SETTINGS[-1] if kind.name in SMOOTH else SETTINGS[2]):
         at_delta = run_sequential(kind, setting, design, NEAR, 200, np.random.default_rng(12),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from dcl_core.config import apply_overrides, preset
-from dcl_core.study.analysis import stats
+from dcl_core.study.analysis import sequential
 from dcl_core.study.cli.options import args_of, build_parser
 from dcl_core.study.cli.script import main
 from dcl_core.study.plan import cost
@@ -274,15 +274,15 @@ def test_until_resolved_dry_run_prints_the_looks_and_the_worst_case_of_the_caps(
     assert "all 3 looks together end ≤ 5% of null studies resolved and ≤ 5% of studies at δ ruling δ out" in fixed
     printed = re.search(r"one-sided ([\d.]+)%→([\d.]+)% \(paper's side\)", fixed)
     first, last = (float(v) / 100 for v in printed.groups())  # each look's tail rises to the last's
-    design = stats.GroupSequential(2, 6, step=2)
-    assert first == pytest.approx(design.side(stats.PAPER_SIDE_ERROR, 2).tail(0.025), rel=0.05)
-    assert last == pytest.approx(design.side(stats.PAPER_SIDE_ERROR, 6).tail(0.025), rel=0.05)
-    assert first < last < stats.PAPER_SIDE_ERROR
+    design = sequential.GroupSequential(2, 6, step=2)
+    assert first == pytest.approx(design.side(sequential.PAPER_SIDE_ERROR, 2).tail(0.025), rel=0.05)
+    assert last == pytest.approx(design.side(sequential.PAPER_SIDE_ERROR, 6).tail(0.025), rel=0.05)
+    assert first < last < sequential.PAPER_SIDE_ERROR
     worst = re.search(r"worst case \(no look resolves\): 6 seeds per cell, ~([\d.]+) min", fixed)
     assert worst and float(worst[1]) > 0
     timed = dry("--max-minutes", "3")  # 6 looks from 2 to what fits in 3 minutes
     looks = re.search(r"looks at 2, ([\d, ]+) seeds per cell", timed)
-    assert looks and len(looks[1].split(", ")) == stats.GROUP_LOOKS - 1 and int(looks[1].split(", ")[-1]) > 3
+    assert looks and len(looks[1].split(", ")) == sequential.GROUP_LOOKS - 1 and int(looks[1].split(", ")[-1]) > 3
     assert "--max-minutes 3 stops it before any round" in timed
     # planned to fit 3 min; a second rate measurement (the worst case's) may differ on a busy machine
     assert float(re.search(r"worst case .*?, ~([\d.]+) min", timed)[1]) <= 3.0 * 1.5

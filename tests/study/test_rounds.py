@@ -5,8 +5,8 @@ Ray, Tune and MLflow: tests/study/test_studies_e2e.py."""
 import pytest
 
 from dcl_core.config import ConfigError, preset
-from dcl_core.study.analysis import stats
-from dcl_core.study.analysis.stats import GROUP_LOOKS, GroupSequential, Sequential
+from dcl_core.study.analysis import sequential
+from dcl_core.study.analysis.sequential import GROUP_LOOKS, GroupSequential, Sequential
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.execution import rounds
 from dcl_core.study.execution.results import StudyOutcome
@@ -77,9 +77,10 @@ def test_the_recorded_design_round_trips_and_bounds_later_seeds():
     assert rounds.from_record({"first": 3, "max_seeds": 20, "step": 2}) == Sequential(3, 20, 2)
     # recorded before the Wang-Tsiatis boundary: Pocock's, 4% on the paper's side, as it ran
     earlier = rounds.from_record({"first": 5, "max_seeds": 15, "looks": 5, "step": None})
-    assert earlier == GroupSequential(5, 15, 5, shape=stats.POCOCK_SHAPE, paper_error=stats.EARLIER_PAPER_SIDE_ERROR)
+    assert earlier == GroupSequential(5, 15, 5, shape=sequential.POCOCK_SHAPE,
+                                      paper_error=sequential.EARLIER_PAPER_SIDE_ERROR)
     assert earlier.looks == (5, 8, 10, 13, 15) and earlier.errors == (0.04, 0.01, 0.05)  # exactly: the tails it ran
-    assert rounds.to_record(GroupSequential(3, 20))["shape"] == stats.BOUNDARY_SHAPE
+    assert rounds.to_record(GroupSequential(3, 20))["shape"] == sequential.BOUNDARY_SHAPE
     # what the earlier code printed for the temperature study recorded under it (docs/results.md), to the character
     assert earlier.describe() == (
         "looks at 5, 8, 10, 13, 15 seeds per cell; each look's bounds at a nominal one-sided 1.4% (paper's side), "

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis import intervals, sequential, stats
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.intervals import (
     Estimate,
@@ -23,6 +23,7 @@ from dcl_core.study.analysis.intervals import (
     seed_interval,
     t_interval,
 )
+from dcl_core.study.analysis.sequential import MAX_SEEDS_PROJECTED, seeds_needed
 from dcl_core.study.analysis.statistics import (
     GAP_AT,
     STD_DIFFERENCE,
@@ -32,7 +33,7 @@ from dcl_core.study.analysis.statistics import (
     std_across,
     std_difference,
 )
-from dcl_core.study.analysis.stats import MAX_SEEDS_PROJECTED, Size, VerdictWord, format_estimate, seeds_needed, verdict
+from dcl_core.study.analysis.stats import Size, VerdictWord, format_estimate, verdict
 from dcl_core.study.analysis.stats import (
     size as stats_size,
 )
@@ -413,18 +414,19 @@ def test_verdict_words_are_the_printed_strings():
 
 # ------------------------------------------------------------------------------ the group-sequential design's parts
 def test_a_group_sequential_design_has_equally_spaced_looks_and_three_bounds_of_rising_tail():
-    design = stats.GroupSequential(3, 19)
+    design = sequential.GroupSequential(3, 19)
     assert design.looks == (3, 6, 9, 13, 16, 19)
-    assert stats.GroupSequential(5, 5).looks == (5,) and stats.GroupSequential(5, 7).looks == (5, 6, 7)
+    assert sequential.GroupSequential(5, 5).looks == (5,) and sequential.GroupSequential(5, 7).looks == (5, 6, 7)
     for seeds in design.looks:
         other, paper, futility = (design.side(e, seeds).tail(0.025) for e in (
-            stats.OTHER_SIDE_ERROR, stats.PAPER_SIDE_ERROR, stats.FUTILITY_ERROR))
-        assert other < paper < futility < stats.FUTILITY_ERROR  # each stricter than one look at its error
+            sequential.OTHER_SIDE_ERROR, sequential.PAPER_SIDE_ERROR, sequential.FUTILITY_ERROR))
+        assert other < paper < futility < sequential.FUTILITY_ERROR  # each stricter than one look at its error
     # between looks, a study is at the last look it reached
     assert [design.look(n) for n in (2, 3, 5, 6, 18, 19, 30)] == [0, 0, 0, 1, 4, 5, 5]
-    assert stats.GroupSequential(5, 5).side(stats.PAPER_SIDE_ERROR).tail(0.025) == pytest.approx(stats.PAPER_SIDE_ERROR)
+    assert (sequential.GroupSequential(5, 5).side(sequential.PAPER_SIDE_ERROR).tail(0.025)
+            == pytest.approx(sequential.PAPER_SIDE_ERROR))
     with pytest.raises(ValueError):
-        stats.GroupSequential(1, 5)
+        sequential.GroupSequential(1, 5)
 
 
 def test_a_wang_tsiatis_boundary_rises_look_by_look_and_errs_as_often_as_it_is_set_to():
@@ -433,11 +435,11 @@ def test_a_wang_tsiatis_boundary_rises_look_by_look_and_errs_as_often_as_it_is_s
     200,000 null studies simulated apart from the ones that placed it (Monte Carlo SE ~0.05%)."""
     from scipy import stats as sps
 
-    design = stats.GroupSequential(3, 15)
+    design = sequential.GroupSequential(3, 15)
     looks = design.looks
-    tails = [design.side(stats.PAPER_SIDE_ERROR, n).tail(0.025) for n in looks]
+    tails = [design.side(sequential.PAPER_SIDE_ERROR, n).tail(0.025) for n in looks]
     assert tails == sorted(tails) and tails[0] < tails[-1] / 10
-    scaled = [sps.norm.isf(t) * (n / looks[-1]) ** (0.5 - stats.BOUNDARY_SHAPE)
+    scaled = [sps.norm.isf(t) * (n / looks[-1]) ** (0.5 - sequential.BOUNDARY_SHAPE)
               for t, n in zip(tails, looks, strict=True)]
     assert max(scaled) - min(scaled) < 1e-9
     rng = np.random.default_rng(99)
@@ -446,10 +448,11 @@ def test_a_wang_tsiatis_boundary_rises_look_by_look_and_errs_as_often_as_it_is_s
     for n, t in zip(looks, tails, strict=True):
         mean, sd = x[:, :n].mean(axis=1), x[:, :n].std(axis=1, ddof=1)
         crossed |= sps.t.sf(mean / (sd / math.sqrt(n)), n - 1) < t
-    assert crossed.mean() == pytest.approx(stats.PAPER_SIDE_ERROR, abs=0.0015)
+    assert crossed.mean() == pytest.approx(sequential.PAPER_SIDE_ERROR, abs=0.0015)
     # Pocock's shape, which designs recorded before keep, is one tail at every look, the earlier computation's
-    pocock = stats.GroupSequential(3, 15, shape=stats.POCOCK_SHAPE, paper_error=stats.EARLIER_PAPER_SIDE_ERROR)
-    assert {pocock.side(0.04, n).tail(0.025) for n in looks} == {stats._nominal_tail(looks, 0.04)}
+    pocock = sequential.GroupSequential(3, 15, shape=sequential.POCOCK_SHAPE,
+                                        paper_error=sequential.EARLIER_PAPER_SIDE_ERROR)
+    assert {pocock.side(0.04, n).tail(0.025) for n in looks} == {sequential._nominal_tail(looks, 0.04)}
 
 
 def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futility_bound():
@@ -457,15 +460,15 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     futility interval (narrower) rules δ out even where the look's own upper bound does not."""
     rng = np.random.default_rng(3)
     values = list(rng.normal(0.2, 1.0, 12))
-    design = stats.GroupSequential(3, 12)
+    design = sequential.GroupSequential(3, 12)
 
     def estimate(boundary):
         return intervals.t_interval(values, 1 - 2 * boundary.tail(0.025))
 
-    up = stats.group_look(estimate, design, paper_sign=1, seeds=12)
-    down = stats.group_look(estimate, design, paper_sign=-1, seeds=12)
-    paper = estimate(design.side(stats.PAPER_SIDE_ERROR, 12))
-    other = estimate(design.side(stats.OTHER_SIDE_ERROR, 12))
+    up = sequential.group_look(estimate, design, paper_sign=1, seeds=12)
+    down = sequential.group_look(estimate, design, paper_sign=-1, seeds=12)
+    paper = estimate(design.side(sequential.PAPER_SIDE_ERROR, 12))
+    other = estimate(design.side(sequential.OTHER_SIDE_ERROR, 12))
     assert (up.lo, up.hi) == (paper.lo, other.hi) and (down.lo, down.hi) == (other.lo, paper.hi)
     flo, fhi = up.futility
     assert up.lo < flo < fhi < up.hi
@@ -480,8 +483,8 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
 
 
 def test_the_fixed_designs_seeds_for_80_percent_power():
-    assert stats.fixed_design_seeds(1.26 / math.sqrt(2)) == 12  # the gap of 1.26 cell SDs (test_calibration)
-    assert stats.fixed_design_seeds(-1.26 / math.sqrt(2)) == 12 and stats.fixed_design_seeds(0.0) is None
+    assert sequential.fixed_design_seeds(1.26 / math.sqrt(2)) == 12  # the gap of 1.26 cell SDs (test_calibration)
+    assert sequential.fixed_design_seeds(-1.26 / math.sqrt(2)) == 12 and sequential.fixed_design_seeds(0.0) is None
 
 
 def test_a_number_prints_the_same_however_its_float_was_computed():

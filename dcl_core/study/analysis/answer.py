@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcl_core.study.analysis import intervals, statistics, stats
+from dcl_core.study.analysis import intervals, sequential, statistics, stats
 from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status, fmt_x
 from dcl_core.study.analysis.intervals import Means, nan
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
@@ -89,15 +89,15 @@ class Question:
         """The cells of ``means`` the statistic reads (within the claimed range)."""
         return self.statistic.inputs(self, self._restrict(means))
 
-    def estimate(self, data: intervals.Data, design: stats.Design | None = None) -> intervals.Estimate:
+    def estimate(self, data: intervals.Data, design: sequential.Design | None = None) -> intervals.Estimate:
         """The statistic on the study's cells with its 95% interval (smooth: t over seeds of each seed's own
         statistic; best-of: paired t bounds corrected for the selection). With a sequential ``design`` the
-        interval is that design's at this look (:class:`~dcl_core.study.analysis.stats.Sequential`; a
-        :class:`~dcl_core.study.analysis.stats.GroupSequential` look adds its futility bounds)."""
+        interval is that design's at this look (:class:`~dcl_core.study.analysis.sequential.Sequential`; a
+        :class:`~dcl_core.study.analysis.sequential.GroupSequential` look adds its futility bounds)."""
         function = self.function()
-        if isinstance(design, stats.GroupSequential):
-            return stats.group_look(lambda b: self.statistic.estimate(self, data, function, self.inputs, b), design,
-                                    self.paper_sign, stats.look_seeds(data))
+        if isinstance(design, sequential.GroupSequential):
+            return sequential.group_look(lambda b: self.statistic.estimate(self, data, function, self.inputs, b),
+                                         design, self.paper_sign, sequential.look_seeds(data))
         return self.statistic.estimate(self, data, function, self.inputs, design)
 
     def paper(self, claim: PaperClaim | None, xs: Sequence[Any], x_label: str) -> PaperValue:
@@ -227,7 +227,7 @@ class Verdict:
                         "images); more seeds or more test images")
             if self.estimate.estimate == 0:
                 return f"  {self.question.label}: an effect of 0 cannot be resolved by more seeds"
-            return (f"  {self.question.label}: not resolvable at this spread within {stats.MAX_SEEDS_PROJECTED} "
+            return (f"  {self.question.label}: not resolvable at this spread within {sequential.MAX_SEEDS_PROJECTED} "
                     "seeds per cell (the effect is small for its seed-to-seed spread)")
         return (f"  {self.question.label}: ≈{self.seeds_needed} seeds per cell would resolve an effect of this size "
                 f"at this spread (now {self.estimate.n}; a projection, not a promise)")
@@ -245,7 +245,7 @@ class Answer:
     verdicts: list[Verdict] = field(default_factory=list)
     claim: PaperClaim | None = None
     questions: list[Question] = field(default_factory=list)
-    design: stats.Design | None = None  # the verdicts' sequential design (--until-resolved), None: one look
+    design: sequential.Design | None = None  # the verdicts' sequential design (--until-resolved), None: one look
 
     @property
     def resolved(self) -> bool:
@@ -317,7 +317,7 @@ def _paired(data: intervals.Data, better: str, base: str, base_x: Any = None) ->
 
 def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, questions: Sequence[Question],
                  pairs: Sequence[tuple[Any, ...]] | None = None, paper: str | None = None,
-                 design: stats.Design | None = None) -> Answer:
+                 design: sequential.Design | None = None) -> Answer:
     """The answer from results rows (``series``, ``x_key``, ``seed``, ``knn_top1``, ``q_mean``, ``status``).
 
     ``pairs``: ``(better, base)`` series compared at each x, or ``(better, base, base_x)`` compared with
@@ -353,7 +353,7 @@ def judge(question: Question, est: intervals.Estimate, paper: PaperValue) -> Ver
     if delta is None and paper.like_for_like:  # a value over the paper's own x (few epochs: 100/200) is no δ here
         delta = paper.value
     words = stats.verdict(est, question.paper_sign, delta)
-    return Verdict(question, est, words, paper, stats.seeds_needed(est, est.n), delta,
+    return Verdict(question, est, words, paper, sequential.seeds_needed(est, est.n), delta,
                    stats.size(est, question.paper_sign, delta))
 
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis import intervals, sequential
 from dcl_core.study.analysis.answer import Answer, Verdict, paper_curves
 from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.paper import PaperClaim
@@ -111,7 +111,7 @@ def format_answer(answer: Answer) -> str:
     if answer.verdicts:
         power = [p for v in answer.verdicts if (p := v.power_line())]
         decided = ("decided against 0 by the interval and against the effect of interest by the design's futility "
-                   "bound" if isinstance(answer.design, stats.GroupSequential)
+                   "bound" if isinstance(answer.design, sequential.GroupSequential)
                    else "decided by the interval alone, against 0 and against the effect of interest")
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 f"statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; {decided}"
@@ -127,7 +127,7 @@ def design_line(answer: Answer) -> str:
     two-sided 0.62% …; this answer: 41 seeds per cell``."""
     assert answer.design is not None
     n = max((v.estimate.n for v in answer.verdicts), default=0)
-    kind = "group-sequential" if isinstance(answer.design, stats.GroupSequential) else "Pocock"
+    kind = "group-sequential" if isinstance(answer.design, sequential.GroupSequential) else "Pocock"
     return (f"Sequential design (--until-resolved): {answer.design.describe()} ({kind}; docs/statistics.md, "
             f"--until-resolved); this answer: {n} seeds per cell")
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis import intervals, sequential, stats
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 from dcl_core.study.analysis.statistics import Kind as StatisticKind
@@ -209,11 +209,11 @@ def true_sd(kind: Kind, setting: Setting, effect: float, draws: int = 20_000) ->
 @functools.lru_cache(maxsize=64)  # pure and seeded: the design's table and its tests share one computation
 def fixed_seeds(kind: Kind, setting: Setting, effect: float, studies: int = 4000, most: int = 64) -> int | None:
     """Seeds per cell the fixed design (one look at 95%) needs for 80% power at this planted effect. A smooth
-    statistic's per-seed values are normal: :func:`.stats.fixed_design_seeds` at true value / true SD. A best-of
+    statistic's per-seed values are normal: :func:`.sequential.fixed_design_seeds` at true value / true SD. A best-of
     statistic's Bonferroni bounds have no closed form: the smallest n whose ``studies`` simulated fixed-design
     studies (seeded) support the paper in ≥ 80%, by bisection over [2, ``most``] (power rises with n)."""
     if kind.question(setting).statistic.kind is not StatisticKind.BEST:
-        return stats.fixed_design_seeds(true_value(kind, setting, effect) / true_sd(kind, setting, effect))
+        return sequential.fixed_design_seeds(true_value(kind, setting, effect) / true_sd(kind, setting, effect))
 
     def powered(n: int) -> bool:
         cell = run_block(kind, setting, n, effect, studies, np.random.default_rng(n))
@@ -263,7 +263,7 @@ def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: 
 
 @dataclass
 class SequentialCell:
-    """Results of simulated studies run through a sequential design (:class:`~.stats.Sequential`)."""
+    """Results of simulated studies run through a sequential design (:class:`~.sequential.Sequential`)."""
 
     studies: int = 0
     resolved: int = 0  # supports or contradicts, at some look
@@ -277,7 +277,7 @@ class SequentialCell:
         return self.seeds / self.studies if self.studies else float("nan")
 
 
-def run_sequential(kind: Kind, setting: Setting, design: stats.Design, effect: float, studies: int,
+def run_sequential(kind: Kind, setting: Setting, design: sequential.Design, effect: float, studies: int,
                    rng: np.random.Generator, delta: float | None = None) -> SequentialCell:
     """``studies`` simulated studies, each looked at with ``design.looks`` seeds per cell (the first seeds of one
     simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``stats.verdict``
@@ -321,7 +321,7 @@ class GroupRow:
 
     kind: str
     fixed: int  # the fixed design's seeds per cell for 80% power at δ
-    design: stats.GroupSequential
+    design: sequential.GroupSequential
     null: SequentialCell
     at_delta: SequentialCell
 
@@ -337,7 +337,7 @@ def planned_last_look(kind: Kind, setting: Setting, effect: float, first: int, f
     delta = true_value(kind, setting, effect)
 
     def powered(last: int) -> bool:
-        design = stats.GroupSequential(first, last)
+        design = sequential.GroupSequential(first, last)
         cell = run_sequential(kind, setting, design, effect, studies, np.random.default_rng(3), delta=delta)
         return cell.right >= POWER * cell.studies
 
@@ -362,7 +362,7 @@ def group_row(kind: Kind, studies: int, setting: Setting = SETTINGS[0], futility
     fixed = fixed_seeds(kind, setting, effect)
     if fixed is None:
         raise ValueError(f"{kind.name}: no fixed design reaches 80% power at {effect} SD")
-    design = stats.GroupSequential(first, planned_last_look(kind, setting, effect, first, fixed))
+    design = sequential.GroupSequential(first, planned_last_look(kind, setting, effect, first, fixed))
     delta = true_value(kind, setting, effect)
     null = run_sequential(kind, setting, design, 0.0, studies, np.random.default_rng(1),
                           delta=delta if futility else None)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dcl_core.study.analysis import intervals, stats
+from dcl_core.study.analysis import intervals, sequential
 from dcl_core.study.analysis.intervals import Cell, Means, nan
 
 CellMeans = Mapping[str, Mapping[Any, float]]
@@ -160,7 +160,7 @@ class Statistic:
         raise NotImplementedError
 
     def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
+                 inputs: Callable[[Means], Iterable[Cell]], design: sequential.Boundary | None) -> intervals.Estimate:
         """The statistic on ``data`` with its 95% interval (or, with a sequential ``design``, that design's at this
         look). ``function`` and ``inputs`` are the statistic and its inputs on cell means restricted to the
         question's range (:meth:`~dcl_core.study.analysis.answer.Question.function`)."""
@@ -180,7 +180,7 @@ class Smooth(Statistic):
         return self.reads(q, means)
 
     def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
+                 inputs: Callable[[Means], Iterable[Cell]], design: sequential.Boundary | None) -> intervals.Estimate:
         """A t-interval over seeds of each seed's own statistic (the design's interval at this look)."""
         level = 0.95 if design is None else 1 - 2 * design.tail(0.025)
         return intervals.seed_interval(data, function, inputs, level)
@@ -200,7 +200,7 @@ class Best(Statistic):
         return {cell for group in self.contrasts(q, means) for contrast in group for cell in contrast}
 
     def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
-                 inputs: Callable[[Means], Iterable[Cell]], design: stats.Boundary | None) -> intervals.Estimate:
+                 inputs: Callable[[Means], Iterable[Cell]], design: sequential.Boundary | None) -> intervals.Estimate:
         """Paired t bounds over the contrasts, corrected for picking the best (the design's at this look)."""
         cells = {s: {x: v for x, v in by_x.items() if q.in_range(x) and v} for s, by_x in data.items()}
         return intervals.max_min_interval(cells, self.contrasts(q, cells),

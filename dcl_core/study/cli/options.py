@@ -19,7 +19,7 @@ from typing import Any
 
 from dcl_core import cli
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.stats import GROUP_LOOKS
+from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE, StudyOptions
 

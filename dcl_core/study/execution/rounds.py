@@ -3,13 +3,13 @@
 A question is settled when its verdict is anything but "not resolved": its interval excludes 0 (supports or
 contradicts the paper) or its futility bound excludes the effect of interest δ (rules out the paper's size). The
 verdicts are looked at after every round under a group-sequential design
-(:class:`~dcl_core.study.analysis.stats.GroupSequential`: 6 looks equally spaced from the study's seeds to the
+(:class:`~dcl_core.study.analysis.sequential.GroupSequential`: 6 looks equally spaced from the study's seeds to the
 last look, or one every ``--seeds-per-round``): all looks together end at most 5% of null studies supporting or
 contradicting the paper, and at most 5% of studies whose truth is δ ruling δ out. The design (first look, last
 look, looks, boundary) is fixed before the first look and recorded with the study, so a resume continues it and a
 re-analysis reproduces its intervals; a study recorded under an earlier design keeps it (the first group-sequential
 boundary, Pocock's with 4% on the paper's side; or Pocock's design with a look every round,
-:class:`~dcl_core.study.analysis.stats.Sequential`). ``--max-minutes`` only stops early, which removes
+:class:`~dcl_core.study.analysis.sequential.Sequential`). ``--max-minutes`` only stops early, which removes
 looks and can only lower the error rates; without ``--max-seeds`` the last look is planned from the cost estimate
 (what ``--dry-run`` prints).
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.stats import GROUP_LOOKS, MAX_SEEDS_PROJECTED, Design, GroupSequential
+from dcl_core.study.analysis.sequential import GROUP_LOOKS, MAX_SEEDS_PROJECTED, Design, GroupSequential
 from dcl_core.study.plan.record import (  # the design as a study records it, kept with the record: re-exported
     RECORDED_BOUNDARY,
     from_record,

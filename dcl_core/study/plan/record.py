@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError, to_flat_dict
-from dcl_core.study.analysis.stats import (
+from dcl_core.study.analysis.sequential import (
     EARLIER_PAPER_SIDE_ERROR,
     MAX_SEEDS_PROJECTED,
     POCOCK_SHAPE,

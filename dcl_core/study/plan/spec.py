@@ -16,7 +16,7 @@ from typing import Any
 
 from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
 from dcl_core.study.analysis.columns import x_column
-from dcl_core.study.analysis.stats import Design
+from dcl_core.study.analysis.sequential import Design
 from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
