@@ -10,7 +10,7 @@ at once on the one GPU, with the same schedule (``--epochs``, cosine) and the kN
 every epoch; each writes ``OUT/<loss>_s<seed>/metrics.jsonl`` as it goes. Once ``--budget-s`` is spent the runs
 still going are stopped (SIGTERM), so the comparison is made at the last epoch every run finished: kNN top-1 per
 epoch and loss, mean q_B (the NPC regime), and the platform's paired verdict on DCL − InfoNCE (by seed, a
-t-interval over seeds; :func:`dcl_core.study.analysis.stats.verdict` against Table 1's gap at this batch, its
+t-interval over seeds; :func:`dcl_core.study.analysis.verdicts.verdict` against Table 1's gap at this batch, its
 200-epoch value, labelled with the epochs run here). Table 1 trains at τ 0.07; ``--tau`` defaults to 0.1.
 
 What ``--summarize`` reads is bounded (:data:`MAX_RUNS` run folders, :data:`benchmarks.common.MAX_METRICS_BYTES`
@@ -42,8 +42,9 @@ from dcl_core.cli import run_command  # noqa: E402
 from dcl_core.config import ConfigError  # noqa: E402
 from dcl_core.files import open_fd, read_bounded, write_text  # noqa: E402
 from dcl_core.study.analysis import paper  # noqa: E402
+from dcl_core.study.analysis.answer_output import format_estimate  # noqa: E402
 from dcl_core.study.analysis.intervals import paired_difference  # noqa: E402
-from dcl_core.study.analysis.stats import format_estimate, verdict  # noqa: E402
+from dcl_core.study.analysis.verdicts import verdict  # noqa: E402
 
 LOSSES = ("infonce", "dcl")
 RUN = re.compile(r"([a-z]{1,20})_s(\d{1,6})")  # a run's folder in OUT: <loss>_s<seed>

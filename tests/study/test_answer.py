@@ -13,7 +13,7 @@ from dcl_core.study.analysis.intervals import collect
 from dcl_core.study.analysis.paper import paper_claim
 from dcl_core.study.analysis.sequential import GroupSequential
 from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
-from dcl_core.study.analysis.stats import VerdictWord
+from dcl_core.study.analysis.verdicts import VerdictWord
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
 GAP = Question("DCL beats InfoNCE at the smallest τ", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")

@@ -2,7 +2,7 @@
 null studies at most 5% are resolved (within binomial noise) at 2, 3, 5, 8 and 20 seeds, in every setting (shared
 seed offsets, unequal noise between cells and between series, a missing trial, 4-11 x values); with an effect
 planted, the 95% intervals cover the true value, and the effect is found as often as the t-test's exact power
-says. The simulation runs the studies' own code (Question.estimate, stats.verdict); seeded, ~40 s."""
+says. The simulation runs the studies' own code (Question.estimate, verdicts.verdict); seeded, ~40 s."""
 
 import math
 

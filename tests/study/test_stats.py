@@ -1,8 +1,8 @@
-"""dcl_core.study.analysis.stats: t-intervals against hand computations, pairing by seed id (never by position), each
-seed's own statistic with a t-interval over seeds, the selection-corrected intervals of best-of statistics, the
-headline statistics on hand-made means (dcl_core.study.analysis.statistics), verdict boundaries, the power
-projection and formatting. Pure and deterministic (fixed rng seeds); their calibration is
-tests/study/test_calibration.py."""
+"""dcl_core.study.analysis.intervals, .sequential and .verdicts: t-intervals against hand computations, pairing by
+seed id (never by position), each seed's own statistic with a t-interval over seeds, the selection-corrected
+intervals of best-of statistics, the headline statistics on hand-made means (dcl_core.study.analysis.statistics),
+verdict boundaries, the group-sequential designs, the power projection and formatting. Pure and deterministic (fixed
+rng seeds); their calibration is tests/study/test_calibration.py."""
 
 import math
 import random
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from dcl_core.study.analysis import intervals, sequential, stats
+from dcl_core.study.analysis import answer_output, intervals, sequential, verdicts
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.answer_output import format_estimate
 from dcl_core.study.analysis.intervals import (
     Estimate,
     cell_means,
@@ -33,10 +34,8 @@ from dcl_core.study.analysis.statistics import (
     std_across,
     std_difference,
 )
-from dcl_core.study.analysis.stats import Size, VerdictWord, format_estimate, verdict
-from dcl_core.study.analysis.stats import (
-    size as stats_size,
-)
+from dcl_core.study.analysis.verdicts import Size, VerdictWord, verdict
+from dcl_core.study.analysis.verdicts import size as stats_size
 
 TAUS = (0.1, 0.5, 1.0)
 
@@ -475,11 +474,11 @@ def test_a_group_look_takes_each_bound_from_its_side_and_rules_out_by_its_futili
     # the power line's projection reads the seeds' spread, not the half-width of two sides at two levels
     assert intervals.per_seed_sd(up) == pytest.approx(float(np.std(values, ddof=1)))
     delta = (fhi + up.hi) / 2  # beyond the futility bound, inside the look's interval
-    assert stats.verdict(up, 1, delta) is stats.VerdictWord.RULES_OUT
-    assert (stats.verdict(intervals.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta)
-            is stats.VerdictWord.NOT_RESOLVED)
+    assert verdicts.verdict(up, 1, delta) is verdicts.VerdictWord.RULES_OUT
+    assert (verdicts.verdict(intervals.Estimate(up.estimate, up.lo, up.hi, up.n), 1, delta)
+            is verdicts.VerdictWord.NOT_RESOLVED)
     below = (down.lo + down.futility[0]) / 2  # a paper claiming a negative effect: δ's side is below
-    assert down.lo < 0 < down.hi and stats.verdict(down, -1, below) is stats.VerdictWord.RULES_OUT
+    assert down.lo < 0 < down.hi and verdicts.verdict(down, -1, below) is verdicts.VerdictWord.RULES_OUT
 
 
 def test_the_fixed_designs_seeds_for_80_percent_power():
@@ -495,4 +494,4 @@ def test_a_number_prints_the_same_however_its_float_was_computed():
     assert [format_number(v) for v in (34.25, 34.250000000000007, 34.249999999999993)] == ["34.3"] * 3
     assert format_number(-0.05) == "-0.1" and format_number(0.04, signed=True) == "+0.0"
     assert format_number(2.0, 2, signed=True) == "+2.00" and format_number(float("nan")) == "nan"
-    assert stats.format_estimate(intervals.Estimate(34.25, 32.35, 36.15, 2)) == "+34.3 [+32.4, +36.2]"
+    assert answer_output.format_estimate(intervals.Estimate(34.25, 32.35, 36.15, 2)) == "+34.3 [+32.4, +36.2]"

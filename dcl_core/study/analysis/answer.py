@@ -3,7 +3,7 @@ calibrated interval, the verdict, the NPC regime the cells ran in, and the paper
 
 A study declares its :class:`Question` s (what the paper claims, as a statistic of the cell means and the sign
 the paper found); :func:`build_answer` computes everything from the results rows. The verdict's words are
-decided by the interval alone (:func:`dcl_core.study.analysis.stats.verdict`).
+decided by the interval alone (:func:`dcl_core.study.analysis.verdicts.verdict`).
 
 :mod:`dcl_core.study.analysis.answer_output` prints it and turns it into the summary run's metrics and tags.
 ``python -m dcl_core.study answer OUTPUT_DIR`` recomputes the answers of finished studies from their stored rows
@@ -17,13 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcl_core.study.analysis import intervals, sequential, statistics, stats
+from dcl_core.study.analysis import intervals, sequential, statistics, verdicts
 from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status, fmt_x
 from dcl_core.study.analysis.intervals import Means, nan
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
 from dcl_core.study.analysis.report import gap_pairs
 from dcl_core.study.analysis.statistics import Statistic
-from dcl_core.study.analysis.stats import VerdictWord
+from dcl_core.study.analysis.verdicts import VerdictWord
 
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
 
@@ -162,7 +162,7 @@ class Verdict:
     paper: PaperValue
     seeds_needed: int | None
     delta: float | None = None
-    size: stats.Size | None = None
+    size: verdicts.Size | None = None
 
     @property
     def paper_value(self) -> float | None:
@@ -180,7 +180,8 @@ class Verdict:
             return str(self.words)
         if not self.delta_given:
             return f"{self.words}, {self.size}"
-        return f"{self.words}, {'smaller' if self.size is stats.Size.SMALLER else 'larger'} than the effect of interest"
+        smaller = self.size is verdicts.Size.SMALLER
+        return f"{self.words}, {'smaller' if smaller else 'larger'} than the effect of interest"
 
     def line(self) -> str:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
@@ -352,9 +353,9 @@ def judge(question: Question, est: intervals.Estimate, paper: PaperValue) -> Ver
     delta = question.effect_of_interest
     if delta is None and paper.like_for_like:  # a value over the paper's own x (few epochs: 100/200) is no δ here
         delta = paper.value
-    words = stats.verdict(est, question.paper_sign, delta)
+    words = verdicts.verdict(est, question.paper_sign, delta)
     return Verdict(question, est, words, paper, sequential.seeds_needed(est, est.n), delta,
-                   stats.size(est, question.paper_sign, delta))
+                   verdicts.size(est, question.paper_sign, delta))
 
 
 def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:

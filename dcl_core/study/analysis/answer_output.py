@@ -11,7 +11,7 @@ from dcl_core.study.analysis import intervals, sequential
 from dcl_core.study.analysis.answer import Answer, Verdict, paper_curves
 from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.paper import PaperClaim
-from dcl_core.study.analysis.stats import VerdictWord
+from dcl_core.study.analysis.verdicts import VerdictWord
 
 
 def _ci(e: intervals.Estimate, signed: bool = False) -> str:
@@ -23,6 +23,16 @@ def _ci(e: intervals.Estimate, signed: bool = False) -> str:
     if not e.has_interval:  # one seed, or seeds with identical values (intervals.t_interval)
         return f"{f(e.estimate)} (n={e.n}{', identical' if e.n > 1 else ''})"
     return f"{f(e.estimate)} [{f(e.lo)}, {f(e.hi)}]"
+
+
+def format_estimate(est: intervals.Estimate, digits: int = 1, signed: bool = True) -> str:
+    """``+0.6 [-0.9, +2.1]``, or ``+0.6 (n=1, no interval)``; ``nan (n=0, no interval)`` when undefined."""
+    def f(v: float) -> str:
+        return intervals.format_number(v, digits, signed)
+
+    if not est.has_interval:
+        return f"{f(est.estimate)} (n={est.n}, no interval)"
+    return f"{f(est.estimate)} [{f(est.lo)}, {f(est.hi)}]"
 
 
 def figure_note(v: Verdict) -> str:

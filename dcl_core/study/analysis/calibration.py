@@ -1,5 +1,5 @@
 """Do the verdicts' intervals mean what they say? Simulated studies with a known truth, run through the code the
-studies use (:meth:`.answer.Question.estimate` and :func:`.stats.verdict`).
+studies use (:meth:`.answer.Question.estimate` and :func:`.verdicts.verdict`).
 
 A simulated study has cells (series × x) and seeds. A trial's value is
 
@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from dcl_core.study.analysis import intervals, sequential, stats
+from dcl_core.study.analysis import intervals, sequential, verdicts
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 from dcl_core.study.analysis.statistics import Kind as StatisticKind
-from dcl_core.study.analysis.stats import VerdictWord
+from dcl_core.study.analysis.verdicts import VerdictWord
 
 SEEDS = (2, 3, 5, 8, 20)
 EFFECT = 2.5  # planted effect, in cell-noise SDs
@@ -242,13 +242,13 @@ class Cell:
 
 def run_block(kind: Kind, setting: Setting, seeds: int, effect: float, studies: int, rng: np.random.Generator,
               truth: float | None = None, delta: float | None = None) -> Cell:
-    """``studies`` simulated studies through ``Question.estimate`` and ``stats.verdict``, the verdict weighed
+    """``studies`` simulated studies through ``Question.estimate`` and ``verdicts.verdict``, the verdict weighed
     against the effect of interest ``delta`` (None: none)."""
     q = kind.question(setting)
     out = Cell()
     for _ in range(studies):
         est = q.estimate(simulate(kind, setting, seeds, effect, rng))
-        words = stats.verdict(est, q.paper_sign, delta)
+        words = verdicts.verdict(est, q.paper_sign, delta)
         out.studies += 1
         out.ruled_out += words is VerdictWord.RULES_OUT
         if words in (VerdictWord.SUPPORTS, VerdictWord.CONTRADICTS):
@@ -280,7 +280,7 @@ class SequentialCell:
 def run_sequential(kind: Kind, setting: Setting, design: sequential.Design, effect: float, studies: int,
                    rng: np.random.Generator, delta: float | None = None) -> SequentialCell:
     """``studies`` simulated studies, each looked at with ``design.looks`` seeds per cell (the first seeds of one
-    simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``stats.verdict``
+    simulated study of ``design.max_seeds``) through ``Question.estimate(data, design)`` and ``verdicts.verdict``
     against the effect of interest ``delta``, stopping at the first look that settles the question either way
     (any verdict but "not resolved"), as ``--until-resolved`` does."""
     q = kind.question(setting)
@@ -291,7 +291,7 @@ def run_sequential(kind: Kind, setting: Setting, design: sequential.Design, effe
         for n in design.looks:
             seen = {s: {x: {k: v for k, v in cell.items() if k < n} for x, cell in by_x.items()}
                     for s, by_x in data.items()}
-            words = stats.verdict(q.estimate(seen, design), q.paper_sign, delta)
+            words = verdicts.verdict(q.estimate(seen, design), q.paper_sign, delta)
             if words.settled:
                 used = n
                 break

@@ -1,7 +1,7 @@
 """A question's statistic as an object: what it computes from the cell means, which cells it reads, which kind of
 interval it gets, and the name records and MLflow know it by.
 
-Two kinds (:class:`Kind`), two intervals (:mod:`dcl_core.study.analysis.stats`):
+Two kinds (:class:`Kind`), two intervals (:mod:`dcl_core.study.analysis.intervals`):
 
 - :class:`Smooth` (a std difference across x, a gap at one x, a slope): computed on each seed's own cells, then a
   t-interval over seeds (:func:`.intervals.seed_interval`), over the cells :attr:`Smooth.inputs` declares;

@@ -1,5 +1,9 @@
-"""Verdicts for a study's intervals (:mod:`.intervals`): the words an interval says of the paper's claim (at a look of
-a sequential design, :mod:`.sequential`, also by its futility bound), and an interval as text.
+"""What a question's interval says of the paper's claim: the verdict's words (:class:`VerdictWord`, :func:`verdict`)
+and, for an interval that supports the paper, where it lies against the effect of interest δ (:func:`size`).
+
+Each word follows from "the truth lies in the interval" alone (:mod:`.intervals`; at a look of a group-sequential
+design, :mod:`.sequential`, also its futility bound), so no multiplicity is added. How a verdict prints is
+:mod:`.answer_output`'s and :class:`.answer.Verdict`'s.
 """
 
 from __future__ import annotations
@@ -7,7 +11,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 
-from dcl_core.study.analysis.intervals import Estimate, format_number
+from dcl_core.study.analysis.intervals import Estimate
 
 
 class VerdictWord(StrEnum):
@@ -73,13 +77,3 @@ def size(est: Estimate, paper_sign: int, delta: float | None) -> Size | None:
         return None
     beyond = est.lo > delta if delta > 0 else est.hi < delta
     return Size.LARGER if beyond else Size.SMALLER
-
-
-def format_estimate(est: Estimate, digits: int = 1, signed: bool = True) -> str:
-    """``+0.6 [-0.9, +2.1]``, or ``+0.6 (n=1, no interval)``; ``nan (n=0, no interval)`` when undefined."""
-    def f(v: float) -> str:
-        return format_number(v, digits, signed)
-
-    if not est.has_interval:
-        return f"{f(est.estimate)} (n={est.n}, no interval)"
-    return f"{f(est.estimate)} [{f(est.lo)}, {f(est.hi)}]"
