@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
-from dcl_core.study.analysis.statistics import BEST_GAP, STD_DIFFERENCE
+from dcl_core.study.analysis.measures import BEST_GAP, STD_DIFFERENCE
 from dcl_core.study.cli.options import StudyArgs
 from dcl_core.study.cli.script import base_config, losses_arg, main
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke

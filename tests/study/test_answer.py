@@ -10,9 +10,9 @@ import pytest
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
 from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
 from dcl_core.study.analysis.intervals import collect
+from dcl_core.study.analysis.measures import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
 from dcl_core.study.analysis.paper import paper_claim
 from dcl_core.study.analysis.sequential import GroupSequential
-from dcl_core.study.analysis.statistics import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
 from dcl_core.study.analysis.verdicts import VerdictWord
 
 FLATTER = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")

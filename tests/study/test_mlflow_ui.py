@@ -16,7 +16,7 @@ import pytest
 from dcl_core.config import preset
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
-from dcl_core.study.analysis.statistics import STD_DIFFERENCE
+from dcl_core.study.analysis.measures import STD_DIFFERENCE
 from dcl_core.study.execution.results import summarize
 from dcl_core.study.plan.spec import trial_tags
 from dcl_core.study.plan.storage import default_tracking_uri

@@ -10,6 +10,7 @@ import pytest
 
 from dcl_core.study.analysis import paper as P
 from dcl_core.study.analysis.answer import Question
+from dcl_core.study.analysis.measures import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 from dcl_core.study.analysis.paper import (
     PAPER,
     TABLE18_REPORTED_STD,
@@ -22,7 +23,6 @@ from dcl_core.study.analysis.paper import (
     paper_claim,
     std_across,
 )
-from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
 
 STUDIES = {p.stem for p in (Path(__file__).resolve().parents[2] / "studies").glob("*.py")}
 

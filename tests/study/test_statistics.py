@@ -1,4 +1,4 @@
-"""dcl_core.study.analysis.statistics: the registry of question statistics (one object per name, unknown names
+"""dcl_core.study.analysis.measures: the registry of question statistics (one object per name, unknown names
 refused) and, for every registered statistic, that the cells it declares it reads are exactly the cells whose
 removal or change changes its value (what stats.used_cells used to find by nudging each mean)."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from dcl_core.study.analysis.answer import Question
-from dcl_core.study.analysis.statistics import (
+from dcl_core.study.analysis.measures import (
     BEST_GAP,
     BEST_MARGIN,
     GAP_AT,

@@ -1,6 +1,6 @@
 """dcl_core.study.analysis.intervals, .sequential and .verdicts: t-intervals against hand computations, pairing by
 seed id (never by position), each seed's own statistic with a t-interval over seeds, the selection-corrected
-intervals of best-of statistics, the headline statistics on hand-made means (dcl_core.study.analysis.statistics),
+intervals of best-of statistics, the headline statistics on hand-made means (dcl_core.study.analysis.measures),
 verdict boundaries, the group-sequential designs, the power projection and formatting. Pure and deterministic (fixed
 rng seeds); their calibration is tests/study/test_calibration.py."""
 
@@ -24,8 +24,7 @@ from dcl_core.study.analysis.intervals import (
     seed_interval,
     t_interval,
 )
-from dcl_core.study.analysis.sequential import MAX_SEEDS_PROJECTED, seeds_needed
-from dcl_core.study.analysis.statistics import (
+from dcl_core.study.analysis.measures import (
     GAP_AT,
     STD_DIFFERENCE,
     best_margin,
@@ -34,6 +33,7 @@ from dcl_core.study.analysis.statistics import (
     std_across,
     std_difference,
 )
+from dcl_core.study.analysis.sequential import MAX_SEEDS_PROJECTED, seeds_needed
 from dcl_core.study.analysis.verdicts import Size, VerdictWord, verdict
 from dcl_core.study.analysis.verdicts import size as stats_size
 

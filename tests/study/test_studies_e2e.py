@@ -24,9 +24,9 @@ from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
 from dcl_core.study.analysis.answer import Question, build_answer
 from dcl_core.study.analysis.columns import x_column
+from dcl_core.study.analysis.measures import STD_DIFFERENCE
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.sequential import GroupSequential
-from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.execution import ray_session
 from dcl_core.study.tracking.mlflow_view import read_tag
 from dcl_core.study.tracking.tracker import rounded

@@ -11,8 +11,8 @@ import pytest
 
 from dcl_core import metric_names as M
 from dcl_core.config import CONFIG_KEYS, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.study.analysis.measures import BEST_MARGIN
 from dcl_core.study.analysis.paper import PAPER
-from dcl_core.study.analysis.statistics import BEST_MARGIN
 from dcl_core.study.cli.options import args_of, build_parser
 from dcl_core.study.execution.results import trial_row
 from dcl_core.study.plan.spec import grid_points, trial_tags, tune_experiments, validate_spec

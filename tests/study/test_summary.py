@@ -65,7 +65,7 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and
     # metrics), per-cell CIs, the regime, and the plots (paper curve, gap vs 1 − q_B over both studies).
     from dcl_core.study.analysis.answer import Question
-    from dcl_core.study.analysis.statistics import GAP_AT_SMALLEST
+    from dcl_core.study.analysis.measures import GAP_AT_SMALLEST
 
     uri = default_tracking_uri(tmp_path)
     gap = Question("DCL beats InfoNCE at the smallest batch", GAP_AT_SMALLEST, "dcl", "infonce", label="gap")

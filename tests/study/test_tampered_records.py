@@ -20,9 +20,9 @@ import pytest
 
 from dcl_core.config import ConfigError, preset
 from dcl_core.study.analysis.answer import Question, build_answer
+from dcl_core.study.analysis.measures import STD_DIFFERENCE
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.sequential import GroupSequential
-from dcl_core.study.analysis.statistics import STD_DIFFERENCE
 from dcl_core.study.cli.answer_command import answer_main as answer
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.spec import StudySpec

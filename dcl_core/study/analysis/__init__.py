@@ -1,5 +1,6 @@
 """A study's answer as pure functions of its results rows: the intervals (:mod:`.intervals`), sequential designs
-(:mod:`.sequential`) and verdicts (:mod:`.verdicts`), the questions and answers (:mod:`.answer`, as text, metrics and
-tags in :mod:`.answer_output`), the papers' numbers (:mod:`.paper`), the intervals checked on simulated studies
-(:mod:`.calibration`), the results table's columns (:mod:`.columns`), tables and plots (:mod:`.report`, colours
-in :mod:`.colours`) and the EqCo MI toy's table (:mod:`.mi_toy`). Nothing here imports Ray, MLflow or Optuna."""
+(:mod:`.sequential`) and verdicts (:mod:`.verdicts`), what each question measures (:mod:`.measures`), the questions
+and answers (:mod:`.answer`, as text, metrics and tags in :mod:`.answer_output`), the papers' numbers
+(:mod:`.paper`), the intervals checked on simulated studies (:mod:`.calibration`), the results table's columns
+(:mod:`.columns`), tables and plots (:mod:`.report`, colours in :mod:`.colours`) and the EqCo MI toy's table
+(:mod:`.mi_toy`). Nothing here imports Ray, MLflow or Optuna."""

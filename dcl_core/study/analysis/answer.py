@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dcl_core.study.analysis import intervals, sequential, statistics, verdicts
+from dcl_core.study.analysis import intervals, measures, sequential, verdicts
 from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN, SEED, SERIES, STATUS, Status, fmt_x
 from dcl_core.study.analysis.intervals import Means, nan
+from dcl_core.study.analysis.measures import Statistic
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
 from dcl_core.study.analysis.report import gap_pairs
-from dcl_core.study.analysis.statistics import Statistic
 from dcl_core.study.analysis.verdicts import VerdictWord
 
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
@@ -34,14 +34,14 @@ class Question:
 
     Attributes:
         claim: the claim in words, e.g. ``"DCL flatter across τ than InfoNCE"``.
-        statistic: a :class:`~dcl_core.study.analysis.statistics.Statistic` (or its registered name, looked up
-            in :data:`~dcl_core.study.analysis.statistics.STATISTICS`): ``STD_DIFFERENCE`` (std across x of
+        statistic: a :class:`~dcl_core.study.analysis.measures.Statistic` (or its registered name, looked up
+            in :data:`~dcl_core.study.analysis.measures.STATISTICS`): ``STD_DIFFERENCE`` (std across x of
             ``base`` minus that of ``better``), ``GAP_AT`` (``better`` at ``at_x`` minus ``base`` at
             ``baseline_x``, or at ``at_x`` when that is None), ``GAP_AT_SMALLEST`` (``better − base`` at the
             smallest x both have), ``GAP_SLOPE`` (slope of ``better − base`` vs log2 x), ``BEST_MARGIN`` (the
             best x of series ``better`` minus its ``baseline_x``) or ``BEST_GAP`` (the best cell of ``better``
-            minus the best of ``base``: tuned against tuned). The first four (:class:`.statistics.Smooth`) get a
-            t-interval over seeds of each seed's own statistic, the "best" ones (:class:`.statistics.Best`)
+            minus the best of ``base``: tuned against tuned). The first four (:class:`.measures.Smooth`) get a
+            t-interval over seeds of each seed's own statistic, the "best" ones (:class:`.measures.Best`)
             paired t bounds corrected for picking the best cell (:func:`.intervals.max_min_interval`).
         better, base: the series compared (``base`` unused by ``best_margin``).
         label: the statistic's short name in the verdict line (``Δstd``).
@@ -70,7 +70,7 @@ class Question:
     effect_of_interest: float | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "statistic", statistics.statistic(self.statistic))
+        object.__setattr__(self, "statistic", measures.statistic(self.statistic))
 
     def in_range(self, x: Any) -> bool:
         """Whether ``x`` is within the question's range (at or above ``x_min``)."""

@@ -36,8 +36,8 @@ from scipy import stats as sps
 
 from dcl_core.study.analysis import intervals, sequential, verdicts
 from dcl_core.study.analysis.answer import Question
-from dcl_core.study.analysis.statistics import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
-from dcl_core.study.analysis.statistics import Kind as StatisticKind
+from dcl_core.study.analysis.measures import BEST_GAP, BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, GAP_SLOPE, STD_DIFFERENCE
+from dcl_core.study.analysis.measures import Kind as StatisticKind
 from dcl_core.study.analysis.verdicts import VerdictWord
 
 SEEDS = (2, 3, 5, 8, 20)
@@ -95,7 +95,7 @@ class Kind:
     """A question kind as the studies ask it, on the simulated grid: the question, and the truth under the null
     and with an effect planted (``{series: array over x}``)."""
 
-    name: str  # the statistic's label (:attr:`.statistics.Statistic.label`)
+    name: str  # the statistic's label (:attr:`.measures.Statistic.label`)
     question: Any  # Setting -> Question
     truth: Any  # (Setting, effect) -> {series: np.ndarray}
     per_seed_truth: bool = False  # true value = E[statistic of one seed] (Monte Carlo), not statistic(truth)

@@ -12,9 +12,9 @@ from typing import Any
 from dcl_core.study.analysis import intervals
 from dcl_core.study.analysis.answer import Question, Verdict, judge
 from dcl_core.study.analysis.answer_output import verdict_metrics, verdict_tags
+from dcl_core.study.analysis.measures import GAP_SLOPE
 from dcl_core.study.analysis.paper import PAPER_KS, PAPER_TABLE5, paper_claim
 from dcl_core.study.analysis.report import pyplot, save_figure
-from dcl_core.study.analysis.statistics import GAP_SLOPE
 
 TOY = "eqco_mi_toy"  # the study's name: its summary folder and MLflow experiment
 TABLE_STEM = "mi_toy"  # summary/eqco_mi_toy/mi_toy.parquet (.csv)

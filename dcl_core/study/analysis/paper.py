@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from dcl_core.study.analysis import statistics
+from dcl_core.study.analysis import measures
 
 X = float | int  # a table's x: τ, batch size, queue size, epochs, σ, K
 
@@ -93,30 +93,30 @@ def gap(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, 
 
 def _pair(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]
           ) -> dict[str, Mapping[X, float]]:
-    """Two series as the cell means :mod:`dcl_core.study.analysis.statistics` computes statistics of: the paper's
+    """Two series as the cell means :mod:`dcl_core.study.analysis.measures` computes statistics of: the paper's
     headline is the same function of its numbers as ours is of our cells."""
     return {"better": _values(better), "base": _values(base)}
 
 
 def gap_at_smallest(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """``better − base`` at the smallest x both have (NaN if none)."""
-    return _clean(statistics.gap_at_smallest(_pair(better, base), "better", "base"))
+    return _clean(measures.gap_at_smallest(_pair(better, base), "better", "base"))
 
 
 def gap_slope(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """Least-squares slope of ``better − base`` against log2 x over the x both have (per doubling of x)."""
-    return _clean(statistics.gap_slope(_pair(better, base), "better", "base"))
+    return _clean(measures.gap_slope(_pair(better, base), "better", "base"))
 
 
 def std_across(s: PaperSeries | Mapping[X, float], ddof: int = 1, xs: Iterable[X] | None = None) -> float:
     """Standard deviation of a series' values across x (``ddof`` 1 = sample, 0 = population), over ``xs`` if given."""
     v = _values(s)
-    return statistics.std_across({x: v[x] for x in (v if xs is None else xs)}, ddof=ddof)
+    return measures.std_across({x: v[x] for x in (v if xs is None else xs)}, ddof=ddof)
 
 
 def best_gap(better: PaperSeries | Mapping[X, float], base: PaperSeries | Mapping[X, float]) -> float:
     """The best value of ``better`` minus the best of ``base`` (tuned against tuned)."""
-    return _clean(statistics.best_gap(_pair(better, base), "better", "base"))
+    return _clean(measures.best_gap(_pair(better, base), "better", "base"))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from dcl_core.study.analysis.columns import (
     fmt_x,
 )
 from dcl_core.study.analysis.intervals import format_number, t_quantile
-from dcl_core.study.analysis.statistics import gap_between, std_across
+from dcl_core.study.analysis.measures import gap_between, std_across
 from dcl_core.study.analysis.stored_table import read_stored_table
 
 
@@ -105,8 +105,8 @@ def cells(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, di
 def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[str, dict[str, float]]:
     """Per series, across x (e.g. τ): mean, std and range of the per-x mean accuracy (Table 18's Std column).
 
-    The std is :func:`.statistics.std_across` of the row's cell means (0 for a single cell), i.e. the std of the
-    mean curve. It is not what a verdict's Δstd estimates (:data:`.statistics.STD_DIFFERENCE`: the mean over
+    The std is :func:`.measures.std_across` of the row's cell means (0 for a single cell), i.e. the std of the
+    mean curve. It is not what a verdict's Δstd estimates (:data:`.measures.STD_DIFFERENCE`: the mean over
     seeds of each seed's own std difference); the table's caption says "across the row's cell means"."""
     out = {}
     for loss, by_x in cells(rows, x_key, series).items():
@@ -125,7 +125,7 @@ def robustness(rows: Sequence[Row], x_key: str, series: str = "loss") -> dict[st
 def gaps(rows: Sequence[Row], x_key: str, better: str = "dcl", base: str = "infonce",
          series: str = "loss") -> dict[Any, float]:
     """``better − base`` mean accuracy per x (Table 1's DCL-vs-baseline gap per batch size): the difference of the
-    two cells' means over all their finished seeds (:func:`.statistics.gap_between`), unpaired; the answer's
+    two cells' means over all their finished seeds (:func:`.measures.gap_between`), unpaired; the answer's
     paired gaps (:attr:`.answer.Answer.pairs`) differ from it when a seed finished one cell and not the other."""
     c = cells(rows, x_key, series)
     if better not in c or base not in c:

@@ -1,5 +1,5 @@
-"""A question's statistic as an object: what it computes from the cell means, which cells it reads, which kind of
-interval it gets, and the name records and MLflow know it by.
+"""What a question measures: its statistic as an object, with what it computes from the cell means, which cells it
+reads, which kind of interval it gets, and the name records and MLflow know it by.
 
 Two kinds (:class:`Kind`), two intervals (:mod:`dcl_core.study.analysis.intervals`):
 
