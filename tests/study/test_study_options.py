@@ -93,3 +93,15 @@ def test_the_run_s_options_are_the_command_line_s_of_the_same_name():
     assert str(options.output_dir) == "o" and options.verbosity == QUIET
     with pytest.raises(ConfigError, match="--output-dir is empty"):
         options_of(StudyArgs(output_dir=" "))
+
+
+def test_the_calibrate_and_mi_toy_commands_refuse_bad_input_in_one_line(capsys):
+    from dcl_core.study.cli.calibrate_command import calibrate_main
+    from dcl_core.study.cli.toy_command import toy_main
+
+    with pytest.raises(SystemExit) as exit_:
+        calibrate_main(["--studies", "many"])
+    assert exit_.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
+    presets = {"cpu": {"mis": (2.0,), "ks": (16,), "steps": 1, "repeats": 1, "seeds": 1}}
+    assert toy_main("doc", presets, ["--alpha", "0"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: --alpha must be > 0, got 0.0"]
