@@ -35,32 +35,23 @@ def test_a_name_not_listed_gets_the_same_colour_in_another_process():
     assert there.stdout.strip() == here and here.startswith("#") and len(here) == 7
 
 
-def test_the_study_plot_draws_each_series_in_its_colour(tmp_path, monkeypatch):
-    figures = []
-    monkeypatch.setattr(report, "save_figure",
-                        lambda fig, path, rect=None, keep_open=False: figures.append(fig) or path)
+def test_the_study_plot_draws_each_series_in_its_colour():
     rows = [{"loss": loss, "temperature": t, "seed": 0, "status": "ok", "knn_top1": 10.0 + t}
             for loss in ("infonce", "dclw", "dcl") for t in (0.1, 0.5)]
-    report.plot(rows, "temperature", "tau", tmp_path / "p.png", "t", paper={"dcl": {0.1: 90.0, 0.5: 91.0}})
-    (ax, twin) = figures[0].axes
+    figure, _ = report.knn_figure(rows, "temperature", "tau", "t", paper={"dcl": {0.1: 90.0, 0.5: 91.0}})
+    (ax, twin) = figure.axes
     drawn = {bars.get_label(): bars.lines[0].get_color() for bars in ax.containers}
     assert drawn == {"dcl (ours)": "#1f77b4", "dclw (ours)": series_colour("dclw"), "infonce (ours)": "#ff7f0e"}
     assert [line.get_color() for line in twin.get_lines()] == ["#1f77b4"]  # the paper's curve: its series' colour
 
 
-def test_the_study_plot_shows_95_percent_intervals_dodged_and_the_verdicts_and_writes_a_pdf(tmp_path, monkeypatch):
+def test_the_study_plot_shows_95_percent_intervals_dodged_and_the_verdicts():
     """The bars are the tables' 95% t-intervals over seeds (not ±1 std), the series sit apart at each x, the grid's
-    own x values label the axis, the verdicts are written under it, and a vector PDF is written beside the PNG."""
-    figures = []
-    real_save = report.save_figure
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, rect=None, keep_open=False:
-                        figures.append(fig) or real_save(fig, path, rect, keep_open))
+    own x values label the axis, and the verdicts are written under it."""
     rows = [{"loss": loss, "temperature": t, "seed": s, "status": "ok", "knn_top1": 10.0 + t + s}
             for loss in ("infonce", "dcl") for t in (0.1, 0.5) for s in (0, 1, 2)]
     note = "DCL flatter across τ than InfoNCE: Δstd +0.0 [-1.0, +1.0], not resolved"
-    path = report.plot(rows, "temperature", "τ", tmp_path / "p.png", "t", log_x=True, notes=[note])
-    assert path.is_file() and path.with_suffix(".pdf").read_bytes().startswith(b"%PDF")
-    fig = figures[0]
+    fig, _ = report.knn_figure(rows, "temperature", "τ", "t", log_x=True, notes=[note])
     (ax,) = fig.axes
     bars = {c.get_label(): c for c in ax.containers}
     # seeds 0, 1, 2 -> values x+10, x+11, x+12: mean x+11, sd 1, half-width t(0.975, 2) / sqrt(3) = 2.484

@@ -12,12 +12,12 @@ from dcl_core.study.analysis.report import (
     gap_pairs,
     gap_vs_q_figure,
     gaps,
-    plot,
+    knn_figure,
     q_hists_figure,
     read_table,
     robustness,
-    write_table,
 )
+from dcl_core.study.plan.writers import save_figure, write_table
 
 
 def row(loss, tau, seed, acc, status="ok", batch=128):
@@ -75,9 +75,11 @@ def test_parquet_and_csv_round_trip(tmp_path):
     assert csv.read_text().splitlines()[0].startswith('"trial_id","status","series","loss"')
 
 
-def test_plot_writes_a_png(tmp_path):
-    path = plot(ROWS, "temperature", "tau", tmp_path / "p.png", "t")
+def test_the_study_figure_is_written_as_a_png_and_a_pdf(tmp_path):
+    figure, rect = knn_figure(ROWS, "temperature", "tau", "t")
+    path = save_figure(figure, tmp_path / "p.png", rect=rect, with_pdf=True)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.with_suffix(".pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_gaps_pair_dcl_with_infonce_within_each_framework():

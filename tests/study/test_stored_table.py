@@ -17,8 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from dcl_core.config import ConfigError
-from dcl_core.study.analysis.report import read_table, write_table
+from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.stored_table import MAX_COLUMNS, MAX_ROWS, MAX_TABLE_BYTES
+from dcl_core.study.plan.writers import write_table
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = {"trial_id": "ab_00000", "status": "ok", "loss": "dcl", "temperature": 0.1, "seed": 0, "knn_top1": 10.0}

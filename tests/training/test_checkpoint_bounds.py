@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dcl_core.config import Config, apply_overrides, preset, to_flat_dict
-from dcl_core.study.analysis.report import write_table
+from dcl_core.study.plan.writers import write_table
 from dcl_core.training.builders import build_model, model_state_bytes
 from dcl_core.training.checkpoint import CheckpointError, held_bytes, load_checkpoint, save_checkpoint
 

@@ -377,8 +377,8 @@ def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -
 
 def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """Every cell (of every study given) that has both DCL and InfoNCE trials: the paired DCL − InfoNCE gap
-    (mean, 95% CI over common seeds), 1 − q_B of its InfoNCE trials and which cell it is (its cell columns, which
-    :func:`report.plot_gap_vs_q` writes beside the point)."""
+    (mean, 95% CI over common seeds), 1 − q_B of its InfoNCE trials and which cell it is (its cell columns, with
+    which :func:`~dcl_core.study.analysis.report.gap_vs_q_figure` labels the point)."""
     points = []
     for study, rows in sorted(rows_by_study.items()):
         by_cell: dict[tuple[Any, ...], dict[str, dict[int, Mapping[str, Any]]]] = {}

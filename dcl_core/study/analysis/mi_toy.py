@@ -1,4 +1,4 @@
-"""The EqCo MI toy's answer (EqCo Table 5) as pure functions of its rows: the table beside the paper's, its plot,
+"""The EqCo MI toy's answer (EqCo Table 5) as pure functions of its rows: the table beside the paper's, its figure,
 and the verdict on the slope of I_NCE − I_EqCo per doubling of K. The toy itself (training the critics on Ray) is
 :mod:`dcl_core.study.execution.mi_toy`; ``python -m dcl_core.study answer`` recomputes this from ``mi_toy.parquet``.
 """
@@ -6,7 +6,6 @@ and the verdict on the slope of I_NCE − I_EqCo per doubling of K. The toy itse
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from dcl_core.study.analysis import intervals
@@ -14,7 +13,7 @@ from dcl_core.study.analysis.answer import Question, Verdict, judge
 from dcl_core.study.analysis.answer_output import verdict_metrics, verdict_tags
 from dcl_core.study.analysis.measures import GAP_SLOPE
 from dcl_core.study.analysis.paper import PAPER_KS, PAPER_TABLE5, paper_claim
-from dcl_core.study.analysis.report import pyplot, save_figure
+from dcl_core.study.analysis.report import pyplot
 
 TOY = "eqco_mi_toy"  # the study's name: its summary folder and MLflow experiment
 TABLE_STEM = "mi_toy"  # summary/eqco_mi_toy/mi_toy.parquet (.csv)
@@ -47,8 +46,8 @@ def format_table5(rows: list[dict[str, Any]], ks: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
-def plot_table5(rows: list[dict[str, Any]], path: Path | str) -> Path:
-    """Estimated MI vs K for each true MI, InfoNCE dashed, EqCo solid."""
+def table5_figure(rows: list[dict[str, Any]]) -> Any:
+    """Estimated MI vs K for each true MI, InfoNCE dashed, EqCo solid; unsaved."""
     fig, ax = pyplot().subplots(figsize=(6, 4), dpi=120)
     for i, mi in enumerate(sorted({r["true_mi"] for r in rows})):
         ax.axhline(mi, color=f"C{i}", lw=0.6, alpha=0.4)  # the true MI
@@ -61,7 +60,7 @@ def plot_table5(rows: list[dict[str, Any]], path: Path | str) -> Path:
     ax.set_ylabel("estimated MI (nats)")
     ax.set_title("EqCo Table 5: MI bound vs K (thin lines: true MI)")
     ax.legend(fontsize=6, ncol=2, loc="upper left")
-    return save_figure(fig, Path(path))
+    return fig
 
 
 def toy_verdict(rows: list[dict[str, Any]]) -> Verdict:

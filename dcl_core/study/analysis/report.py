@@ -1,6 +1,7 @@
-"""Study reports: the per-trial table (Parquet + CSV via pyarrow), the paper-shaped summaries, the plot.
+"""Study reports: the per-trial table read back, the paper-shaped summaries, the figures.
 
-Pure functions over a list of row dicts (one per trial), so they are tested without Ray.
+Pure functions over a list of row dicts (one per trial), so they are tested without Ray; a figure is returned
+unsaved, and :mod:`dcl_core.study.plan.writers` writes it (and the table).
 """
 
 from __future__ import annotations
@@ -13,15 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
-
-from dcl_core.files import write_with
 from dcl_core.study.analysis.colours import series_colour
 from dcl_core.study.analysis.columns import (
-    COLUMN_NAMES,
-    FLOAT_COLUMNS,
     KNN_TOP1,
     STATUS,
     Row,
@@ -32,6 +26,8 @@ from dcl_core.study.analysis.columns import (
 from dcl_core.study.analysis.intervals import format_number, t_quantile
 from dcl_core.study.analysis.measures import gap_between, std_across
 from dcl_core.study.analysis.stored_table import read_stored_table
+
+Rect = tuple[float, float, float, float]  # a part of a figure, in figure fractions: left, bottom, right, top
 
 
 def pyplot() -> Any:
@@ -190,14 +186,14 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
 DODGE = 0.06  # each series' points shifted by this much of the x spacing (log: of an octave): bars apart
 
 
-def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, log_x: bool = False,
-         series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
-         paper_label: str = "paper", notes: Sequence[str] = ()) -> Path:
+def knn_figure(rows: Sequence[Row], x_key: str, x_label: str, title: str, log_x: bool = False,
+               series: str = "loss", paper: Mapping[str, Mapping[Any, float]] | None = None,
+               paper_label: str = "paper", notes: Sequence[str] = ()) -> tuple[Any, Rect]:
     """The kNN top-1 vs x, one line per series in its fixed colour
     (:func:`~dcl_core.study.analysis.colours.series_colour`, its MLflow runs' too), with the 95% t-interval over
     seeds of each cell (the tables' intervals; none for a single seed), the series dodged sideways so that their
-    bars do not overlap, ``notes`` (the verdicts: statistic and interval) under the axes; written as ``path``
-    (PNG) and as a vector PDF beside it.
+    bars do not overlap, ``notes`` (the verdicts: statistic and interval) under the axes. Returned unsaved, with
+    the part of the figure its axes are laid out in (above the notes).
 
     ``paper`` (``{series: {x: value}}``, e.g. DCL Table 18) is drawn dashed in each series' colour on its own
     y axis (right): the paper's level (88% on full CIFAR-10) and ours differ, what is compared is the shape."""
@@ -244,10 +240,7 @@ def plot(rows: Sequence[Row], x_key: str, x_label: str, path: Path, title: str, 
     for k, text in enumerate(reversed(footer)):
         fig.text(0.01, 0.01 + k * line_height, text, fontsize=6.5)
     ax.legend(handles, labels, fontsize=7)
-    rect = (0.0, 0.015 + len(footer) * line_height, 1.0, 1.0)
-    save_figure(fig, path, rect=rect, keep_open=True)
-    save_figure(fig, path.with_suffix(".pdf"), rect=rect)  # the same figure as a vector file, for a paper
-    return path
+    return fig, (0.0, 0.015 + len(footer) * line_height, 1.0, 1.0)
 
 
 def _half_width(cell: Mapping[str, float]) -> float:
@@ -268,16 +261,11 @@ def _dodged(x: Any, shift: float, xs: Sequence[Any], log_x: bool) -> float:
     return float(x) + shift * (min(gaps) if gaps else 1.0)
 
 
-def plot_gap_vs_q(points: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
-    """DCL − InfoNCE gap vs InfoNCE's 1 − q_B, one point per cell: the paper's mechanism predicts the gap grows
-    with 1 − q_B (:func:`gap_vs_q_figure`)."""
-    return save_figure(gap_vs_q_figure(points, title), path)
-
-
 def gap_vs_q_figure(points: Sequence[Mapping[str, Any]], title: str) -> Any:
-    """The gap-vs-q_B figure (``gap``, ``lo``, ``hi``, ``one_minus_q``, ``label`` = the study, the legend's; a
-    ``cell`` each point is labelled with: a text, or its cell columns' values, of which the label shows those that
-    tell the study's points apart, ``τ=0.1``). Returned unsaved, so its labels can be read."""
+    """DCL − InfoNCE gap vs InfoNCE's 1 − q_B, one point per cell: the paper's mechanism predicts the gap grows
+    with 1 − q_B. The points carry ``gap``, ``lo``, ``hi``, ``one_minus_q``, ``label`` (the study, the legend's)
+    and a ``cell`` each point is labelled with (a text, or its cell columns' values, of which the label shows those
+    that tell the study's points apart, ``τ=0.1``). Returned unsaved, so its labels can be read."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
@@ -354,19 +342,13 @@ def _annotate(ax: Any, labelled: Sequence[tuple[tuple[float, float], str]]) -> N
         placed.append(note(xy, text, chosen).get_window_extent(renderer))
 
 
-def write_rows(rows: Sequence[Row], out_dir: Path, stem: str) -> tuple[Path, Path]:
-    """Any list of flat dicts as Parquet + CSV (columns from the first row)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return _write(pa.Table.from_pylist(list(rows)), out_dir, stem)
-
-
 def q_hist_edges(bins: int) -> list[float]:
     """The edges of ``bins`` equal bins over q_B's range [0, 1]."""
     return [i / bins for i in range(bins + 1)]
 
 
-def plot_q_hist_epochs(hists: Mapping[int, Sequence[float]], path: Path, title: str) -> Path:
-    """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin."""
+def q_hist_epochs_figure(hists: Mapping[int, Sequence[float]], title: str) -> Any:
+    """One trial's NPC multiplier distribution per epoch (DCL Fig. 1): fraction of anchors per q_B bin; unsaved."""
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
@@ -381,16 +363,7 @@ def plot_q_hist_epochs(hists: Mapping[int, Sequence[float]], path: Path, title: 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, path)
-
-
-def plot_q_hists(rows: Sequence[Row], x_key: str, x_label: str, path: Path, series: str = "loss") -> Path | None:
-    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged), zoomed
-    to where the mass is (:func:`q_hists_figure`).
-
-    Returns ``None`` when no row carries a histogram (``q_hist``)."""
-    fig = q_hists_figure(rows, x_key, x_label, series)
-    return None if fig is None else save_figure(fig, path)
+    return fig
 
 
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "<", ">")
@@ -398,7 +371,8 @@ Q_MASS_SHOWN = 0.001  # a q_B bin holding less than this fraction of anchors in 
 
 
 def q_hists_figure(rows: Sequence[Row], x_key: str, x_label: str, series: str = "loss") -> Any:
-    """The figure of :func:`plot_q_hists`, unsaved (``None`` without histograms). The x axis spans the bins that
+    """Final-epoch q_B distributions (DCL Fig. 1): one panel per series, one line per x (seeds averaged), unsaved
+    (``None`` when no row carries a histogram, ``q_hist``). The x axis spans the bins that
     hold at least :data:`Q_MASS_SHOWN` of the anchors in some line, and a bin either side (at the CPU defaults all
     the mass sits in q_B's last few bins, which a [0, 1] axis draws as one spike); each x has its own marker and
     line style, so lines that coincide stay visible."""

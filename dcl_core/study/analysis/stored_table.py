@@ -2,7 +2,7 @@
 decoded: a study folder may come from anyone, and a 25 KB file whose dictionary-encoded ``error`` text repeats one
 long string on every row decodes to gigabytes.
 
-What a study writes (:func:`~dcl_core.study.analysis.report.write_table`): at most :data:`MAX_ROWS` rows of flat
+What a study writes (:func:`~dcl_core.study.plan.writers.write_table`): at most :data:`MAX_ROWS` rows of flat
 columns (numbers and short texts: a name of at most 80 characters, an error's first 300 characters), well under
 :data:`MAX_TABLE_BYTES` decoded. Refused in one line (:class:`~dcl_core.config.ConfigError`): anything but a regular
 file (a link, a FIFO, a device), a file over :data:`MAX_TABLE_BYTES`, more rows or columns than that, nested

@@ -26,9 +26,9 @@ from torch import Tensor, nn
 
 from dcl_core import metric_names as M
 from dcl_core.losses import EqCoLoss, InfoNCELoss, PairSimilarities
-from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, plot_table5, toy_answer
-from dcl_core.study.analysis.report import write_rows
+from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, table5_figure, toy_answer
 from dcl_core.study.plan.storage import atomic_write_text, summary_dir
+from dcl_core.study.plan.writers import save_figure, write_rows
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def run_toy_study(configs: list[ToyConfig], output_dir: Path, tracking_uri: str,
     for r in rows:
         r.pop("bounds")
     table, metrics, tags = toy_answer(rows, ks)
-    files = [*write_rows(rows, out, TABLE_STEM), plot_table5(rows, out / "mi_toy.png")]
+    files = [*write_rows(rows, out, TABLE_STEM), save_figure(table5_figure(rows), out / "mi_toy.png")]
     atomic_write_text(out / "table.txt", table + "\n")
     tracker = StudyTracker(tracking_uri, TOY, artifact_root=output_dir / "mlartifacts",
                            tags={"study": TOY, "git_commit": git_commit()}, journal_dir=out).open()

@@ -12,9 +12,10 @@ import pyarrow.fs
 from ray import tune
 
 from dcl_core import metric_names as M
-from dcl_core.study.analysis.report import plot_q_hist_epochs, q_hist_edges
+from dcl_core.study.analysis.report import q_hist_edges, q_hist_epochs_figure
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
+from dcl_core.study.plan.writers import save_figure
 from dcl_core.study.tracking.mlflow_view import trial_look
 from dcl_core.study.tracking.notes import NOTE_TAG, literal_markdown
 from dcl_core.study.tracking.tracker import StudyTracker
@@ -124,7 +125,7 @@ class MLflowTrialCallback(tune.Callback):
         hists = self.q_hists.pop(trial.trial_id, None)
         if hists:
             with tempfile.TemporaryDirectory() as d:
-                png = plot_q_hist_epochs(hists, Path(d) / "q_hist.png", f"NPC multiplier q_B: {trial}")
+                png = save_figure(q_hist_epochs_figure(hists, f"NPC multiplier q_B: {trial}"), Path(d) / "q_hist.png")
                 self.tracker.log_artifact(run_id, png, "npc", temporary=True)
         checkpoint = self._final_checkpoint(trial) if self.save_checkpoint else None
         if checkpoint is not None:
