@@ -40,37 +40,6 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path, rect: tuple[float, float, float, float] | None = None,
-                keep_open: bool = False) -> Path:
-    """Lay out ``fig`` (within ``rect``, figure fractions), write it to ``path`` in the format its suffix names
-    (folders made; atomically, a link there replaced, never written through: :func:`dcl_core.files.write_with`)
-    and close it (``keep_open``: to write it again in another format)."""
-    fig.tight_layout(**({"rect": rect} if rect else {}))
-    try:
-        write_with(path, lambda f: fig.savefig(f, format=path.suffix.lstrip(".") or "png"))
-    finally:
-        if not keep_open:
-            pyplot().close(fig)
-    return path
-
-
-def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:
-    """Write the per-trial table as Parquet and CSV; returns both paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    columns = {c: [r.get(c) for r in rows] for c in COLUMN_NAMES}
-    for c in FLOAT_COLUMNS:
-        columns[c] = [None if v is None else float(v) for v in columns[c]]
-    return _write(pa.table(columns), out_dir, stem)
-
-
-def _write(table: pa.Table, out_dir: Path, stem: str) -> tuple[Path, Path]:
-    """Parquet and CSV, each written to a fresh temporary name and renamed (:func:`dcl_core.files.write_with`):
-    never half a file (full disk, crash), never through a link planted at either name."""
-    parquet = write_with(out_dir / f"{stem}.parquet", lambda f: pq.write_table(table, f))
-    csv = write_with(out_dir / f"{stem}.csv", lambda f: pacsv.write_csv(table, f))
-    return parquet, csv
-
-
 def read_table(path: Path) -> list[Row]:
     """The rows of a results table written as Parquet, read within the bounds of a study's table
     (:func:`~dcl_core.study.analysis.stored_table.read_stored_table`: ConfigError in one line otherwise)."""
