@@ -1,18 +1,26 @@
-"""The architecture, enforced: the library layers never reach up into the study layer, the study layer's floors
-never reach up into the floors above them, and nothing reaches into Ray/MLflow/Optuna internals.
+"""The architecture, enforced: every package of the project stands on one floor and imports only from the floors
+below it, nothing below the study layer imports Ray, MLflow or Optuna, the study's analysis writes no file, no
+module is too long, and nothing reaches into Ray/MLflow/Optuna internals.
 
-- The library (losses, data, models, frameworks, eval, training, config) imports nothing from the study layer
-  (``dcl_core.study*``, ``dcl_core.tracking``), the command lines (``dcl_core.train``, ``dcl_core.evaluate``,
-  ``dcl_core.cli``) or Ray/MLflow/Optuna: checked by importing it in a fresh interpreter (a) and by reading every
-  import statement, including those inside functions (b).
-- The study layer's floors (d): ``analysis`` (pure: no Ray, MLflow or Optuna) below ``plan`` (no Ray, MLflow or
-  Optuna either) below ``tracking`` below ``execution`` below ``cli``; none of the four floors imports a command
-  line (``dcl_core.study.cli``, ``dcl_core.cli``, ``dcl_core.train``, ``dcl_core.evaluate``).
-- An import inside a function is a lazy import of something heavy that a ``--help`` must not pay for, and says so
-  in a comment on its line or the line above it (e).
-- Nothing in dcl_core imports the benchmark baselines (lightly, kornia), which only the ``bench`` extra installs.
+- Every package of ``dcl_core``, ``search_spaces``, ``studies`` and ``benchmarks`` stands on one of :data:`FLOORS`
+  (docs/architecture.md lists the same floors, and its map of modules keeps their order) and imports only from
+  the floors below it: never from a package on its own floor or above, read from every import statement,
+  including those inside functions and ``importlib.import_module("x")`` (d).
+- Nothing below the study layer (the library, ``search_spaces`` and the single run's command lines) imports
+  Ray, MLflow or Optuna, and neither do the study's ``analysis`` and ``plan`` floors; no study floor below its
+  command lines imports one of the single run's (``dcl_core.cli``, ``dcl_core.train``, ...) (d). Checked also
+  by importing the library in a fresh interpreter (a).
+- Nothing in dcl_core, search_spaces or studies imports the benchmark baselines (lightly, kornia), which only the
+  ``bench`` extra installs (d).
 - ``dcl_core.config`` stays torch-free, since the registries import its name lists (a); so does the study command
   line up to its parsing, so a study's ``--help`` is instant (a).
+- The study's ``analysis`` is pure: it writes no file (no ``savefig``, ``write_text``, ``mkdir``, ``open(.., "w")``
+  ...); its figures come back unsaved and ``dcl_core.study.plan.writers`` writes them (f).
+- No module of dcl_core, search_spaces or studies is over 500 lines, and no function over 60 (from its ``def`` to
+  its last line) unless a ``# long: <reason>`` comment on its ``def`` line, or on the line above it or its
+  decorators, says why (g).
+- An import inside a function is a lazy import of something heavy that a ``--help`` must not pay for, and says so
+  in a comment on its line or the line above it (e).
 - No code uses a private (single-underscore) name of Ray, MLflow or Optuna, a Ray DeveloperAPI that hands out
   an internal object (``get_storage()``), or an environment switch of Ray that Ray's documentation does not list
   (c): their internals change without notice between releases. Nor does a module import another's private name
@@ -30,40 +38,44 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 
-# Modules the library must not load. A name matches itself and its submodules ("dcl_core.train" does not match
-# "dcl_core.training"); "dcl_core.study" matches the dcl_core.study package, "dcl_core.study.cli" is listed too.
-FORBIDDEN = (
-    "dcl_core.study",
-    "dcl_core.train",
-    "dcl_core.evaluate",
-    "dcl_core.cli",
-    "ray",
-    "mlflow",
-    "optuna",
-    # Benchmark baselines (the ``bench`` extra): a user without them must be able to import everything.
-    "lightly",
-    "kornia",
+# Every package of the project, floor by floor from the ground up. A package imports only from the floors below
+# it; a module belongs to the longest name here that it is or lies under. docs/architecture.md lists the same.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("dcl_core.config", "dcl_core.metric_names", "dcl_core.distributed", "search_spaces"),
+    ("dcl_core.files", "dcl_core.losses", "dcl_core.models", "dcl_core.eval"),
+    ("dcl_core.data", "dcl_core.frameworks"),
+    ("dcl_core.training",),
+    ("dcl_core.cli",),
+    ("dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack"),
+    ("dcl_core.study.analysis",),
+    ("dcl_core.study.plan",),
+    ("dcl_core.study.tracking",),
+    ("dcl_core.study.execution",),
+    ("dcl_core.study.cli",),
+    ("dcl_core.study",),  # the package's face (its __init__) and python -m dcl_core.study (__main__)
+    ("studies", "benchmarks"),
 )
-LIBRARY_PACKAGES = ("config", "losses", "data", "models", "frameworks", "eval", "training")
-LIBRARY_MODULES = ("distributed.py",)
+# The folders whose every module stands on a floor; dcl_core's own __init__ (a docstring) imports nothing.
+TOPS = ("dcl_core", "search_spaces", "studies", "benchmarks")
+SERVICES = ("ray", "mlflow", "optuna")
+# Benchmark baselines (the ``bench`` extra): a user without them must be able to import everything else.
+BASELINES = ("lightly", "kornia")
+# The single run's command lines: below the study layer, and still nothing of the study's but its cli imports them.
+COMMAND_LINES = ("dcl_core.cli", "dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack")
+STUDY_LAYER = "dcl_core.study.analysis"  # the study layer's lowest floor
+# Modules a fresh interpreter must not load with the library (a).
+FORBIDDEN = ("dcl_core.study", *COMMAND_LINES, *SERVICES, *BASELINES)
 # Where no private name of Ray, MLflow or Optuna may appear.
 PRIVATE_API_DIRS = ("dcl_core", "studies", "search_spaces", "benchmarks")
-THIRD_PARTY = ("ray", "mlflow", "optuna")
-# The study layer's floors, bottom up, and what each may not import (besides every floor above it).
-COMMAND_LINES = ("dcl_core.study.cli", "dcl_core.cli", "dcl_core.train", "dcl_core.evaluate")
-STUDY_FLOORS = ("analysis", "plan", "tracking", "execution")
-FLOOR_FORBIDS = {
-    "analysis": ("ray", "mlflow", "optuna"),
-    "plan": ("ray", "mlflow", "optuna"),
-    "tracking": (),
-    "execution": (),
-}
+THIRD_PARTY = SERVICES
 # A dotted path from ray/mlflow/optuna through a single-underscore name: ray.air._internal, mlflow.utils._x.
 PRIVATE_PATH = re.compile(r"\b(?:ray|mlflow|optuna)(?:\.\w+)*\._[A-Za-z]")
 # Internals of Ray's MLflowLoggerCallback that a subclass can reach without naming ray or mlflow.
@@ -82,8 +94,16 @@ DOCUMENTED_RAY_ENV = {
     "TUNE_WARN_THRESHOLD_S": "Ray Tune environment variables: when an event loop operation is logged as slow",
 }
 RAY_ENV = re.compile(r"[\"'](?:RAY|TUNE)_[A-Za-z0-9_]+[\"']")
-
-
+# The size bounds and the folders they hold for.
+SIZED = ("dcl_core", "search_spaces", "studies")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+LONG_REASON = re.compile(r"#\s*long:\s*\S")
+# Calls that write a file (or make a folder): none in the study's analysis floor.
+WRITE_CALLS = frozenset({"savefig", "write_text", "write_bytes", "mkdir", "makedirs", "write_with", "write_table",
+                         "write_csv", "write_rows", "save_figure", "open_append", "open_fd", "rename", "unlink",
+                         "rmtree", "symlink_to", "touch", "to_parquet", "to_csv", "dump"})
+PURE = ("dcl_core.study.analysis",)
 def is_forbidden(module: str) -> bool:
     return any(module == name or module.startswith(name + ".") for name in FORBIDDEN)
 
@@ -106,16 +126,33 @@ def modules_loaded_by(code: str, pythonpath: Path) -> list[str]:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def library_files(root: Path) -> list[Path]:
-    """The library's source files under ``root`` (a repository), CLI shims (``__main__.py``) excepted."""
-    files = [p for pkg in LIBRARY_PACKAGES for p in sorted((root / "dcl_core" / pkg).rglob("*.py"))]
-    files += [root / "dcl_core" / name for name in LIBRARY_MODULES if (root / "dcl_core" / name).is_file()]
-    return [p for p in files if p.name != "__main__.py"]
+def module_name(path: Path, root: Path) -> str:
+    """The dotted name of the module in ``path`` (a package by its own name)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files(root: Path, tops: Sequence[str] = TOPS) -> list[Path]:
+    return [path for top in tops for path in sorted((root / top).rglob("*.py"))]
+
+
+def is_module(root: Path, name: str) -> bool:
+    """Whether ``name`` is a module or package of the tree under ``root``."""
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def package_of(module: str, floors: Sequence[Sequence[str]] = FLOORS) -> tuple[int, str] | None:
+    """(floor, package) of ``module``: the longest name on ``floors`` that it is or lies under (None: no floor)."""
+    found = [(floor, name) for floor, names in enumerate(floors) for name in names
+             if module == name or module.startswith(name + ".")]
+    return max(found, key=lambda fn: len(fn[1])) if found else None
 
 
 def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
-    """(line, module) of every import in ``path``, at any depth; ``from a import b`` yields ``a.b`` as well as
-    ``a`` (b may be a submodule), relative imports are resolved, and ``importlib.import_module("x")`` counts."""
+    """(line, module) of every import in ``path``, at any depth: ``from a import b`` imports ``a.b`` where that is
+    a module of the tree under ``root``, else ``a`` (b is a name of a's); relative imports are resolved, and
+    ``importlib.import_module("x")`` counts."""
     package = list(path.relative_to(root).parts[:-1])  # the package a relative import starts from
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -124,8 +161,10 @@ def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, *([node.module] if node.module else [])])
-            found.append((node.lineno, module))
-            found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names if alias.name != "*"]
+            subs = [f"{module}.{alias.name}" for alias in node.names if is_module(root, f"{module}.{alias.name}")]
+            found += [(node.lineno, sub) for sub in subs]
+            if len(subs) < len(node.names):
+                found.append((node.lineno, module))
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute | ast.Name)
@@ -138,40 +177,126 @@ def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
     return found
 
 
-def upward_imports(root: Path) -> list[str]:
-    """``file:line: module`` for each import of a forbidden module by a library file under ``root``."""
-    hits: list[str] = []
-    for path in library_files(root):
-        bad = {(line, module) for line, module in imported_modules(path, root) if is_forbidden(module)}
-        # ``from dcl_core.study.cli import main``: report the module, not also ``dcl_core.study.cli.main``.
-        hits += [
-            f"{path.relative_to(root)}:{line}: {module}"
-            for line, module in sorted(bad)
-            if (line, module.rpartition(".")[0]) not in bad
-        ]
+def unplaced_modules(root: Path, floors: Sequence[Sequence[str]] = FLOORS) -> list[str]:
+    """Modules on no floor; ``dcl_core`` itself (its ``__init__``) may stand on none while it imports nothing."""
+    hits = []
+    for path in source_files(root):
+        name = module_name(path, root)
+        if package_of(name, floors) is None and not (name == "dcl_core" and not imported_modules(path, root)):
+            hits.append(name)
     return hits
 
 
-def floor_forbids(floor: str) -> tuple[str, ...]:
-    """What a study floor's modules may not import: the floors above it, the command lines, its own list."""
-    above = STUDY_FLOORS[STUDY_FLOORS.index(floor) + 1:]
-    return (*(f"dcl_core.study.{f}" for f in above), *COMMAND_LINES, *FLOOR_FORBIDS[floor])
+def floor_violations(root: Path, floors: Sequence[Sequence[str]] = FLOORS) -> list[str]:
+    """``file:line: module`` for each import of a package on the importer's own floor or above it."""
+    hits: list[str] = []
+    for path in source_files(root):
+        own = package_of(module_name(path, root), floors)
+        if own is None:
+            continue  # unplaced_modules reports it
+        for line, module in imported_modules(path, root):
+            theirs = package_of(module, floors)
+            if theirs is not None and theirs[1] != own[1] and theirs[0] >= own[0]:
+                hits.append(f"{path.relative_to(root)}:{line}: {module} (floor {theirs[0] + 1}) "
+                            f"from {own[1]} (floor {own[0] + 1})")
+    return hits
 
 
-def matches(module: str, names: tuple[str, ...]) -> bool:
+def barred(package: str, floors: Sequence[Sequence[str]] = FLOORS) -> tuple[str, ...]:
+    """What ``package`` may not import although it stands below it: Ray, MLflow and Optuna below the study layer
+    and in its ``analysis`` and ``plan``; the benchmark baselines outside ``benchmarks``; the single run's command
+    lines in the study's floors below its own."""
+    placed = package_of(package, floors)
+    study = package_of(STUDY_LAYER, floors)
+    below_study = placed is not None and study is not None and placed[0] < study[0]
+    return (
+        *(SERVICES if below_study or package in ("dcl_core.study.analysis", "dcl_core.study.plan") else ()),
+        *(BASELINES if package != "benchmarks" else ()),
+        *(COMMAND_LINES if package.startswith("dcl_core.study.") and package != "dcl_core.study.cli" else ()),
+    )
+
+
+def matches(module: str, names: Sequence[str]) -> bool:
     return any(module == name or module.startswith(name + ".") for name in names)
 
 
-def floor_violations(root: Path) -> list[str]:
-    """``file:line: module`` for each import by a study floor's module of something above it or forbidden to it."""
+def barred_imports(root: Path, floors: Sequence[Sequence[str]] = FLOORS) -> list[str]:
+    """``file:line: module`` for each import of something :func:`barred` to the importer's package."""
     hits: list[str] = []
-    for floor in STUDY_FLOORS:
-        forbidden = floor_forbids(floor)
-        for path in sorted((root / "dcl_core" / "study" / floor).rglob("*.py")):
-            bad = {(line, module) for line, module in imported_modules(path, root) if matches(module, forbidden)}
-            hits += [f"{path.relative_to(root)}:{line}: {module}" for line, module in sorted(bad)
-                     if (line, module.rpartition(".")[0]) not in bad]
+    for path in source_files(root):
+        own = package_of(module_name(path, root), floors)
+        if own is None:
+            continue
+        bad = barred(own[1], floors)
+        hits += [f"{path.relative_to(root)}:{line}: {module}" for line, module in imported_modules(path, root)
+                 if matches(module, bad)]
     return hits
+
+
+def _writes(call: ast.Call) -> bool:
+    """Whether ``call`` writes a file or makes a folder (:data:`WRITE_CALLS`, ``os.open``, or ``open``/``.open``
+    with a mode that writes, appends, creates or updates, or a mode that cannot be read from the source)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    if name in WRITE_CALLS:
+        return True
+    if name != "open":
+        return False
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "os":
+        return True
+    position = 1 if isinstance(func, ast.Name) else 0  # open(file, mode) / Path(...).open(mode)
+    mode = next((k.value for k in call.keywords if k.arg == "mode"),
+                call.args[position] if len(call.args) > position else ast.Constant("r"))
+    return not isinstance(mode, ast.Constant) or any(c in str(mode.value) for c in "wax+")
+
+
+def file_writes(root: Path, pure: Sequence[str] = PURE) -> list[str]:
+    """``file:line: call`` for each call in a module of the ``pure`` packages that writes a file."""
+    hits: list[str] = []
+    for path in source_files(root):
+        if not matches(module_name(path, root), pure):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and _writes(node):
+                hits.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node.func)}")
+    return sorted(hits)
+
+
+def oversized(root: Path, tops: Sequence[str] = SIZED) -> list[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines, and functions over :data:`MAX_FUNCTION_LINES` (``def`` to last
+    line) whose ``def`` line, or the line above it or its decorators, has no ``# long: <reason>``."""
+    hits: list[str] = []
+    for path in source_files(root, tops):
+        lines = path.read_text().splitlines()
+        where = path.relative_to(root)
+        if len(lines) > MAX_MODULE_LINES:
+            hits.append(f"{where}: {len(lines)} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            top = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            said = [lines[node.lineno - 1], *([lines[top - 2]] if top > 1 else [])]
+            if length > MAX_FUNCTION_LINES and not any(LONG_REASON.search(line) for line in said):
+                hits.append(f"{where}:{node.lineno}: {node.name} is {length} lines (at most {MAX_FUNCTION_LINES} "
+                            "without a '# long: <reason>' comment on its def)")
+    return hits
+
+
+def documented_floors(page: str) -> list[tuple[str, ...]]:
+    """The floors a page lists under its ``## Floors`` heading: a numbered line each, its packages the names in
+    backquotes before the line's first colon."""
+    section = page.split("\n## Floors\n", 1)[-1].split("\n## ", 1)[0] if "\n## Floors\n" in page else ""
+    return [tuple(re.findall(r"`([\w.]+)`", m.group(1))) for m in re.finditer(r"^\d+\. ([^:]+):", section, re.M)]
+
+
+def sections_out_of_order(section_of: Callable[[str], int], floors: Sequence[Sequence[str]] = FLOORS) -> list[str]:
+    """Pairs of packages the map of modules shows in the opposite order of their floors (``section_of``: the
+    index of the map's section that shows a module; the map shows dcl_core and search_spaces)."""
+    shown = [(floor, name, section_of(name)) for floor, names in enumerate(floors) for name in names
+             if name.split(".")[0] in ("dcl_core", "search_spaces")]
+    return [f"{a} (floor {fa + 1}) is shown in section {sa + 1}, after {b} (floor {fb + 1}, section {sb + 1})"
+            for fa, a, sa in shown for fb, b, sb in shown if fa < fb and sa > sb]
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
@@ -275,8 +400,10 @@ def _private_names_imported(source: str, filename: str) -> list[tuple[int, str]]
 
 
 def test_the_library_loads_nothing_from_the_study_layer_or_ray_mlflow_optuna():
-    loaded = modules_loaded_by("import dcl_core.losses, dcl_core.data, dcl_core.models, dcl_core.frameworks", REPO)
-    assert "dcl_core.losses" in loaded and "torch" in loaded  # the import did happen
+    study = next(i for i, floor in enumerate(FLOORS) if STUDY_LAYER in floor)
+    library = [name for floor in FLOORS[:study] for name in floor if name not in COMMAND_LINES]
+    loaded = modules_loaded_by(f"import {', '.join(library)}", REPO)
+    assert "dcl_core.training" in loaded and "search_spaces" in loaded and "torch" in loaded  # the import happened
     assert [m for m in loaded if is_forbidden(m)] == []
 
 
@@ -303,14 +430,39 @@ def test_a_trial_worker_imports_no_mlflow_scipy_or_optuna():
     assert [m for m in loaded if m.split(".")[0] in ("mlflow", "scipy", "optuna", "matplotlib")] == []
 
 
-def test_no_library_module_imports_the_study_layer_or_the_command_lines():
-    assert len(library_files(REPO)) > 20
-    assert upward_imports(REPO) == []
+def test_every_package_stands_on_a_floor():
+    assert len(source_files(REPO)) > 100  # the tree was found
+    assert [name for floor in FLOORS for name in floor if not (is_module(REPO, name) or (REPO / name).is_dir())] == []
+    assert unplaced_modules(REPO) == []
 
 
-def test_each_study_floor_imports_only_the_floors_below_it():
-    assert all(any((REPO / "dcl_core" / "study" / floor).glob("*.py")) for floor in STUDY_FLOORS)
+def test_each_package_imports_only_from_the_floors_below_it():
     assert floor_violations(REPO) == []
+
+
+def test_nothing_below_the_study_layer_imports_ray_mlflow_or_optuna():
+    # nor the study's analysis and plan; nor anything but the benchmarks lightly or kornia; nor a study floor below
+    # the study's command lines the single run's
+    assert barred_imports(REPO) == []
+
+
+def test_the_study_analysis_writes_no_file():
+    assert any(REPO.joinpath("dcl_core", "study", "analysis").glob("*.py"))
+    assert file_writes(REPO) == []
+
+
+def test_no_module_or_function_is_too_long():
+    assert oversized(REPO) == []
+
+
+def test_docs_architecture_lists_these_floors():
+    assert documented_floors(ARCHITECTURE.read_text()) == list(FLOORS)
+
+
+def test_the_map_of_modules_shows_the_floors_in_order():
+    from test_architecture_map import floor_of  # the map's section of a module (tests/ is on sys.path)
+
+    assert sections_out_of_order(floor_of) == []
 
 
 def test_every_lazy_import_says_why():
@@ -357,37 +509,157 @@ def test_forbidden_names_match_modules_and_submodules_only(name, forbidden):
     assert is_forbidden(name) is forbidden
 
 
-def test_upward_imports_are_detected_at_any_depth(tmp_path):
+def test_an_import_from_the_own_floor_or_above_is_detected_at_any_depth(tmp_path):
     _write(
         tmp_path,
         {
+            "dcl_core/__init__.py": "",
+            "dcl_core/cli.py": "",
+            "dcl_core/config/__init__.py": "",
+            "dcl_core/config/keys.py": "from dcl_core.frameworks.negatives import NEGATIVES\n",  # the library, above
+            "dcl_core/frameworks/__init__.py": "from dcl_core.config import LOSS_NAMES\n",  # the config, below
+            "dcl_core/frameworks/negatives.py": "",
+            "dcl_core/models/__init__.py": "",
             "dcl_core/losses/__init__.py": "",
             "dcl_core/losses/bad.py": (
                 "import importlib\n"
                 "import dcl_core.train\n"
                 "from dcl_core.study import tracking\n"
                 "from .. import cli\n"
-                "import dcl_core.training\n"
-                "from dcl_core.config import LOSS_NAMES\n"
+                "from dcl_core import models\n"  # beside it, on its own floor
+                "from dcl_core.losses import base\n"  # its own package
                 "def later():\n"
                 "    from dcl_core.study.execution.tuning import run\n"
                 "    importlib.import_module('dcl_core.evaluate')\n"
-                "    import ray.tune\n"
             ),
-            "dcl_core/eval/__main__.py": "from dcl_core.evaluate import main\n",  # a CLI shim may
-            "dcl_core/training/ok.py": "from dcl_core.training.trainer import train\n",
-            "dcl_core/config/keys.py": "from dcl_core.study.cli import parse_overrides\n",
+            "dcl_core/study/__init__.py": "from dcl_core.study.plan.spec import StudySpec\n",  # the face, above plan
+            "dcl_core/study/plan/spec.py": "from dcl_core.study import StudySpec\n",  # the face, above it
+            "dcl_core/study/tracking/__init__.py": "",
+            "dcl_core/study/execution/tuning.py": "from dcl_core.study import tracking\n",  # a floor below
+            "search_spaces/spaces.py": "from dcl_core.config import CONFIG_KEYS\n",  # beside it, on the ground
+            "studies/s.py": "from benchmarks.common import Row\nfrom dcl_core.study import StudySpec\n",
+            "benchmarks/common.py": "",
         },
     )
-    assert upward_imports(tmp_path) == [
-        "dcl_core/config/keys.py:1: dcl_core.study.cli",
-        "dcl_core/losses/bad.py:2: dcl_core.train",
-        "dcl_core/losses/bad.py:3: dcl_core.study",
-        "dcl_core/losses/bad.py:4: dcl_core.cli",
-        "dcl_core/losses/bad.py:8: dcl_core.study.execution.tuning",
-        "dcl_core/losses/bad.py:9: dcl_core.evaluate",
-        "dcl_core/losses/bad.py:10: ray.tune",
+    assert floor_violations(tmp_path) == [
+        "dcl_core/config/keys.py:1: dcl_core.frameworks.negatives (floor 3) from dcl_core.config (floor 1)",
+        "dcl_core/losses/bad.py:2: dcl_core.train (floor 6) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:3: dcl_core.study.tracking (floor 9) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:4: dcl_core.cli (floor 5) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:5: dcl_core.models (floor 2) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:8: dcl_core.study.execution.tuning (floor 10) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:9: dcl_core.evaluate (floor 6) from dcl_core.losses (floor 2)",
+        "dcl_core/study/plan/spec.py:1: dcl_core.study (floor 12) from dcl_core.study.plan (floor 8)",
+        "search_spaces/spaces.py:1: dcl_core.config (floor 1) from search_spaces (floor 1)",
+        "studies/s.py:1: benchmarks.common (floor 13) from studies (floor 13)",
     ]
+
+
+def test_a_module_on_no_floor_is_detected(tmp_path):
+    _write(tmp_path, {"dcl_core/__init__.py": "", "dcl_core/newpkg/x.py": "", "dcl_core/losses/__init__.py": "",
+                      "tools/t.py": ""})  # tools/ is no folder of the project's
+    assert unplaced_modules(tmp_path) == ["dcl_core.newpkg.x"]
+    _write(tmp_path, {"dcl_core/__init__.py": "from dcl_core.losses import LOSSES\n"})  # the root face imports
+    assert unplaced_modules(tmp_path) == ["dcl_core", "dcl_core.newpkg.x"]
+
+
+def test_ray_mlflow_optuna_below_the_study_layer_and_the_other_barred_imports_are_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/cli.py": "",
+            "search_spaces/spaces.py": "def to_tune():\n    from ray import tune  # seconds\n",
+            "dcl_core/train.py": "import mlflow\n",
+            "dcl_core/losses/x.py": "import kornia.augmentation\n",
+            "dcl_core/study/analysis/plots.py": "def f():\n    import optuna  # heavy\n",
+            "dcl_core/study/plan/spec.py": "import mlflow.tracking\n",
+            "dcl_core/study/tracking/sync.py": "import mlflow\nfrom dcl_core import cli\n",
+            "dcl_core/study/execution/results.py": "import ray\nfrom dcl_core.train import main\n",
+            "dcl_core/study/cli/script.py": "import ray\nfrom dcl_core.cli import run_command\n",
+            "studies/s.py": "import ray\nimport lightly\n",
+            "benchmarks/b.py": "import lightly\nimport kornia\n",
+        },
+    )
+    assert barred_imports(tmp_path) == [
+        "dcl_core/losses/x.py:1: kornia.augmentation",
+        "dcl_core/study/analysis/plots.py:2: optuna",
+        "dcl_core/study/execution/results.py:2: dcl_core.train",
+        "dcl_core/study/plan/spec.py:1: mlflow.tracking",
+        "dcl_core/study/tracking/sync.py:2: dcl_core.cli",
+        "dcl_core/train.py:1: mlflow",
+        "search_spaces/spaces.py:2: ray",
+        "studies/s.py:2: lightly",
+    ]
+
+
+def test_a_file_written_by_the_analysis_is_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "dcl_core/study/analysis/report.py": (
+                "import json, os\n"
+                "from pathlib import Path\n"
+                "def f(fig, path, rows, mode):\n"
+                "    fig.savefig(path)\n"
+                "    Path(path).write_text('x')\n"
+                "    path.parent.mkdir(parents=True)\n"
+                "    open(path, 'w')\n"
+                "    path.open(mode='ab')\n"
+                "    json.dump(rows, path)\n"
+                "    os.open(path, os.O_RDONLY)\n"
+                "    open(path, mode)\n"
+                "    open(path).read(), path.open('rb'), open(path, mode='r')\n"  # reads
+                "    json.dumps(rows), 'a'.replace('a', 'b'), path.read_text()\n"
+            ),
+            "dcl_core/study/plan/writers.py": "def f(fig, path):\n    fig.savefig(path)\n",  # plan may write
+        },
+    )
+    assert file_writes(tmp_path) == sorted(f"dcl_core/study/analysis/report.py:{line}: {call}" for line, call in [
+        (4, "fig.savefig"), (5, "Path(path).write_text"), (6, "path.parent.mkdir"), (7, "open"), (8, "path.open"),
+        (9, "json.dump"), (10, "os.open"), (11, "open")])
+
+
+def test_a_module_or_function_too_long_is_detected(tmp_path):
+    def function(name: str, lines: int, above: str = "", on_def: str = "") -> str:
+        return f"{above}def {name}():{on_def}\n" + "    x = 1\n" * (lines - 1)
+
+    _write(
+        tmp_path,
+        {
+            "dcl_core/big.py": "x = 1\n" * 501,
+            "dcl_core/ok.py": "x = 1\n" * 500,
+            "studies/f.py": "".join([
+                function("fits", 60),  # lines 1-60
+                function("long", 61),  # 61-121
+                function("said", 61, on_def="  # long: one table of cases"),  # 122-182
+                function("said_above", 61, above="# long: one table of cases\n@decorated\n"),  # 183-245
+                function("comment_is_no_reason", 61, above="# a long one\n"),  # 246-307
+            ]),
+            "benchmarks/huge.py": "x = 1\n" * 900,  # the benchmarks are not held to the bounds
+        },
+    )
+    assert oversized(tmp_path) == [
+        "dcl_core/big.py: 501 lines (at most 500)",
+        "studies/f.py:61: long is 61 lines (at most 60 without a '# long: <reason>' comment on its def)",
+        "studies/f.py:247: comment_is_no_reason is 61 lines (at most 60 without a '# long: <reason>' comment on its "
+        "def)",
+    ]
+
+
+def test_the_floors_a_page_lists_are_read_and_compared(tmp_path):
+    page = ("# Architecture\n\n## Floors\n\nFrom the ground up:\n\n"
+            "1. `dcl_core.config`, `search_spaces`: they import nothing (`dcl_core.x` is not read here)\n"
+            "2. `dcl_core.losses`: one file per loss\n\n## Map\n\n3. `dcl_core.study`: not a floor\n")
+    assert documented_floors(page) == [("dcl_core.config", "search_spaces"), ("dcl_core.losses",)]
+    assert documented_floors(page) != list(FLOORS)
+    assert documented_floors("# Architecture\n") == []
+
+
+def test_a_map_showing_the_floors_out_of_order_is_detected():
+    sections = {"dcl_core.config": 1, "search_spaces": 0, "dcl_core.files": 0, "dcl_core.study": 2}
+    floors = (("dcl_core.config", "search_spaces"), ("dcl_core.files",), ("dcl_core.study", "studies"))
+    assert sections_out_of_order(sections.__getitem__, floors) == [
+        "dcl_core.config (floor 1) is shown in section 2, after dcl_core.files (floor 2, section 1)"]
 
 
 def test_private_names_are_detected(tmp_path):
@@ -428,28 +700,6 @@ def test_private_names_are_detected(tmp_path):
     }
     assert "dcl_core/study/tracking.py:3: ray.air._internal.mlflow._MLflowLoggerUtil" in hits
     assert "dcl_core/study/tracking.py:11: tune._private_thing" in hits
-
-
-def test_upward_imports_between_study_floors_are_detected(tmp_path):
-    _write(
-        tmp_path,
-        {
-            "dcl_core/study/analysis/stats.py": "import math\nfrom dcl_core.study.plan.spec import StudySpec\n",
-            "dcl_core/study/analysis/plots.py": "def f():\n    import optuna  # heavy\n",
-            "dcl_core/study/plan/spec.py": "from dcl_core.study.analysis import stats\nimport mlflow\n",
-            "dcl_core/study/tracking/sync.py": "from dcl_core.study.plan.spec import StudySpec\n"
-                                               "from dcl_core import cli\n",
-            "dcl_core/study/execution/results.py": "from dcl_core.study.tracking import tracker\n"
-                                                 "from dcl_core.study.cli import main\n",
-        },
-    )
-    assert floor_violations(tmp_path) == [
-        "dcl_core/study/analysis/plots.py:2: optuna",
-        "dcl_core/study/analysis/stats.py:2: dcl_core.study.plan.spec",
-        "dcl_core/study/plan/spec.py:2: mlflow",
-        "dcl_core/study/tracking/sync.py:2: dcl_core.cli",
-        "dcl_core/study/execution/results.py:2: dcl_core.study.cli",
-    ]
 
 
 def test_a_lazy_import_without_a_reason_is_detected(tmp_path):

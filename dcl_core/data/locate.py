@@ -216,6 +216,7 @@ def _inside(path: str, within: str) -> bool:
     return os.path.commonpath([os.path.realpath(path), within]) == within
 
 
+# long: one walk that checks every folder link for a loop or a way out as it descends (11 lines of docstring)
 def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bool = False,
                    within: Path | None = None) -> list[tuple[str, int]]:
     """The ImageFolder's files as torchvision's ``make_dataset`` lists them (those with an image extension under

@@ -133,6 +133,7 @@ def _train_epoch(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Te
     return loss_sum / x.shape[0]
 
 
+# long: its signature and docstring (every argument, the return, the errors) are 38 of its lines; the code is 36
 def linear_probe(
     train_features: torch.Tensor,
     train_labels: torch.Tensor,

@@ -1,12 +1,14 @@
 """Studies: Ray Tune over the core trainer, grids or Optuna searches, MLflow runs, a summary.
 
-Four floors, each importing only from the ones below it (``tests/test_layering.py`` checks it; the map of modules
-is ``docs/architecture.md``):
+Five floors, each importing only from the ones below it, and this package's own names on top of them
+(``tests/test_layering.py`` checks it; the floors of the whole project and its map of modules are
+``docs/architecture.md``):
 
 - :mod:`~dcl_core.study.analysis`: pure functions of results rows: statistics, questions and answers, the papers'
-  numbers, calibration, text tables and plots (no Ray, MLflow or Optuna);
+  numbers, calibration, text tables and figures, returned unsaved (no Ray, MLflow or Optuna; no file written);
 - :mod:`~dcl_core.study.plan`: what a study is and what it would cost, checked before Ray starts: the spec and
-  options, the study presets, storage and records, the checks, the cost estimate and ``--dry-run``;
+  options, the study presets, storage and records (and the writers of its tables and figures), the checks, the
+  cost estimate and ``--dry-run``;
 - :mod:`~dcl_core.study.tracking`: MLflow (and Ray's reporting API): the tracker, its journal, the saved view,
   ``sync``;
 - :mod:`~dcl_core.study.execution`: Ray Tune: the tuning of a study, its trainable, rounds, results and summary,

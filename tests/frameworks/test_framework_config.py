@@ -8,7 +8,8 @@ import pytest
 import torch
 from framework_helpers import SpyLoss, TinyEncoder, make_views
 
-from dcl_core.config import FRAMEWORK_NAMES, Config, ConfigError, apply_overrides, derive, preset
+from dcl_core.config import CONFIG_KEYS, FRAMEWORK_NAMES, Config, ConfigError, apply_overrides, derive, preset
+from dcl_core.config.negatives import NEGATIVES
 from dcl_core.frameworks import FRAMEWORKS, NNCLR, MoCo, SimCLR, SiMo
 from dcl_core.losses import EqCoLoss
 from dcl_core.training.builders import build_framework, build_loss
@@ -91,6 +92,14 @@ def test_derived_k_per_framework_and_eqco_alpha_defaults_to_it(overrides, k):
     assert derived.num_negatives == k
     assert derived.eqco_alpha == float(k)  # α = None means α = K: zero margin
     assert derive(cfg(**{"loss.name": "eqco", "loss.alpha": 256.0, **overrides})).eqco_alpha == 256.0
+
+
+def test_the_config_declares_each_framework_s_negatives():
+    # The config derives and checks K from its own table (torch-free); the registry holds the same frameworks.
+    assert tuple(NEGATIVES) == tuple(FRAMEWORKS) == FRAMEWORK_NAMES
+    assert {n.k_key for n in NEGATIVES.values()} <= set(CONFIG_KEYS)
+    # for N = 8 images and a queue of Q = 16 keys: 2N-2, Q, N-1, N-1
+    assert [n.offered(8, 16) for n in NEGATIVES.values()] == [14, 16, 7, 7]
 
 
 def test_derived_k_follows_the_per_rank_batch_without_gathering():

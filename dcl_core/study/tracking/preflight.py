@@ -23,6 +23,7 @@ _MANAGED_SCHEMES = ("databricks", "databricks-uc", "uc")
 _PROBE = "/api/2.0/mlflow/experiments/search?max_results=1"  # the REST API itself: a /health page is not MLflow
 
 
+# long: one branch per kind of tracking URI (http(s), sqlite, file, an SQL database, Databricks), a few checks each
 def preflight(tracking_uri: str, timeout: float = 5) -> None:
     """Raise :class:`ConfigError` (one line) unless ``tracking_uri`` is an MLflow tracking store this process
     can use, within about ``timeout`` seconds: an http(s) server answering MLflow's REST API (credentials from
