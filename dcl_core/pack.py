@@ -16,8 +16,7 @@ import sys
 from pathlib import Path
 
 from dcl_core.cli import run_command, setup_logging
-from dcl_core.data.locate import PACKED_FILE
-from dcl_core.data.packed import pack, splits_of
+from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 - :mod:`~dcl_core.data.locate`: where a dataset's root and splits are, and :func:`check_dataset`, the pre-flight
   check the CLIs run before any compute.
+- :mod:`~dcl_core.data.folders`: an ImageFolder's files as torchvision lists them (no link loop walked), for
+  both loaders and the pack (:mod:`~dcl_core.data.packed`).
 - :mod:`~dcl_core.data.datasets` (``data.loader=memory``): a split of CIFAR-10/100, STL-10 or a small ImageFolder
   decoded once into an in-memory ``uint8`` tensor (:mod:`~dcl_core.data.decode` decodes image files).
 - :mod:`~dcl_core.data.augment`: the seeded, batched, on-device SimCLR / BYOL views of such a tensor

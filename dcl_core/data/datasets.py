@@ -40,12 +40,12 @@ from dcl_core.data.decode import (
     resize_center_crop,
 )
 from dcl_core.data.errors import DataError
+from dcl_core.data.folders import image_folder_samples
 from dcl_core.data.locate import (
     EXPECTED_CLASSES,
     PRETTY_NAMES,
     TORCHVISION_FOLDERS,
     check_name,
-    image_folder_samples,
     locate,
     resolve_data_root,
 )

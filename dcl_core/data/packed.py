@@ -41,10 +41,14 @@ import pyarrow.ipc as ipc
 
 from dcl_core.data.decode import IMAGE_FORMATS, MAX_IMAGE_BYTES, image_format, read_image_bytes
 from dcl_core.data.errors import DataError
-from dcl_core.data.locate import PACKED_FILE, image_folder_samples
+from dcl_core.data.folders import image_folder_samples
 from dcl_core.files import disk_full, no_space, write_with
 
 log = logging.getLogger(__name__)
+
+PACKED_FILE = "imagefolder.arrow"
+"""A data root holding this file is read as the ImageFolder packed into it (:func:`read_split`; :func:`pack` writes
+it)."""
 
 SPLIT_FOLDERS = ("train", "test", "val")
 _CLASSES_KEY = b"dcl_core.classes"  # the schema metadata entry: the class names, in label order (JSON)

@@ -37,7 +37,7 @@ from dcl_core.data.augment import ViewAugmentation, ViewPolicy
 from dcl_core.data.datasets import class_balanced_subset
 from dcl_core.data.decode import pil_image, read_image_bytes
 from dcl_core.data.errors import DataError, UnreadableImageError
-from dcl_core.data.locate import folder_samples
+from dcl_core.data.folders import folder_samples
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def load_image(path: str) -> Image.Image:
 
 
 class _Folder(ImageFolder):
-    """torchvision's ``ImageFolder``, listed by :func:`~dcl_core.data.locate.folder_samples` (the same files in
+    """torchvision's ``ImageFolder``, listed by :func:`~dcl_core.data.folders.folder_samples` (the same files in
     the same order, but a folder link loop is refused, not walked)."""
 
     @staticmethod

@@ -27,10 +27,10 @@ import torchvision
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 from dcl_core.data import DataError, check_dataset, load_dataset, pretraining_images
-from dcl_core.data import locate as locate_module
+from dcl_core.data import folders as folders_module
 from dcl_core.data.decode import MAX_IMAGE_BYTES, read_image_bytes
-from dcl_core.data.locate import PACKED_FILE, folder_samples
-from dcl_core.data.packed import MAX_PACK_BYTES, pack, read_split
+from dcl_core.data.folders import folder_samples
+from dcl_core.data.packed import MAX_PACK_BYTES, PACKED_FILE, pack, read_split
 from dcl_core.data.streaming import folder_split, load_image
 from dcl_core.pack import main as pack_main
 
@@ -145,7 +145,7 @@ def test_a_link_loop_is_refused_not_walked(tmp_path: Path, capsys) -> None:
 def test_links_that_multiply_the_listing_are_refused_at_the_file_bound(tmp_path: Path, monkeypatch) -> None:
     """Two links to the next folder at each of 12 levels: no loop, but 4,096 ways to each file at the bottom (at
     24 levels, 16 million: the walk would take hours). The bound, lowered here so the test walks little, stops it."""
-    monkeypatch.setattr(locate_module, "MAX_FOLDER_FILES", 1000)
+    monkeypatch.setattr(folders_module, "MAX_FOLDER_FILES", 1000)
     folder = _folder(tmp_path / "if")
     levels = [folder / "deep" / f"d{i:02d}" for i in range(13)]
     for level in levels:

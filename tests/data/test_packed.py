@@ -15,8 +15,8 @@ import torchvision
 from PIL import Image
 
 from dcl_core.data import DataError, check_dataset, load_dataset, split_location
-from dcl_core.data.locate import EMBEDDED_CIFAR10, PACKED_FILE
-from dcl_core.data.packed import pack, read_split, splits_of
+from dcl_core.data.locate import EMBEDDED_CIFAR10
+from dcl_core.data.packed import PACKED_FILE, pack, read_split, splits_of
 from dcl_core.pack import main as pack_main
 from dcl_core.study.plan.cost import data_sizes
 
