@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.run import SECTIONS  # noqa: E402 - the repo root is on the path only from here
-from benchmarks.studies import analyze_study, study_dir_rows  # noqa: E402
+from benchmarks.studies import study_dir_rows  # noqa: E402
+from benchmarks.study_timing import analyze_study  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("lightly", "kornia")),
