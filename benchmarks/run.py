@@ -79,8 +79,9 @@ def run_section(name: str, quick: bool, work_dir: Path | None = None) -> tuple[l
         return [Row(name, f"ERROR: {message}", math.nan, note="section failed, see stderr")], False
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the chosen benchmark sections, print their rows and write them as JSON; the exit status."""
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The command line's options and the sections it chose, in its order; an unknown or empty choice of sections
+    ends the program with argparse's usage error (exit status 2)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions (CI: checks it runs)")
     parser.add_argument("--sections", default=",".join(SECTIONS),
@@ -97,6 +98,27 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in selected if s not in SECTIONS]
     if unknown or not selected:
         parser.error(f"unknown section(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTIONS)}")
+    return args, selected
+
+
+def run_sections(selected: list[str], quick: bool, work_dir: Path | None) -> tuple[list[Row], list[str]]:
+    """The rows of the ``selected`` sections in their order, and the names of those that failed; each section's
+    row count and seconds go to stderr as it ends."""
+    rows: list[Row] = []
+    failed: list[str] = []
+    for name in selected:
+        t0 = time.perf_counter()
+        section_rows, ok = run_section(name, quick, work_dir)
+        rows += section_rows
+        if not ok:
+            failed.append(name)
+        print(f"  {name}: {len(section_rows)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return rows, failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the chosen benchmark sections, print their rows and write them as JSON; the exit status."""
+    args, selected = parse_args(argv)
     json_path = args.json.expanduser().resolve()
 
     import torch  # after argument parsing: --help and bad arguments need no torch import
@@ -119,16 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {meta['torch']}, {meta['cpu']}, {meta['cores']} cores, {meta['threads']} torch threads, "
           f"{meta['date']}, load average {meta['load_average_start']} (1/5/15 min)", flush=True)
 
-    rows: list[Row] = []
-    failed: list[str] = []
-    for name in selected:
-        t0 = time.perf_counter()
-        work_dir = args.work_dir.expanduser().resolve() if args.work_dir else None
-        section_rows, ok = run_section(name, args.quick, work_dir)
-        rows += section_rows
-        if not ok:
-            failed.append(name)
-        print(f"  {name}: {len(section_rows)} rows in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    work_dir = args.work_dir.expanduser().resolve() if args.work_dir else None
+    rows, failed = run_sections(selected, args.quick, work_dir)
 
     meta["load_average_end"] = load_average()
     meta["seconds"] = round(time.perf_counter() - started, 1)

@@ -46,7 +46,7 @@ import torch
 
 from dcl_core import metric_names as M
 from dcl_core.config import Config, apply_overrides, derive, preset
-from dcl_core.models import last_block_convs
+from dcl_core.models import SSLModel, last_block_convs
 from dcl_core.training import train
 from dcl_core.training.builders import InMemoryData, build_data, build_loss, build_model, build_optimizer
 from dcl_core.training.epoch import EpochStats, grad_norm
@@ -225,9 +225,34 @@ def step_phases(steps: int, warmup: int = 2, knn_reps: int = 1) -> list[Row]:
     torch.set_num_threads(1)
     data = build_data(cfg)
     assert isinstance(data, InMemoryData)
-    derived = derive(cfg, 1)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg).to(memory_format=CL)
+    times = timed_steps(cfg, data, model, steps, warmup)
+    steps_per_epoch = len(data.pretrain.images) // cfg.optim.batch_size
+    per_epoch = {p: statistics.median(times[p]) * steps_per_epoch for p in PHASES}
+    epoch = sum(per_epoch.values())
+    setting = f"ResNet-18 x0.125, batch 32, 1 thread, {steps_per_epoch} steps/epoch"
+    rows = [
+        Row(
+            section=SECTION,
+            name=f"step phase: {p}, {setting}",
+            ours=per_epoch[p],
+            baseline=epoch,
+            ratio=per_epoch[p] / epoch,
+            unit="s/epoch",
+            note=f"{per_epoch[p] / epoch:.1%} of the step; median of {steps} steps x steps/epoch",
+        )
+        for p in PHASES
+    ]
+    return [*rows, knn_row(cfg, data, model, epoch, knn_reps, setting)]
+
+
+def timed_steps(cfg: Config, data: InMemoryData, model: SSLModel, steps: int,
+                warmup: int) -> dict[str, list[float]]:
+    """Seconds of each of :data:`PHASES` in each of ``steps`` trainer steps of ``model`` (after ``warmup``
+    untimed ones), reproduced with a timer around each phase: the trainer's loss, optimizer, probes, statistics
+    and schedule, on ``data``'s pretraining images in a seeded random order."""
+    derived = derive(cfg, 1)
     loss_fn = build_loss(cfg, derived)
     optimizer = build_optimizer(cfg, derived, model)
     probes = [conv.weight for conv in last_block_convs(model.backbone)]  # as the trainer's Run.probes
@@ -266,22 +291,13 @@ def step_phases(steps: int, warmup: int = 2, knn_reps: int = 1) -> list[Row]:
             marks = (t_aug, t_fwd, t_loss, t_bwd, t_diag, t_opt, t_end)
             for phase, begin, end in zip(PHASES, marks, marks[1:], strict=False):
                 times[phase].append(end - begin)
+    return times
 
-    per_epoch = {p: statistics.median(times[p]) * steps_per_epoch for p in PHASES}
-    epoch = sum(per_epoch.values())
-    setting = f"ResNet-18 x0.125, batch 32, 1 thread, {steps_per_epoch} steps/epoch"
-    rows = [
-        Row(
-            section=SECTION,
-            name=f"step phase: {p}, {setting}",
-            ours=per_epoch[p],
-            baseline=epoch,
-            ratio=per_epoch[p] / epoch,
-            unit="s/epoch",
-            note=f"{per_epoch[p] / epoch:.1%} of the step; median of {steps} steps x steps/epoch",
-        )
-        for p in PHASES
-    ]
+
+def knn_row(cfg: Config, data: InMemoryData, model: SSLModel, epoch: float, knn_reps: int,
+            setting: str) -> Row:
+    """The kNN monitor's cost (``evaluate_knn`` over the bank and test sets, median of ``knn_reps``) against one
+    ``epoch`` of seconds."""
 
     def knn() -> float:
         return evaluate_knn(
@@ -295,21 +311,18 @@ def step_phases(steps: int, warmup: int = 2, knn_reps: int = 1) -> list[Row]:
 
     knn_s = median_time(knn, reps=knn_reps, warmup=0)
     bank, test = len(data.labels("bank")), len(data.labels("test"))
-    rows.append(
-        Row(
-            section=SECTION,
-            name=f"kNN monitor (k={cfg.eval.knn_k}, t={cfg.eval.knn_temperature:g}) vs one epoch, {setting}",
-            ours=knn_s,
-            baseline=epoch,
-            ratio=knn_s / epoch,
-            unit="s",
-            note=(
-                f"kNN = {knn_s / epoch:.0%} of an epoch: features of {bank} bank + {test} test images, "
-                f"median of {knn_reps}; why CPU studies set eval.knn_every > 1"
-            ),
-        )
+    return Row(
+        section=SECTION,
+        name=f"kNN monitor (k={cfg.eval.knn_k}, t={cfg.eval.knn_temperature:g}) vs one epoch, {setting}",
+        ours=knn_s,
+        baseline=epoch,
+        ratio=knn_s / epoch,
+        unit="s",
+        note=(
+            f"kNN = {knn_s / epoch:.0%} of an epoch: features of {bank} bank + {test} test images, "
+            f"median of {knn_reps}; why CPU studies set eval.knn_every > 1"
+        ),
     )
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------------------
