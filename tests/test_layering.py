@@ -16,9 +16,12 @@ module is too long, and nothing reaches into Ray/MLflow/Optuna internals.
   line up to its parsing, so a study's ``--help`` is instant (a).
 - The study's ``analysis`` is pure: it writes no file (no ``savefig``, ``write_text``, ``mkdir``, ``open(.., "w")``
   ...); its figures come back unsaved and ``dcl_core.study.plan.writers`` writes them (f).
-- No module of dcl_core, search_spaces or studies is over 500 lines, and no function over 60 (from its ``def`` to
-  its last line) unless a ``# long: <reason>`` comment on its ``def`` line, or on the line above it or its
-  decorators, says why (g).
+- No module of dcl_core, search_spaces, studies or benchmarks is over 500 lines, and no function over 60 (from its
+  ``def`` to its last line) unless a ``# long: <reason>`` comment on its ``def`` line, or on the line above it or
+  its decorators, says why (g).
+- No import cycle: no two modules of dcl_core, search_spaces, studies or benchmarks import each other, directly or
+  around a circle of several, counting every import statement (lazy ones inside functions too) and
+  ``importlib.import_module("x")`` (h).
 - An import inside a function is a lazy import of something heavy that a ``--help`` must not pay for, and says so
   in a comment on its line or the line above it (e).
 - No code uses a private (single-underscore) name of Ray, MLflow or Optuna, a Ray DeveloperAPI that hands out
@@ -95,7 +98,7 @@ DOCUMENTED_RAY_ENV = {
 }
 RAY_ENV = re.compile(r"[\"'](?:RAY|TUNE)_[A-Za-z0-9_]+[\"']")
 # The size bounds and the folders they hold for.
-SIZED = ("dcl_core", "search_spaces", "studies")
+SIZED = TOPS
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 LONG_REASON = re.compile(r"#\s*long:\s*\S")
@@ -283,6 +286,66 @@ def oversized(root: Path, tops: Sequence[str] = SIZED) -> list[str]:
     return hits
 
 
+def import_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Each module of the tree -> the modules of the tree it imports (:func:`imported_modules`: at any depth,
+    lazily or not), each with the first line that imports it."""
+    graph: dict[str, dict[str, int]] = {}
+    for path in source_files(root):
+        name = module_name(path, root)
+        edges = graph.setdefault(name, {})
+        for line, module in imported_modules(path, root):
+            if module != name and is_module(root, module):
+                edges[module] = min(line, edges.get(module, line))
+    return graph
+
+
+def _reachable(graph: dict[str, dict[str, int]], start: str) -> set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for module in graph.get(todo.pop(), {}):
+            if module not in seen:
+                seen.add(module)
+                todo.append(module)
+    return seen
+
+
+def _shortest_circle(graph: dict[str, dict[str, int]], start: str) -> list[str]:
+    """The modules of a shortest circle of imports from ``start`` back to it (breadth first), ``start`` first."""
+    parent: dict[str, str] = {}
+    queue = [start]
+    for module in queue:  # grows while it is read: breadth first
+        for imported in sorted(graph.get(module, {})):
+            if imported == start:
+                circle = [module]
+                while circle[-1] != start:
+                    circle.append(parent[circle[-1]])
+                return circle[::-1]
+            if imported not in parent:
+                parent[imported] = module
+                queue.append(imported)
+    raise AssertionError(f"{start} is on no circle")
+
+
+def import_cycles(root: Path) -> list[str]:
+    """One line per group of modules that import each other (directly or around a circle): a shortest circle
+    through the first of them by name, ``a:3 -> b:7 -> a`` (line 3 of ``a`` imports ``b``, line 7 of ``b``
+    imports ``a``)."""
+    graph = import_graph(root)
+    reach = {name: _reachable(graph, name) for name in graph}
+    hits: list[str] = []
+    placed: set[str] = set()
+    for name in sorted(graph):
+        if name in placed or name not in reach[name]:
+            continue
+        placed |= {other for other in reach[name] if name in reach.get(other, set())}
+        circle = _shortest_circle(graph, name)
+        steps = [f"{a}:{graph[a][b]}" for a, b in zip(circle, [*circle[1:], name], strict=True)]
+        hits.append(" -> ".join([*steps, name]))
+    return hits
+
+
 def documented_floors(page: str) -> list[tuple[str, ...]]:
     """The floors a page lists under its ``## Floors`` heading: a numbered line each, its packages the names in
     backquotes before the line's first colon."""
@@ -453,6 +516,10 @@ def test_the_study_analysis_writes_no_file():
 
 def test_no_module_or_function_is_too_long():
     assert oversized(REPO) == []
+
+
+def test_no_two_modules_import_each_other():
+    assert import_cycles(REPO) == []
 
 
 def test_docs_architecture_lists_these_floors():
@@ -635,7 +702,9 @@ def test_a_module_or_function_too_long_is_detected(tmp_path):
                 function("said_above", 61, above="# long: one table of cases\n@decorated\n"),  # 183-245
                 function("comment_is_no_reason", 61, above="# a long one\n"),  # 246-307
             ]),
-            "benchmarks/huge.py": "x = 1\n" * 900,  # the benchmarks are not held to the bounds
+            "benchmarks/huge.py": "x = 1\n" * 900,  # the benchmarks are held to the same bounds
+            "benchmarks/run.py": function("parse", 60) + function("main", 64),
+            "tools/long.py": "x = 1\n" * 900,  # tools/ is no folder of the project's
         },
     )
     assert oversized(tmp_path) == [
@@ -643,6 +712,42 @@ def test_a_module_or_function_too_long_is_detected(tmp_path):
         "studies/f.py:61: long is 61 lines (at most 60 without a '# long: <reason>' comment on its def)",
         "studies/f.py:247: comment_is_no_reason is 61 lines (at most 60 without a '# long: <reason>' comment on its "
         "def)",
+        "benchmarks/huge.py: 900 lines (at most 500)",
+        "benchmarks/run.py:61: main is 64 lines (at most 60 without a '# long: <reason>' comment on its def)",
+    ]
+
+
+def test_modules_that_import_each_other_are_detected(tmp_path):
+    _write(
+        tmp_path,
+        {
+            # two modules, one of the imports lazy (the circle dcl_core.data.locate and .packed made)
+            "dcl_core/data/errors.py": "",
+            "dcl_core/data/locate.py": (
+                "from dcl_core.data.errors import DataError\n"
+                "def check():\n"
+                "    from dcl_core.data.packed import read_split  # deferred\n"
+            ),
+            "dcl_core/data/packed.py": (
+                "from dcl_core.data.errors import DataError\n"
+                "from dcl_core.data.locate import PACKED_FILE\n"
+            ),
+            "dcl_core/data/streaming.py": "from dcl_core.data.locate import check\n",  # into the circle, not on it
+            # three around a circle, one through importlib
+            "benchmarks/a.py": "from benchmarks import b\n",
+            "benchmarks/b.py": "import os\nimport benchmarks.c\n",
+            "benchmarks/c.py": "import importlib\ndef f():\n    importlib.import_module('benchmarks.a')\n",
+            # a package's face and a module under it
+            "dcl_core/study/__init__.py": "from dcl_core.study.plan import spec\n",
+            "dcl_core/study/plan/__init__.py": "",
+            "dcl_core/study/plan/spec.py": "from dcl_core.study import StudySpec\n",
+            "studies/s.py": "import benchmarks.a\nfrom dcl_core.study.plan import spec\n",  # one way only
+        },
+    )
+    assert import_cycles(tmp_path) == [
+        "benchmarks.a:1 -> benchmarks.b:2 -> benchmarks.c:3 -> benchmarks.a",
+        "dcl_core.data.locate:3 -> dcl_core.data.packed:2 -> dcl_core.data.locate",
+        "dcl_core.study:1 -> dcl_core.study.plan.spec:1 -> dcl_core.study",
     ]
 
 
