@@ -16,7 +16,8 @@ Example:
 
 A module a job: :mod:`.schema` (the sections, fields and names), :mod:`.keys` (dotted keys and overrides),
 :mod:`.validation` (combination checks), :mod:`.presets`, :mod:`.derive`, :mod:`.negatives` (each framework's
-negatives and the key that sets its K). Import from here; the config imports nothing else of the project.
+negatives and the key that sets its K), :mod:`.user_loss` (a loss from the user's code, named in ``loss.name``).
+Import from here; the config imports nothing else of the project.
 """
 
 from dcl_core.config.derive import Derived, derive
@@ -47,13 +48,15 @@ from dcl_core.config.schema import (
     field_specs,
     value_at,
 )
+from dcl_core.config.user_loss import REFERENCE_FORMS, LossReference, loss_params, loss_reference
 from dcl_core.config.validation import check_device, validate
 
 __all__ = [
     "ARCH_NAMES", "AUGMENTATIONS", "CONFIG_KEYS", "DATASET_NAMES", "DATA_LOADERS", "DEVICES", "FRAMEWORK_NAMES",
-    "LOSS_NAMES", "NEGATIVES", "PRESETS", "STEM_NAMES", "Config", "ConfigError", "DataConfig", "Derived",
-    "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "ModelConfig", "Negatives", "OptimConfig", "Range",
-    "RunFailedError",
-    "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "parse_overrides", "preset",
+    "LOSS_NAMES", "NEGATIVES", "PRESETS", "REFERENCE_FORMS", "STEM_NAMES", "Config", "ConfigError", "DataConfig",
+    "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "ModelConfig",
+    "Negatives", "OptimConfig", "Range", "RunFailedError",
+    "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "loss_params", "loss_reference",
+    "parse_overrides", "preset",
     "to_flat_dict", "validate", "value_at",
 ]

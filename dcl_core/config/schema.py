@@ -183,7 +183,8 @@ class ModelConfig:
 class LossConfig:
     """The contrastive loss and its hyperparameters (``loss.*``)."""
 
-    name: str = _f("dcl", "contrastive objective", "dcl", LOSS_NAMES)
+    # Or the user's own loss, module:Class or path/to/file.py:Class (config/user_loss.py; validation accepts it).
+    name: str = _f("dcl", "contrastive objective, or your own as module:Class or file.py:Class", "dcl", LOSS_NAMES)
     # 0.07 on CIFAR/STL (Sec. 4.1); 0.1 for ImageNet; Table 18 sweeps 0.07..1.0.
     temperature: float = _f(
         0.1, "softmax temperature tau of the training loss", 0.07, bounds=_TEMPERATURE
@@ -215,6 +216,7 @@ class LossConfig:
     uniformity_weight: float = _f(
         1.0, "align_uniform: weight of the uniformity term", 1.0, bounds=Range(ge=0, cap=1e6)
     )
+    params: str = _f("{}", "your own loss's keyword arguments (loss.name=module:Class), a JSON object")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ and the data loader; and the device."""
 from __future__ import annotations
 
 from dcl_core.config.negatives import NEGATIVES
-from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
+from dcl_core.config.schema import LOSS_NAMES, Config, ConfigError, Range, field_specs, value_at
+from dcl_core.config.user_loss import REFERENCE_FORMS, loss_params, loss_reference
 
 
 def validate(cfg: Config) -> None:
@@ -43,8 +44,11 @@ def _check_fields(cfg: Config) -> None:
     for key, (_, f) in field_specs().items():
         value = value_at(cfg, key)
         choices = f.metadata.get("choices")
+        if key == "loss.name" and loss_reference(value) is not None:  # the user's own loss: checked when imported
+            continue
         if choices is not None and value not in choices:
-            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}; got {value!r}")
+            also = f", or your own loss as {REFERENCE_FORMS}" if key == "loss.name" else ""
+            raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}{also}; got {value!r}")
         if value is None or isinstance(value, (bool, str)):
             continue
         bounds: Range = f.metadata.get("range") or Range()  # every numeric field declares one (tested)
@@ -55,7 +59,11 @@ def _check_fields(cfg: Config) -> None:
 
 
 def _check_loss(cfg: Config) -> None:
-    """Keys that belong to one loss (EqCo's K sub-sampling and α) set with another."""
+    """Keys that belong to one loss (EqCo's K sub-sampling and α, a user loss's params) set with another."""
+    params = loss_params(cfg.loss.params)
+    if params and cfg.loss.name in LOSS_NAMES:
+        raise ConfigError(f"loss.params are your own loss's keyword arguments; loss.name={cfg.loss.name} takes its "
+                          "own keys (loss.sigma, loss.delta, loss.alpha, ...)")
     if cfg.loss.num_negatives and cfg.loss.name != "eqco":
         raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
     if cfg.loss.alpha is not None and cfg.loss.name != "eqco":

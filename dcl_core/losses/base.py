@@ -252,7 +252,14 @@ class ContrastiveLoss(nn.Module):
         temperature: τ > 0. It only divides similarities; no τ-dependent factor scales the loss, so a
             temperature sweep changes nothing but τ.
         gather_distributed: under DDP, use every rank's samples as negatives.
+
+    Attributes:
+        detached: what the loss holds constant in its gradient (a stop-gradient, such as DCLW's weights), or
+            ``""``; its gradient is then not the loss's derivative, and ``python -m dcl_core.losses check``
+            checks it against a ``--reference`` instead of finite differences.
     """
+
+    detached: str = ""
 
     def __init__(self, temperature: float = 0.1, gather_distributed: bool = False) -> None:
         super().__init__()

@@ -49,6 +49,8 @@ class DCLWLoss(ContrastiveLoss):
         >>> out = DCLWLoss(temperature=0.1, sigma=0.5)(torch.randn(8, 16), torch.randn(8, 16))
     """
 
+    detached = "the vMF weights w (computed from detached similarities)"
+
     def __init__(
         self, temperature: float = 0.1, sigma: float = 0.5, gather_distributed: bool = False
     ) -> None:

@@ -30,6 +30,8 @@ class DCLWExpLoss(ContrastiveLoss):
         >>> out = DCLWExpLoss(temperature=0.1)(torch.randn(8, 16), torch.randn(8, 16))
     """
 
+    detached = "the weights w (computed from detached similarities)"
+
     def __init__(
         self,
         temperature: float = 0.1,

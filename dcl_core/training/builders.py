@@ -28,14 +28,18 @@ from dcl_core.eval.features import extract_features, extract_features_from_batch
 from dcl_core.frameworks import FRAMEWORKS
 from dcl_core.frameworks.common import Framework
 from dcl_core.losses import LOSSES, ContrastiveLoss
+from dcl_core.losses.user import build_user_loss
 from dcl_core.models import ProjectionHead, SSLModel, build_backbone
 
 log = logging.getLogger(__name__)
 
 
 def build_loss(cfg: Config, derived: Derived) -> ContrastiveLoss:
-    """The configured loss with exactly the arguments its equation takes."""
+    """The configured loss with exactly the arguments its equation takes (a user loss: τ, the DDP gathering and
+    its ``loss.params``)."""
     lc = cfg.loss
+    if lc.name not in LOSSES:
+        return build_user_loss(lc.name, lc.params, lc.temperature, lc.gather_distributed)
     common: dict[str, Any] = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
     extra: dict[str, Any] = {
         "infonce": {},

@@ -1,0 +1,81 @@
+"""A loss from the user's own code, named in ``loss.name`` beside the built-in names: ``my_losses:MyLoss`` (an
+importable module) or ``path/to/my_loss.py:MyLoss`` (a file), and its own keyword arguments in ``loss.params``
+(a JSON object: ``{"positive_weight": 0.5}``). Only the syntax is checked here, torch-free and without importing
+anything: :mod:`dcl_core.losses.user` imports the code when a run builds its loss.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dcl_core.config.schema import ConfigError
+
+# A module's dotted name: identifiers joined by dots (``pkg.my_losses``); a class: one identifier.
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_PARAMS_CHARS = 4096  # a handful of keyword arguments; a typo'd paste of a file is refused, not parsed
+REFERENCE_FORMS = "module:Class or path/to/file.py:Class"
+
+
+@dataclass(frozen=True)
+class LossReference:
+    """Where a user loss lives: ``module`` (dotted, importable) or ``file`` (a ``.py`` path), and its class."""
+
+    attr: str
+    module: str = ""
+    file: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file or self.module}:{self.attr}"
+
+
+def loss_reference(name: str, key: str = "loss.name") -> LossReference | None:
+    """The user loss ``name`` names, or None for a name without ``:`` (a built-in's, checked by its choices);
+    ``key`` is the option messages name.
+
+    Raises:
+        ConfigError: a ``:`` reference that is neither form (one line naming both).
+    """
+    if ":" not in name:
+        return None
+    where, _, attr = name.rpartition(":")
+    if not _IDENTIFIER.fullmatch(attr) or keyword.iskeyword(attr):
+        raise ConfigError(f"{key}={name!r}: after the ':' must come a class or function name ({REFERENCE_FORMS})")
+    if where.endswith(".py") and where[:-3]:
+        return LossReference(attr=attr, file=where)
+    if _DOTTED.fullmatch(where) and not any(keyword.iskeyword(part) for part in where.split(".")):
+        return LossReference(attr=attr, module=where)
+    raise ConfigError(f"{key}={name!r}: before the ':' must come an importable module or a .py file "
+                      f"({REFERENCE_FORMS})")
+
+
+def loss_params(text: str) -> dict[str, Any]:
+    """``loss.params`` as keyword arguments: a JSON object of names to numbers, strings, booleans or null.
+
+    Raises:
+        ConfigError: not JSON, not an object, a name that is no identifier, a nested or non-finite value.
+    """
+    if len(text) > MAX_PARAMS_CHARS:
+        raise ConfigError(f"loss.params is {len(text)} characters; at most {MAX_PARAMS_CHARS}")
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"loss.params must be a JSON object such as '{{\"weight\": 0.5}}': {err.msg} at "
+                          f"character {err.pos}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f"loss.params must be a JSON object such as '{{\"weight\": 0.5}}', got {text!r}")
+    for key, value in params.items():
+        if not _IDENTIFIER.fullmatch(key) or keyword.iskeyword(key):
+            raise ConfigError(f"loss.params: {key!r} is not a keyword argument name")
+        if key in ("temperature", "gather_distributed"):
+            raise ConfigError(f"loss.params: {key} is set by loss.{key}, not here")
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"loss.params: {key} must be a number, string, boolean or null, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"loss.params: {key} must be finite, got {value}")
+    return params

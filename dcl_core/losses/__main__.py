@@ -1,0 +1,49 @@
+"""``python -m dcl_core.losses check LOSS``: run the built-in losses' properties on a loss (``dcl``, or your own
+``my_losses:MyLoss`` / ``path/to/my_loss.py:MyLoss``) and print a table of pass/fail with the measured errors.
+Exit 0 when every property holds, 1 when one fails, 2 when the loss cannot be loaded (one line)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dcl_core.cli import EXIT_FAILED, run_command
+from dcl_core.config import REFERENCE_FORMS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``check`` command's options (torch-free: ``--help`` loads no torch)."""
+    parser = argparse.ArgumentParser(prog="python -m dcl_core.losses", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("check", help="run the built-in losses' properties on a loss",
+                                description="Run the built-in losses' properties on a loss; see "
+                                            "docs/own-loss.md for each property and its tolerance.")
+    check.add_argument("loss", help=f"a built-in loss name, or your own as {REFERENCE_FORMS}")
+    check.add_argument("--params", default="{}", metavar="JSON",
+                       help="your loss's keyword arguments, as loss.params takes them (default: {})")
+    check.add_argument("--reference", default=None, metavar="REF",
+                       help="a plain-loop transcription of the equation, module:function or file.py:function, "
+                            "called as function(z1, z2, temperature, **params) on float64 inputs")
+    check.add_argument("--no-ddp", action="store_true", help="skip the 2-process gloo check (it spawns 2 processes)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``check`` on the loss named in ``argv``; the exit code (0 passed, 1 a property failed, 2 bad input)."""
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        # torch loads here, after the options parsed (--help stays quick)
+        from dcl_core.losses.check import format_checks, run_checks
+        from dcl_core.losses.user import load_function
+
+        reference = load_function(args.reference) if args.reference else None
+        checks = run_checks(args.loss, args.params, reference=reference, ddp=not args.no_ddp)
+        print(format_checks(args.loss, checks))
+        return 0 if all(c.ok for c in checks) else EXIT_FAILED
+
+    return run_command(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

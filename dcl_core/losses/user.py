@@ -1,0 +1,146 @@
+"""A loss from the user's own code (``loss.name=my_losses:MyLoss`` or ``path/to/my_loss.py:MyLoss``): imported,
+checked against the built-in losses' contract and built with its own keyword arguments (``loss.params``).
+
+The contract is :class:`~dcl_core.losses.base.ContrastiveLoss`'s: a subclass whose constructor takes
+``temperature`` and ``gather_distributed`` (the base class's) plus its own keyword arguments, and whose
+``from_similarities(sims) -> LossOutput`` holds its equation (``loss(z1, z2)`` then forms SimCLR's two views, with
+every rank's negatives under DDP, as for the built-in losses). Whatever fails (the import, a missing class, a
+class of another kind, an argument it does not take) is one line naming the reference and what failed
+(:class:`~dcl_core.config.InputError`: exit 2 before any compute).
+
+A file is imported as a module named after its resolved path's hash, so two files called ``my_loss.py`` never
+shadow each other; a module is imported by name from ``sys.path`` (the working folder when run with
+``python -m``; ``PYTHONPATH`` otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dcl_core.config import REFERENCE_FORMS, InputError, LossReference, loss_params, loss_reference
+from dcl_core.losses.base import ContrastiveLoss
+
+MAX_SOURCE_BYTES = 1 << 20  # a loss's source file; the hash reads no more (a larger one is refused)
+
+
+def loss_source_file(ref: LossReference) -> Path:
+    """The file that holds the loss: the given ``.py`` (resolved), or the module's file as found on ``sys.path``
+    (its parent packages are imported to find it, as Python does)."""
+    if ref.file:
+        path = Path(ref.file).expanduser().resolve()
+        if not path.is_file():
+            raise InputError(f"loss.name={ref}: no such file {path}")
+        return path
+    try:
+        spec = importlib.util.find_spec(ref.module)
+    except Exception as err:  # a parent package that fails to import: its error, one line
+        raise InputError(f"loss.name={ref}: cannot import {ref.module}: {type(err).__name__}: {err}") from None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise InputError(f"loss.name={ref}: no module named {ref.module!r} on the Python path (run from the folder "
+                         "that holds it, or add that folder to PYTHONPATH)")
+    return Path(spec.origin).resolve()
+
+
+def source_sha256(path: Path) -> str:
+    """The SHA-256 of a loss's source file, what a study records to notice a loss changed between rounds."""
+    data = path.read_bytes()[: MAX_SOURCE_BYTES + 1]
+    if len(data) > MAX_SOURCE_BYTES:
+        raise InputError(f"{path}: a loss's source file is over {MAX_SOURCE_BYTES >> 20} MiB")
+    return hashlib.sha256(data).hexdigest()
+
+
+def _import(ref: LossReference) -> Any:
+    """The module ``ref`` names, imported (a file under a name unique to its resolved path)."""
+    if not ref.file:
+        return importlib.import_module(ref.module)
+    path = loss_source_file(ref)
+    name = f"dcl_user_loss_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name while it executes
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _load(name: str, key: str) -> tuple[LossReference, Any]:
+    """What ``name`` (``module:attr`` or ``file.py:attr``, given as option ``key``) names, imported."""
+    ref = loss_reference(name, key)
+    if ref is None:
+        raise InputError(f"{key}={name}: expected {REFERENCE_FORMS}")
+    try:
+        module = _import(ref)
+    except InputError:
+        raise
+    except Exception as err:  # the user's module failing as it imports: its error, on one line
+        where = ref.file or ref.module
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise InputError(f"{key}={ref}: importing {where} failed: {type(err).__name__}: {detail}") from None
+    found = getattr(module, ref.attr, None)
+    if found is None:
+        raise InputError(f"{key}={ref}: {ref.file or ref.module} has no {ref.attr}")
+    return ref, found
+
+
+def load_loss_class(name: str) -> type[ContrastiveLoss]:
+    """The class ``loss.name`` names (``module:Class`` or ``file.py:Class``), imported and checked.
+
+    Raises:
+        InputError: one line naming the reference: it cannot be imported (the error's own line), the class is
+            missing, or it is not a ContrastiveLoss subclass with its own ``from_similarities`` or ``forward``.
+    """
+    ref, cls = _load(name, "loss.name")
+    if not (inspect.isclass(cls) and issubclass(cls, ContrastiveLoss)):
+        raise InputError(f"loss.name={ref}: {ref.attr} must be a subclass of dcl_core.losses.ContrastiveLoss, "
+                         f"got {type(cls).__name__} {cls!r}"[:300])
+    if cls.from_similarities is ContrastiveLoss.from_similarities and cls.forward is ContrastiveLoss.forward:
+        raise InputError(f"loss.name={ref}: {ref.attr} implements neither from_similarities(sims) nor "
+                         "forward(z1, z2); the loss's equation goes in from_similarities")
+    return cls
+
+
+def load_function(name: str, key: str = "--reference") -> Callable[..., Any]:
+    """The function ``name`` (``module:function`` or ``file.py:function``) names, imported; one line if it cannot
+    be, or is not callable."""
+    ref, found = _load(name, key)
+    if not callable(found):
+        raise InputError(f"{key}={ref}: {ref.attr} is not a function")
+    function: Callable[..., Any] = found
+    return function
+
+
+def build_user_loss(name: str, params: str, temperature: float, gather_distributed: bool) -> ContrastiveLoss:
+    """The user loss ``name`` built with τ, the DDP gathering and its own keyword arguments ``params`` (JSON).
+
+    Raises:
+        InputError: the class cannot be loaded (:func:`load_loss_class`), or its constructor refuses the
+            arguments (one line with its signature).
+    """
+    cls = load_loss_class(name)
+    kwargs = loss_params(params)
+    try:
+        inspect.signature(cls).bind(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
+    except TypeError as err:
+        takes = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+                          for p in inspect.signature(cls).parameters.values())
+        raise InputError(f"loss.name={name}: {cls.__name__}({takes}) does not take "
+                         f"temperature, gather_distributed{''.join(f', {k}' for k in kwargs)} "
+                         f"(loss.params): {err}") from None
+    try:
+        return cls(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
+    except Exception as err:
+        raise InputError(f"loss.name={name}: {cls.__name__}(...) failed: {type(err).__name__}: {err}"[:500]) from None

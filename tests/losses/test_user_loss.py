@@ -1,0 +1,138 @@
+"""A loss from the user's own code: ``loss.name=module:Class`` or ``path/to/file.py:Class`` with its own keyword
+arguments in ``loss.params``, refused in one line when its name, its params, its import or its class is wrong."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcl_core.config import Config, ConfigError, InputError, apply_overrides, derive, loss_reference
+from dcl_core.losses.user import build_user_loss, load_loss_class, loss_source_file, source_sha256
+from dcl_core.training.builders import build_loss
+
+PLANTED = Path(__file__).with_name("planted_losses.py")
+SOUND = f"{PLANTED}:PositiveWeighted"
+
+
+def config(**overrides) -> Config:
+    return apply_overrides(Config(), {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+@pytest.mark.parametrize(("name", "module", "file", "attr"), [
+    ("my_losses:MyLoss", "my_losses", "", "MyLoss"),
+    ("pkg.sub.my_losses:MyLoss", "pkg.sub.my_losses", "", "MyLoss"),
+    ("path/to/my_loss.py:MyLoss", "", "path/to/my_loss.py", "MyLoss"),
+    ("C:/x/loss.py:L", "", "C:/x/loss.py", "L"),  # the last ':' separates the class
+])
+def test_a_reference_names_a_module_or_a_file_and_a_class(name, module, file, attr):
+    ref = loss_reference(name)
+    assert ref is not None and (ref.module, ref.file, ref.attr) == (module, file, attr)
+    assert config(loss__name=name).loss.name == name
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nope", "loss.name must be one of infonce, dcl, dclw, dclw_exp, eqco, align_uniform, or your own loss as "
+             "module:Class or path/to/file.py:Class; got 'nope'"),
+    ("my losses:L", "before the ':' must come an importable module or a .py file"),
+    ("my_losses:", "after the ':' must come a class or function name"),
+    ("my_losses:class", "after the ':' must come a class or function name"),
+    (".py:L", "before the ':' must come an importable module or a .py file"),
+    ("import.x:L", "before the ':' must come an importable module or a .py file"),
+])
+def test_a_bad_reference_is_one_line(name, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        config(loss__name=name)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ("[1]", "loss.params must be a JSON object"),
+    ("{", "loss.params must be a JSON object such as"),
+    ('{"a b": 1}', "is not a keyword argument name"),
+    ('{"w": {"x": 1}}', "must be a number, string, boolean or null"),
+    ('{"w": NaN}', "must be finite"),
+    ('{"temperature": 1}', "loss.params: temperature is set by loss.temperature"),
+    ("{" + '"w": 1, ' * 1000 + "}", "characters; at most 4096"),
+])
+def test_bad_params_are_one_line(params, message):
+    with pytest.raises(ConfigError) as err:
+        config(loss__name="my_losses:MyLoss", loss__params=params)
+    assert message in str(err.value)
+
+
+def test_params_with_a_built_in_loss_are_refused():
+    with pytest.raises(ConfigError, match="loss.params are your own loss's keyword arguments; loss.name=dcl"):
+        config(loss__params='{"w": 1}')
+
+
+def test_the_config_builds_the_user_loss_with_its_params_and_matches_its_reference():
+    from planted_losses import positive_weighted_reference
+
+    cfg = config(loss__name=SOUND, loss__params='{"positive_weight": 0.25}', loss__temperature=0.3)
+    loss = build_loss(cfg, derive(cfg))
+    assert type(loss).__name__ == "PositiveWeighted" and loss.positive_weight == 0.25
+    assert loss.temperature == 0.3 and loss.gather_distributed is True
+    z1, z2 = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    expected = positive_weighted_reference(z1, z2, 0.3, positive_weight=0.25)
+    assert loss(z1, z2).loss.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_a_module_on_the_path_is_found_and_hashed(tmp_path, monkeypatch):
+    (tmp_path / "my_losses.py").write_text(PLANTED.read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cls = load_loss_class("my_losses:PositiveWeighted")
+    assert cls.__module__ == "my_losses"
+    path = loss_source_file(loss_reference("my_losses:PositiveWeighted"))
+    assert path == (tmp_path / "my_losses.py").resolve()
+    assert source_sha256(path) == source_sha256(PLANTED)
+    monkeypatch.delitem(sys.modules, "my_losses")
+
+
+def test_two_files_of_one_name_do_not_shadow_each_other(tmp_path):
+    for folder, weight in (("a", 2.0), ("b", 3.0)):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "loss.py").write_text(
+            f"from dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n    WEIGHT = {weight}\n")
+    assert load_loss_class(f"{tmp_path}/a/loss.py:L").WEIGHT == 2.0
+    assert load_loss_class(f"{tmp_path}/b/loss.py:L").WEIGHT == 3.0
+
+
+@pytest.mark.parametrize(("source", "attr", "message"), [
+    ("raise RuntimeError('boom')\n", "L", "importing {file} failed: RuntimeError: boom"),
+    ("import no_such_dependency_xyz\n", "L", "failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+    ("def broken(:\n", "L", "failed: SyntaxError"),
+    ("x = 1\n", "L", "has no L"),
+    ("L = 3\n", "L", "L must be a subclass of dcl_core.losses.ContrastiveLoss, got int 3"),
+    ("class L:\n    pass\n", "L", "must be a subclass of dcl_core.losses.ContrastiveLoss"),
+    ("from dcl_core.losses import ContrastiveLoss\nclass L(ContrastiveLoss):\n    pass\n", "L",
+     "implements neither from_similarities(sims) nor forward(z1, z2)"),
+])
+def test_bad_user_code_is_one_line_naming_it(tmp_path, source, attr, message):
+    file = tmp_path / "user_loss.py"
+    file.write_text(source)
+    with pytest.raises(InputError) as err:
+        load_loss_class(f"{file}:{attr}")
+    text = str(err.value)
+    assert text.startswith(f"loss.name={file}:{attr}: ") and message.format(file=file) in text and "\n" not in text
+
+
+def test_a_missing_file_or_module_is_one_line(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        load_loss_class(f"{tmp_path}/absent.py:L")
+    with pytest.raises(InputError, match="importing no_such_module_xyz failed: ModuleNotFoundError"):
+        load_loss_class("no_such_module_xyz:L")
+    with pytest.raises(InputError, match="no module named 'no_such_module_xyz' on the Python path"):
+        loss_source_file(loss_reference("no_such_module_xyz:L"))
+
+
+def test_arguments_the_class_does_not_take_are_one_line_with_its_signature():
+    with pytest.raises(InputError) as err:
+        build_user_loss(SOUND, '{"weight": 1}', 0.1, False)
+    assert ("PositiveWeighted(temperature=0.1, gather_distributed=False, positive_weight=1.0) does not take "
+            "temperature, gather_distributed, weight (loss.params)") in str(err.value)
+    with pytest.raises(InputError, match=r"PositiveWeighted\(\.\.\.\) failed: ValueError: math domain error|"
+                                         r"PositiveWeighted\(\.\.\.\) failed"):
+        build_user_loss(SOUND, '{"positive_weight": 1}', -1.0, False)
