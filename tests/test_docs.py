@@ -32,7 +32,7 @@ COMMAND = re.compile(r"(?<![\w/.-])python3? +(?:(?P<script>(?:studies|benchmarks
 END = re.compile(r"\s(?:\||&&|;|#|&|>|2>|<)|[;|]$")
 LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w.-]*")
 # Modules that take a subcommand as their first argument: `python -m dcl_core.study answer OUTPUT_DIR`.
-SUBCOMMAND_MODULES = {"dcl_core.study"}
+SUBCOMMAND_MODULES = {"dcl_core.study", "dcl_core.losses"}
 
 
 @dataclass(frozen=True)

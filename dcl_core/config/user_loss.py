@@ -54,6 +54,12 @@ def loss_reference(name: str, key: str = "loss.name") -> LossReference | None:
                       f"({REFERENCE_FORMS})")
 
 
+def loss_label(name: str) -> str:
+    """A loss as tables, trial names and figures show it: a built-in's name, a user loss's class name."""
+    ref = loss_reference(name) if isinstance(name, str) else None
+    return ref.attr if ref is not None else name
+
+
 def loss_params(text: str) -> dict[str, Any]:
     """``loss.params`` as keyword arguments: a JSON object of names to numbers, strings, booleans or null.
 

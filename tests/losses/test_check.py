@@ -39,6 +39,12 @@ def test_a_sound_user_loss_passes_with_its_params_and_its_reference():
     assert reference.error < 1e-5
 
 
+def test_the_documented_example_passes_as_docs_own_loss_says():
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "my_losses.py"
+    checks = run_checks(f"{example}:PositiveWeighted", '{"positive_weight": 0.5}', ddp=False)
+    assert failed(checks) == set(), [c for c in checks if not c.ok]
+
+
 @pytest.mark.parametrize(("loss", "broken"), [
     ("ReturnsTensor", {"contract", "others"}),
     ("NaiveExp", {"finite fp32", "finite bf16"}),
@@ -79,7 +85,6 @@ def test_exit_codes_and_the_table(capsys):
     (["check", f"{PLANTED}:Missing"], "has no Missing"),
     (["check", f"{PLANTED}:positive_weighted_reference"], "must be a subclass of dcl_core.losses.ContrastiveLoss"),
     (["check", "nope"], "loss.name must be one of"),
-    (["check", "dcl", "--params", '{"w": 1}'], "loss.params are your own loss's keyword arguments"),
     (["check", planted("PositiveWeighted"), "--params", '{"weight": 1}'], "does not take"),
     (["check", "dcl", "--reference", "no_such_module_xyz:f"], "--reference=no_such_module_xyz:f: importing"),
 ])

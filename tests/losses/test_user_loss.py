@@ -63,9 +63,10 @@ def test_bad_params_are_one_line(params, message):
     assert message in str(err.value)
 
 
-def test_params_with_a_built_in_loss_are_refused():
-    with pytest.raises(ConfigError, match="loss.params are your own loss's keyword arguments; loss.name=dcl"):
-        config(loss__params='{"w": 1}')
+def test_params_go_to_a_user_loss_only():
+    """A study comparing a user loss with DCL sets its params in the base config every trial shares."""
+    cfg = config(loss__params='{"positive_weight": 0.5}')
+    assert type(build_loss(cfg, derive(cfg))).__name__ == "DCLLoss"
 
 
 def test_the_config_builds_the_user_loss_with_its_params_and_matches_its_reference():

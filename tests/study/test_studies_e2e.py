@@ -388,14 +388,20 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 
 
 def test_two_worker_ddp_trainable_on_cpu(tmp_path):
+    """A 2-worker Ray Train run of each trial, training a user's own loss (tests/losses/planted_losses.py, given
+    by a path relative to the study's working folder) with its keyword arguments, its negatives gathered over the
+    ranks."""
     out = tmp_path / "d"
+    user_loss = "tests/losses/planted_losses.py:PositiveWeighted"  # the study runs in REPO
     run(
         study_cmd(
             "temperature_sweep.py",
             out,
             "--smoke",
             "--losses",
-            "dcl",
+            user_loss,
+            "--set",
+            'loss.params={"positive_weight": 0.5}',
             "--workers",
             "2",
             "--cpus-per-worker",
@@ -407,8 +413,12 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     )
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    assert {r["series"] for r in rows} == {"PositiveWeighted"}
+    assert {r["loss"] for r in rows} == {f"{REPO / 'tests' / 'losses' / 'planted_losses.py'}:PositiveWeighted"}
     client, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
+    assert all(r.data.params["loss.params"] == '{"positive_weight": 0.5}' for r in trials)
+    assert all(r.info.run_name.startswith("PositiveWeighted_") for r in trials)
     kept = {}
     for r in trials:  # the Ray Train run's final checkpoint, logged from the study's storage
         ckpt = Path(client.download_artifacts(r.info.run_id, "checkpoint/checkpoint.pt", str(tmp_path / r.info.run_id)))

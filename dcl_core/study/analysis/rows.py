@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from dcl_core import metric_names as M
-from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict
+from dcl_core.config import CONFIG_KEYS, ConfigError, derive, from_flat_dict, loss_label
 from dcl_core.study.analysis.columns import (
     ALPHA_USED,
     BEST_KNN_TOP1,
@@ -49,10 +49,11 @@ def _derived(config: dict[str, Any]) -> tuple[int | None, float | None]:
 
 
 def _method(config: dict[str, Any]) -> str | None:
-    """The loss as a table label; EqCo names its α (``eqco(α=K)`` is InfoNCE over the same K negatives)."""
+    """The loss as a table label; EqCo names its α (``eqco(α=K)`` is InfoNCE over the same K negatives), a user
+    loss its class."""
     loss = config.get("loss.name")
     if loss != "eqco":
-        return loss
+        return loss_label(loss) if isinstance(loss, str) else loss
     alpha = config.get("loss.alpha")
     return f"eqco(α={'K' if alpha is None else format(alpha, 'g')})"
 

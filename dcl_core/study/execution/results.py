@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metric_names as M
+from dcl_core.config import loss_label
 from dcl_core.files import is_regular_file
 from dcl_core.study.analysis import answer, answer_output, report
 from dcl_core.study.analysis.columns import (
     ERROR,
+    LOSS,
     SEED,
     SERIES,
     STATUS,
@@ -93,7 +95,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     as it was drawn."""
     x = x_column(spec.x_key)
     for r in rows:
-        r[SERIES] = "+".join(str(r.get(c)) for c in spec.series)
+        r[SERIES] = "+".join(loss_label(str(r.get(c))) if c == LOSS.name else str(r.get(c)) for c in spec.series)
     out_dir = summary_dir(output_dir, spec.name)
     if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too
         parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"

@@ -25,7 +25,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metric_names as M
-from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.config import ConfigError, loss_label, to_flat_dict
 from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
@@ -266,7 +266,7 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
 
 def _trial_name(trial: Any, keys: tuple[str, ...]) -> str:
     """``dcl_t0.1_b32_s0_<id>``: the values of the keys the study varies (and the trial id)."""
-    c = trial.config
+    c = {**trial.config, "loss.name": loss_label(trial.config.get("loss.name", ""))}  # a user loss: its class
     parts = [f"{short_name(k)}{c.get(k):g}" if isinstance(c.get(k), float) else f"{short_name(k)}{c.get(k)}"
              for k in keys]
     return "_".join(parts) + f"_{trial.trial_id}"

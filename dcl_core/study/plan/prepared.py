@@ -10,13 +10,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, InputError, loss_reference
 from dcl_core.study.plan.spec import (
     DDP_TRIAL_CPU,
     Resources,
     StudyOptions,
     StudySpec,
     TuneExperiment,
+    grid_points,
     tune_experiments,
     validate_spec,
     with_asha,
@@ -57,6 +58,7 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec,
     an unusable output folder or storage, a link where the study writes, or a trial no local Ray could fit."""
     validate_spec(spec)
+    check_user_losses(spec)
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
     if spec.base.eval.knn_every != knn_every:
@@ -71,6 +73,36 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     if local:
         check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
     return PreparedStudy(spec, options, experiments, local)
+
+
+def check_user_losses(spec: StudySpec) -> None:
+    """InputError (one line) unless each user loss the study names (``--losses my_losses:MyLoss``) imports, takes
+    its arguments and gives a finite loss and gradient on a small batch: found before Ray starts, not in every
+    trial. ``python -m dcl_core.losses check`` checks the rest of what the built-in losses are tested for."""
+    names = {spec.base.loss.name} | {str(v) for grid in spec.grids for point in grid_points(grid)
+                                      for k, v in point.items() if k == "loss.name"}
+    users = sorted(n for n in names if loss_reference(n) is not None)
+    if not users:
+        return
+    # torch and the user's code: only for a study that names a user loss
+    from dcl_core.losses import ContrastiveLoss
+    from dcl_core.losses.check import check_contract
+    from dcl_core.losses.user import build_user_loss
+
+    for name in users:
+        def make(tau: float, gather: bool, name: str = name) -> ContrastiveLoss:
+            return build_user_loss(name, spec.base.loss.params, tau, gather)
+
+        try:
+            contract = check_contract(make)
+        except InputError:
+            raise
+        except Exception as err:  # the user's loss raising on a small batch
+            raise InputError(f"loss.name={name}: on a batch of 8 pairs it raised {type(err).__name__}: "
+                             f"{str(err).splitlines()[0] if str(err) else ''}"[:400]) from None
+        if not contract.ok:
+            raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
+                             "every check)")
 
 
 def check_fits(resources: Resources, cpus: float) -> None:
