@@ -3,6 +3,7 @@ arguments in ``loss.params``, refused in one line when its name, its params, its
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -137,3 +138,51 @@ def test_arguments_the_class_does_not_take_are_one_line_with_its_signature():
     with pytest.raises(InputError, match=r"PositiveWeighted\(\.\.\.\) failed: ValueError: math domain error|"
                                          r"PositiveWeighted\(\.\.\.\) failed"):
         build_user_loss(SOUND, '{"positive_weight": 1}', -1.0, False)
+
+
+def test_a_study_records_each_user_loss_source_and_refuses_a_resume_after_it_changed(tmp_path):
+    """prepare() finds each user loss's file and hash before Ray; the record holds the hashes; a resume with a
+    changed file is refused, one with the same file is not."""
+    from dcl_core.study import StudySpec
+    from dcl_core.study.plan.prepared import check_user_losses
+    from dcl_core.study.plan.record import check_same_study, spec_fingerprint
+    from search_spaces import Grid
+
+    file = tmp_path / "my_losses.py"
+    file.write_text(PLANTED.read_text())
+    name = f"{file}:PositiveWeighted"
+    spec = StudySpec(name="tau", base=config(), grid={"loss.name": Grid(("dcl", name))}, x_key="loss.temperature",
+                     x_label="tau")
+    sources = check_user_losses(spec)
+    assert [(n, p) for n, p, _ in sources] == [(name, str(file.resolve()))]
+    ran = spec_fingerprint(dataclasses.replace(spec, loss_sources=sources))
+    assert ran["loss_sources"] == {name: source_sha256(file)}
+    assert "loss_sources" not in spec_fingerprint(spec)  # a built-in study's record is as before
+    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+    file.write_text(PLANTED.read_text() + "\n# changed\n")
+    changed = dataclasses.replace(spec, loss_sources=check_user_losses(spec))
+    with pytest.raises(ConfigError, match=r"the source of .*PositiveWeighted changed since it ran"):
+        check_same_study(changed, ran)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ("import torch\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
+     "    def from_similarities(self, sims):\n        raise RuntimeError('shape trouble')\n",
+     "on a batch of 8 pairs it raised RuntimeError: shape trouble"),
+    ("import torch\nfrom dcl_core.losses import DCLLoss, LossOutput\nclass L(DCLLoss):\n"
+     "    def from_similarities(self, sims):\n        return LossOutput(loss=sims.pos.sum() * float('nan'))\n",
+     "loss is nan (python -m dcl_core.losses check"),
+    ("x = 1\n", "has no L"),
+])
+def test_a_study_refuses_a_broken_user_loss_before_ray_starts(tmp_path, source, message):
+    from dcl_core.study import StudySpec
+    from dcl_core.study.plan.prepared import check_user_losses
+    from search_spaces import Grid
+
+    file = tmp_path / "bad_loss.py"
+    file.write_text(source)
+    spec = StudySpec(name="tau", base=config(), grid={"loss.name": Grid(("dcl", f"{file}:L"))},
+                     x_key="loss.temperature", x_label="tau")
+    with pytest.raises(InputError) as err:
+        check_user_losses(spec)
+    assert message in str(err.value) and "\n" not in str(err.value)

@@ -390,9 +390,14 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
 def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     """A 2-worker Ray Train run of each trial, training a user's own loss (tests/losses/planted_losses.py, given
     by a path relative to the study's working folder) with its keyword arguments, its negatives gathered over the
-    ranks."""
+    ranks. Its module notes every import in a file: the study imports it, `answer`, `sync` and `export`, which read
+    its name from the study's records, never do."""
     out = tmp_path / "d"
-    user_loss = "tests/losses/planted_losses.py:PositiveWeighted"  # the study runs in REPO
+    module, imports = tmp_path / "user" / "planted_losses.py", tmp_path / "user" / "imports.log"
+    module.parent.mkdir()
+    note = f"\nimport os\nwith open({str(imports)!r}, 'a') as log:\n    log.write(f'{{os.getpid()}}\\n')\n"
+    module.write_text((REPO / "tests" / "losses" / "planted_losses.py").read_text() + note)
+    user_loss = os.path.relpath(module, REPO) + ":PositiveWeighted"  # relative to the study's folder, REPO
     run(
         study_cmd(
             "temperature_sweep.py",
@@ -414,11 +419,15 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     assert {r["series"] for r in rows} == {"PositiveWeighted"}
-    assert {r["loss"] for r in rows} == {f"{REPO / 'tests' / 'losses' / 'planted_losses.py'}:PositiveWeighted"}
+    assert {r["loss"] for r in rows} == {f"{module}:PositiveWeighted"}
+    assert imports.read_text().count("\n") >= 2  # the study's driver and its trials
+    imports.unlink()
     client, trials, _ = runs_of(out, "temperature_sweep")
     assert len(trials) == 2 and all("eval/knn_top1" in r.data.metrics for r in trials)
     assert all(r.data.params["loss.params"] == '{"positive_weight": 0.5}' for r in trials)
     assert all(r.info.run_name.startswith("PositiveWeighted_") for r in trials)
+    assert all(r.data.tags["dcl.loss.source"] == str(module.resolve()) for r in trials)
+    assert all(len(r.data.tags["dcl.loss.source_sha256"]) == 64 for r in trials)
     kept = {}
     for r in trials:  # the Ray Train run's final checkpoint, logged from the study's storage
         ckpt = Path(client.download_artifacts(r.info.run_id, "checkpoint/checkpoint.pt", str(tmp_path / r.info.run_id)))
@@ -429,6 +438,10 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     run([sys.executable, "-m", "dcl_core.study", "export", str(out), "--trial", trials[0].info.run_name, "-o",
          str(target)], timeout=300)
     assert_export_is_the_backbone(target, kept[trials[0].info.run_name])
+    run([sys.executable, "-m", "dcl_core.study", "answer", str(out)], timeout=300)
+    pyrun.run([sys.executable, "-m", "dcl_core.study", "sync", str(out)], capture_output=True, text=True,
+              timeout=300, cwd=REPO)
+    assert not imports.exists()  # no command that reads the study's records imported the user's module
 
 
 def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):

@@ -4,6 +4,7 @@ A real SQLite store; an unreachable one is a closed loopback port."""
 
 import math
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -174,3 +175,21 @@ def test_every_name_of_the_tracking_package_resolves_to_what_its_module_defines(
         assert not isinstance(value, types.ModuleType), name
     importlib.import_module("dcl_core.study.tracking.preflight")
     assert callable(tracking.preflight) and not isinstance(tracking.preflight, types.ModuleType)
+
+
+def test_a_user_loss_trial_carries_its_source_file_and_hash(tmp_path, fake_trial):
+    source = tmp_path / "my_losses.py"
+    source.write_text("# my loss\n")
+    name = f"{source}:MyLoss"
+    uri = default_tracking_uri(tmp_path)
+    tracker = StudyTracker(uri, "tau", tmp_path / "mlartifacts").open()
+    callback = MLflowTrialCallback(tracker, {"loss": "loss.name"}, loss_sources=((name, str(source), "ab" * 32),))
+    callback.on_trial_start(0, [], fake_trial("t0", {"loss.name": name}))
+    callback.on_trial_start(0, [], fake_trial("t1", {"loss.name": "dcl"}))
+    client = MlflowClient(uri)
+    user, built_in = (client.get_run(callback.runs[t]) for t in ("t0", "t1"))
+    assert user.data.tags["dcl.loss.source"] == str(source) and user.data.tags["dcl.loss.source_sha256"] == "ab" * 32
+    assert user.data.tags["mlflow.runColor"] == series_colour("MyLoss")  # its series: the class's name
+    kept = client.download_artifacts(user.info.run_id, "loss_source/my_losses.py", str(tmp_path / "dl"))
+    assert Path(kept).read_text() == "# my loss\n"
+    assert "dcl.loss.source" not in built_in.data.tags and not client.list_artifacts(built_in.info.run_id)

@@ -23,7 +23,6 @@ from dcl_core.config import (
     RunFailedError,
     apply_overrides,
     loss_label,
-    loss_reference,
     parse_overrides,
     preset,
 )
@@ -96,12 +95,12 @@ def base_config(args: StudyArgs, base: tuple[str, dict[str, Any]]) -> Any:
 
 
 def losses_arg(args: StudyArgs, default: tuple[str, ...]) -> tuple[str, ...]:
-    """``--losses infonce,dcl,my_losses:MyLoss`` as a tuple, a user loss's file made absolute (trials run
-    elsewhere); a loss named twice would run every one of its trials twice, and two losses shown alike could not
-    be told apart."""
+    """``--losses infonce,dcl,my_losses:MyLoss`` as a tuple (a user loss's file already absolute:
+    :func:`~dcl_core.study.cli.options.args_of`); a loss named twice would run every one of its trials twice, and
+    two losses shown alike could not be told apart."""
     if not args.losses:
         return default
-    losses = tuple(_absolute(x.strip()) for x in args.losses.split(","))
+    losses = tuple(x.strip() for x in args.losses.split(","))
     twice = sorted({x for x in losses if losses.count(x) > 1})
     if twice:
         raise ConfigError(f"--losses names {twice[0]} twice; each loss runs once per cell (use --seeds for repeats)")
@@ -111,12 +110,6 @@ def losses_arg(args: StudyArgs, default: tuple[str, ...]) -> tuple[str, ...]:
         raise ConfigError(f"--losses: two losses would both be shown as {alike[0]}; give your loss class another "
                           "name")
     return losses
-
-
-def _absolute(name: str) -> str:
-    """A user loss's ``file.py:Class`` with the file's absolute path; other names as given."""
-    ref = loss_reference(name)
-    return f"{Path(ref.file).expanduser().absolute()}:{ref.attr}" if ref is not None and ref.file else name
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,

@@ -350,7 +350,8 @@ def _new_tuner(spec: StudySpec, experiment: TuneExperiment, options: StudyOption
         scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.base.optim.epochs,
                                   grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
     callback = tracking.MLflowTrialCallback(tracker, tag_keys=trial_tags(spec),
-                                            save_checkpoint=options.save_checkpoints, storage=storage)
+                                            save_checkpoint=options.save_checkpoints, storage=storage,
+                                            loss_sources=spec.loss_sources)
     progress = progress or {"total": _trials_of(spec, experiment), "done": 0, "started": time.time()}
     console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,
                                            progress["started"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dcl_core.config import ConfigError, InputError, loss_reference
@@ -58,7 +58,7 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec,
     an unusable output folder or storage, a link where the study writes, or a trial no local Ray could fit."""
     validate_spec(spec)
-    check_user_losses(spec)
+    spec = replace(spec, loss_sources=check_user_losses(spec))
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
     if spec.base.eval.knn_every != knn_every:
@@ -75,19 +75,20 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     return PreparedStudy(spec, options, experiments, local)
 
 
-def check_user_losses(spec: StudySpec) -> None:
-    """InputError (one line) unless each user loss the study names (``--losses my_losses:MyLoss``) imports, takes
-    its arguments and gives a finite loss and gradient on a small batch: found before Ray starts, not in every
-    trial. ``python -m dcl_core.losses check`` checks the rest of what the built-in losses are tested for."""
+def check_user_losses(spec: StudySpec) -> tuple[tuple[str, str, str], ...]:
+    """Each user loss the study names (``--losses my_losses:MyLoss``) as ``(name, source file, sha256)``; an
+    InputError (one line) unless it imports, takes its arguments and gives a finite loss and gradient on a small
+    batch: found before Ray starts, not in every trial. ``python -m dcl_core.losses check`` checks the rest of
+    what the built-in losses are tested for."""
     names = {spec.base.loss.name} | {str(v) for grid in spec.grids for point in grid_points(grid)
                                       for k, v in point.items() if k == "loss.name"}
     users = sorted(n for n in names if loss_reference(n) is not None)
     if not users:
-        return
+        return ()
     # torch and the user's code: only for a study that names a user loss
     from dcl_core.losses import ContrastiveLoss
     from dcl_core.losses.check import check_contract
-    from dcl_core.losses.user import build_user_loss
+    from dcl_core.losses.user import build_user_loss, loss_source_file, source_sha256
 
     for name in users:
         def make(tau: float, gather: bool, name: str = name) -> ContrastiveLoss:
@@ -103,6 +104,11 @@ def check_user_losses(spec: StudySpec) -> None:
         if not contract.ok:
             raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
                              "every check)")
+    sources = []
+    for name in users:
+        path = loss_source_file(loss_reference(name))  # type: ignore[arg-type]  # a reference: not None
+        sources.append((name, str(path), source_sha256(path)))
+    return tuple(sources)
 
 
 def check_fits(resources: Resources, cpus: float) -> None:

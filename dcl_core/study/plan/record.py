@@ -33,8 +33,10 @@ def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
     """What a resumed study must still run: the base config, the grids and the search space (and, for a grid
     study, its seeds and the grids without them, so that a resume may add seeds and change nothing else)."""
     seeds = grid_seeds(spec)
+    sources = {"loss_sources": {name: sha for name, _, sha in spec.loss_sources}} if spec.loss_sources else {}
     return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
-            "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec)}
+            "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec),
+            **sources}
 
 
 @dataclass(frozen=True)
@@ -63,11 +65,24 @@ def study_changes(before: dict[str, Any], now: dict[str, Any], exempt: Collectio
     return changes
 
 
+def check_same_sources(before: dict[str, Any], now: dict[str, str]) -> None:
+    """A user loss whose source file changed since the study ran would mix two losses under one name: refused."""
+    if not isinstance(before, dict):
+        raise ConfigError("--resume: the record's loss_sources is damaged; run the study again with --overwrite")
+    for name, sha in now.items():
+        old = before.get(name)
+        if old is not None and old != sha:
+            raise ConfigError(f"--resume must run the study it continues: the source of {name} changed since it ran "
+                              f"(sha256 {str(old)[:12]}... now {sha[:12]}...); restore it, or run the changed loss as "
+                              "a new study (--name or another --output-dir)")
+
+
 def check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
     """A resumed Tuner keeps the space it was started with: a changed ``--set``/``--losses``/``--seeds`` would be
     silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
     (``()`` when there are none to add)."""
     now = spec_fingerprint(spec)
+    check_same_sources(before.get("loss_sources") or {}, now.get("loss_sources") or {})
     added: tuple[int, ...] = ()
     for change in study_changes(before, now):
         if change.part == "base":

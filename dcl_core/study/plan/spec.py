@@ -160,6 +160,9 @@ class StudySpec:
             with ``--name``; its paper cannot).
         design: the sequential design its seeds are added under (``--until-resolved``), which widens every
             verdict's interval so that looking after each round keeps the null rate at 5%; ``None``: one look.
+        loss_sources: each user loss the study runs as ``(loss.name, source file, sha256 of it)``, set by
+            :func:`~dcl_core.study.plan.prepared.prepare` (logged with each trial; a resume must find them
+            unchanged). Empty for the built-in losses, and in a re-analysis, which imports no user code.
     """
 
     name: str
@@ -178,6 +181,7 @@ class StudySpec:
     paper: str | None = None
     description: str = ""  # the MLflow experiment's description (the study's question and paper table)
     design: Design | None = None
+    loss_sources: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def grids(self) -> list[Space]:

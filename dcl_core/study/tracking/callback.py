@@ -12,6 +12,7 @@ import pyarrow.fs
 from ray import tune
 
 from dcl_core import metric_names as M
+from dcl_core.config import loss_label
 from dcl_core.study.analysis.report import q_hist_edges, q_hist_epochs_figure
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
@@ -21,6 +22,8 @@ from dcl_core.study.tracking.notes import NOTE_TAG, literal_markdown
 from dcl_core.study.tracking.tracker import StudyTracker
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
+LOSS_SOURCE_TAG = "dcl.loss.source"  # a user loss's source file, as the study found it
+LOSS_SHA_TAG = "dcl.loss.source_sha256"  # and the SHA-256 of its contents
 
 
 def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
@@ -30,7 +33,7 @@ def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
     (``dcl``, ``simclr+eqco(α=K)``: its ``series`` columns joined as the study's summary joins them)."""
     row = trial_row(dict(config), {})
     values = {tag: row[tag] if tag in row else config.get(key) for tag, key in tag_keys.items()}
-    return values, "+".join(str(row.get(c)) for c in series)
+    return values, "+".join(loss_label(str(row.get(c))) if c == "loss" else str(row.get(c)) for c in series)
 
 
 def run_tags(config: Mapping[str, Any], tag_keys: Mapping[str, str], cell: tuple[str, ...] = (),
@@ -51,20 +54,25 @@ class MLflowTrialCallback(tune.Callback):
             (:func:`~dcl_core.study.tracking.mlflow_view.trial_look`; a plain mapping: coloured by the loss, no cell).
         save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
             ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
+        loss_sources: ``(loss.name, source file, sha256)`` of each user loss
+            (:attr:`~dcl_core.study.plan.spec.StudySpec.loss_sources`): a trial of one carries the file, as the
+            artifact ``loss_source/<file>``, and its hash and path as tags.
     """
 
     # Defaults for a callback pickled before these existed (Tune restores its callbacks on --resume).
     cell: tuple[str, ...] = ()
     series: tuple[str, ...] = ("loss",)
+    loss_sources: tuple[tuple[str, str, str], ...] = ()
 
     def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
-                 storage: str | None = None) -> None:
+                 storage: str | None = None, loss_sources: tuple[tuple[str, str, str], ...] = ()) -> None:
         self.tracker = tracker
         self.tag_keys = dict(tag_keys)
         self.cell = tag_keys.cell if isinstance(tag_keys, TrialTags) else ()
         self.series = tag_keys.series if isinstance(tag_keys, TrialTags) else ("loss",)
         self.save_checkpoint = save_checkpoint
         self.storage = storage
+        self.loss_sources = loss_sources
         self.runs: dict[str, str] = {}  # trial id -> run id
         self.logged: dict[str, int] = {}  # trial id -> last epoch its run already holds (a resumed trial)
         self.q_hists: dict[str, dict[int, list[float]]] = {}
@@ -73,7 +81,12 @@ class MLflowTrialCallback(tune.Callback):
         if trial.trial_id not in self.runs:
             tags = run_tags(trial.config, self.tag_keys, self.cell, self.series)
             tags["trial_name"] = str(trial)
+            source = next((s for s in self.loss_sources if s[0] == trial.config.get("loss.name")), None)
+            if source is not None:
+                tags |= {LOSS_SOURCE_TAG: source[1], LOSS_SHA_TAG: source[2]}
             run_id = self.tracker.trial_run(trial.trial_id, str(trial), tags, trial.config)
+            if source is not None:
+                self.tracker.log_artifact(run_id, Path(source[1]), "loss_source")
             self.runs[trial.trial_id] = run_id
             self.logged[trial.trial_id] = self.tracker.last_step(run_id, M.TRAIN_LOSS)
         return self.runs[trial.trial_id]
