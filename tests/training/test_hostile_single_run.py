@@ -27,9 +27,9 @@ needs_cifar = pytest.mark.skipif(
 )
 
 
-def run(module, *args, timeout=300):
+def run(module, *args, timeout=300, env=None):
     return pyrun.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout)
+                     timeout=timeout, env=env)
 
 
 def assert_one_line(proc, needle, code=2):
@@ -338,8 +338,10 @@ def test_eval_of_a_streamed_run_names_a_corrupt_image_in_one_line(tmp_path):
     bad = tmp_path / "data" / "val" / "c" / "2.jpg"
     bad.write_bytes(b"not an image\n")
     checkpoint = str(tmp_path / "o" / "checkpoint.pt")
-    # The checkpoint's data root is not read unless this command line says so; the error says how.
-    proc = run("dcl_core.evaluate", checkpoint, "--device", "cpu")
+    # The checkpoint's data root is not read unless this command line says so; the error says how (with no
+    # $DCL_DATA_ROOT to fall back on: a developer's shell may set one).
+    no_root = {k: v for k, v in os.environ.items() if k != "DCL_DATA_ROOT"}
+    proc = run("dcl_core.evaluate", checkpoint, "--device", "cpu", env=no_root)
     assert_one_line(proc, f"(the checkpoint was trained with data.root={tmp_path / 'data'}: pass --set data.root=")
     proc = run("dcl_core.evaluate", checkpoint, "--device", "cpu", "--set", f"data.root={tmp_path / 'data'}", "--set",
                "data.loader=stream", "--set", "data.workers=0")
