@@ -311,6 +311,8 @@ def test_every_recorded_value_is_checked_like_the_command_line(tmp_path, capsys,
     ("temperature", "hot", "temperature must be a finite number or empty"),
     ("loss", "$\\foo{$", "loss must be a name of at most 80"),
     ("loss", "x" * 2_000_000, "loss must be a name of at most 80"),
+    ("loss", "/tmp/my_loss.py:$\\foo{$", "loss must be a name of at most 80"),  # no user loss's reference either
+    ("loss", "/x" * 600 + "/my_loss.py:MyLoss", "loss must be a name of at most 80"),  # one, but over 1024 chars
     ("seed", 0.5, "seed must be a whole number"),
     ("knn_top1", None, "has no column 'knn_top1'"),  # None here: the column removed
 ])

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, loss_reference
 from dcl_core.study.analysis.columns import COLUMNS, KNN_TOP1, Status, x_column
 from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
 from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
@@ -49,6 +49,17 @@ NAME = re.compile(r"[\w.+\-()=,: ]{1,80}")  # a loss, framework, method or serie
 _NAMES = ("status", "series", "loss", "framework", "method")
 
 
+def _user_loss(value: Any) -> bool:
+    """Whether ``value`` is a user loss's reference as a study records it: printable, at most 1024 characters, and
+    of the form the config takes (shown everywhere by its class name, an identifier, never as text to render)."""
+    if not (isinstance(value, str) and len(value) <= 1024 and value.isprintable()):
+        return False
+    try:
+        return loss_reference(value) is not None
+    except ConfigError:
+        return False
+
+
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """A study's results rows as the study summarized them: the table's columns, with each row's ``config`` (read
     by a search's report) rebuilt from the columns that show config keys. Bounded (rows, bytes, decoded text):
@@ -78,6 +89,8 @@ def check_rows(rows: list[dict[str, Any]], path: Path, needed: Iterable[str]) ->
         for name, value in r.items():
             column = columns.get(name)
             if column is None or value is None:
+                continue
+            if name == "loss" and _user_loss(value):  # a user loss's module:Class or file.py:Class
                 continue
             if name in _NAMES and not (isinstance(value, str) and NAME.fullmatch(value)):
                 raise bad(name, "must be a name of at most 80 letters, digits and .+-()=,: (got "
