@@ -444,6 +444,35 @@ def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     assert not imports.exists()  # no command that reads the study's records imported the user's module
 
 
+def test_a_sweep_of_any_key_asks_your_claim_of_your_loss_until_resolved(tmp_path, ray_head):
+    """studies/sweep.py over a key no results column shows (weight decay) with the docs' example loss against
+    DCL, asking a gap at one value with --until-resolved: the rows carry the swept values, every look's verdict
+    speaks of the claim (no paper), the summary run's tags say the same, and `answer` re-asks it to the letter."""
+    out = tmp_path / "s"
+    mine = "docs/examples/my_losses.py:PositiveWeighted"
+    proc = run(study_cmd("sweep.py", out, "--smoke", "--key", "optim.weight_decay", "--values", "0,0.001",
+                         "--losses", f"{mine},dcl", "--statistic", "gap_at", "--at", "0.001",
+                         "--effect-of-interest", "gap_at=40", "--seeds", "2", "--until-resolved", "--max-seeds", "3",
+                         head=ray_head), env=ray_head.env)
+    assert "look 1 of 2: 2 seeds per cell" in proc.stdout, proc.stdout[-3000:]
+    summary = summary_dir(out, "sweep")
+    rows = read_table(summary / "results.parquet")
+    assert {r["swept"] for r in rows} == {0.0, 0.001} and {r["series"] for r in rows} == {"PositiveWeighted", "dcl"}
+    assert len(rows) in (8, 12) and all(r["status"] == "ok" for r in rows)
+    table = (summary / "table.txt").read_text()
+    (line,) = [x for x in table.splitlines() if x.startswith("PositiveWeighted beats dcl at weight_decay 0.001: ")]
+    said = line.split(": ", 1)[1].split(" — ")[0]
+    assert said in ("supports the claim", "contradicts the claim", "rules out an effect of +40.00", "not resolved")
+    assert "(your claim, not the paper's; effect of interest +40.00 (--effect-of-interest))" in line
+    assert "the paper" not in line.split(" — ")[0]
+    _, _, (parent, *_) = runs_of(out, "sweep")
+    assert parent.data.tags["verdict_0"] == said and parent.data.tags["verdict_0_line"] == line
+    record = json.loads((summary / "study_options.json").read_text())["command"]
+    assert (record["key"], record["statistic"], record["at"]) == ("optim.weight_decay", "gap_at", "0.001")
+    run([sys.executable, "-m", "dcl_core.study", "answer", str(out), "-q"], timeout=300)
+    assert (summary / "table.txt").read_text() == table
+
+
 def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):
     """Ray storage given as a URI (as s3://... on a cluster; file:// here) and a two-experiment study (SimCLR's
     and SiMo's K live in different keys) killed before its second experiment began: --resume keeps the first

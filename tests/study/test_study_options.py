@@ -28,8 +28,12 @@ RECORDED = [name for name, f in FIELDS.items() if f.metadata["record"]]
 def test_every_declared_flag_is_parsed_into_its_field():
     parser = build_parser("doc", "temperature_sweep")
     dests = {a.dest for a in parser._actions if a.dest != "help"}
-    flagged = {name for name, f in FIELDS.items() if f.metadata["flag"] or name == "tracking_uri"}
+    flagged = {name for name, f in FIELDS.items()
+               if (f.metadata["flag"] and not f.metadata["only"]) or name == "tracking_uri"}
     assert dests == flagged  # no parser option without a field, no field with a flag left out
+    only = {name for name, f in FIELDS.items() if f.metadata["only"]}  # the generic sweep's key and values
+    extra = build_parser("doc", "sweep", extra=tuple(only))
+    assert {a.dest for a in extra._actions if a.dest != "help"} == flagged | only
     args = args_of(parser.parse_args(["--seeds", "3", "--set", "optim.epochs=2", "--set", "seed=1", "--asha",
                                       "--max-minutes", "7.5", "-q", "--workers", "2"]))
     assert (args.seeds, args.set, args.asha, args.max_minutes, args.quiet, args.workers) == (

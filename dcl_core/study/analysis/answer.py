@@ -54,6 +54,8 @@ class Question:
         range_note: where the paper states that range, e.g. ``"K ≥ 16, EqCo Sec. 1"``.
         effect_of_interest: δ, the size of effect the question is about (``--effect-of-interest``); None: the
             paper's like-for-like value (:meth:`paper`), or none when the paper has no number.
+        own: the user's claim (``--compare``, ``--statistic``, ``--claim``), not the paper's: no paper value, and
+            the verdict's words speak of "the claim" (:attr:`Verdict.said`); ``paper_sign`` is the claim's sign.
     """
 
     claim: str
@@ -68,6 +70,7 @@ class Question:
     x_min: Any = None
     range_note: str = ""
     effect_of_interest: float | None = None
+    own: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "statistic", measures.statistic(self.statistic))
@@ -104,6 +107,8 @@ class Question:
         """The paper's value of this statistic, like for like: computed from its table over the x values both
         grids share (within the claimed range), with its reported figure beside it when that differs; over
         the paper's own x, said so, when the grids share none."""
+        if self.own:
+            return PaperValue(None, "your claim, not the paper's")
         if claim is None or not claim.comparable:
             return PaperValue(None, "no number in the paper")
         curves = paper_curves(claim, [self.better, self.base or self.better])
@@ -174,14 +179,26 @@ class Verdict:
         """Whether δ was given (``--effect-of-interest``) rather than taken from the paper."""
         return self.question.effect_of_interest is not None
 
+    @property
+    def said(self) -> str:
+        """The words as printed and tagged: the paper's claims' :class:`VerdictWord`; a claim of the user's own
+        (:attr:`Question.own`) ``supports the claim``, ``contradicts the claim``, ``rules out an effect of +1.00``
+        (its δ) or ``not resolved``."""
+        if not self.question.own:
+            return str(self.words)
+        if self.words is VerdictWord.RULES_OUT and self.delta is not None:
+            return f"rules out an effect of {self.delta:+.2f}"
+        return {VerdictWord.SUPPORTS: "supports the claim",
+                VerdictWord.CONTRADICTS: "contradicts the claim"}.get(self.words, str(self.words))
+
     def phrase(self) -> str:
         """The verdict's words with what they say of δ: ``supports the paper, smaller than the paper's``."""
         if self.size is None:
-            return str(self.words)
+            return self.said
         if not self.delta_given:
-            return f"{self.words}, {self.size}"
+            return f"{self.said}, {self.size}"
         smaller = self.size is verdicts.Size.SMALLER
-        return f"{self.words}, {'smaller' if smaller else 'larger'} than the effect of interest"
+        return f"{self.said}, {'smaller' if smaller else 'larger'} than the effect of interest"
 
     def line(self) -> str:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
@@ -209,7 +226,8 @@ class Verdict:
         scope = f" [{self.question.range_note}]" if self.question.range_note else ""
         given = (f"; effect of interest {self.delta:+.2f} (--effect-of-interest)"
                  if self.delta_given and self.delta is not None else "")
-        return f"{self.question.claim}{scope}: {self.phrase()} — {value} (paper: {self.paper.text}{given})"
+        source = self.paper.text if self.question.own else f"paper: {self.paper.text}"
+        return f"{self.question.claim}{scope}: {self.phrase()} — {value} ({source}{given})"
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""

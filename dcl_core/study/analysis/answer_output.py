@@ -38,7 +38,7 @@ def format_estimate(est: intervals.Estimate, digits: int = 1, signed: bool = Tru
 def figure_note(v: Verdict) -> str:
     """A verdict as the study's figure states it: ``DCL flatter across τ than InfoNCE: Δstd +0.6 [-0.9, +2.1],
     not resolved``."""
-    return f"{v.question.claim}: {v.question.label} {_ci(v.estimate, signed=True)}, {v.words}"
+    return f"{v.question.claim}: {v.question.label} {_ci(v.estimate, signed=True)}, {v.said}"
 
 
 def format_cells(answer: Answer) -> str:
@@ -81,6 +81,7 @@ def _long_cells(answer: Answer, xs: Sequence[Any], names: Sequence[str], paper: 
                 ) -> list[str]:
     """``K=4  simclr+eqco(α=256)  12.5 [10.1, 14.9]  q_B 0.99  paper -`` per cell, then each paired gap."""
     lw = max(len(n) for n in [*names, *answer.pairs])
+    xw = max(10, *(len(f"{answer.x_label}={fmt_x(x)}") + 1 for x in xs))
     lines = []
     for x in xs:
         label = f"{answer.x_label}={fmt_x(x)}"
@@ -90,12 +91,12 @@ def _long_cells(answer: Answer, xs: Sequence[Any], names: Sequence[str], paper: 
             q = answer.q_b.get(s, {}).get(x, math.nan)
             p = paper.get(s, {}).get(x)
             q_text = "-" if math.isnan(q) else format(q, ".2f")
-            lines.append(f"{label:<10}{s:<{lw + 2}}{_ci(answer.cells[s][x]):>20}  q_B {q_text}"
+            lines.append(f"{label:<{xw}}{s:<{lw + 2}}{_ci(answer.cells[s][x]):>20}  q_B {q_text}"
                          + (f"  paper {p:.1f}" if p is not None else ""))
             label = ""
         for name, g in answer.pairs.items():
             if x in g:
-                lines.append(f"{label:<10}{name:<{lw + 2}}{_ci(g[x], signed=True):>20}  (paired by seed)")
+                lines.append(f"{label:<{xw}}{name:<{lw + 2}}{_ci(g[x], signed=True):>20}  (paired by seed)")
     return lines
 
 
@@ -123,10 +124,11 @@ def format_answer(answer: Answer) -> str:
         decided = ("decided against 0 by the interval and against the effect of interest by the design's futility "
                    "bound" if isinstance(answer.design, sequential.GroupSequential)
                    else "decided by the interval alone, against 0 and against the effect of interest")
+        delta = ("the one --effect-of-interest gives" if all(v.question.own for v in answer.verdicts)
+                 else "the paper's value unless --effect-of-interest gives one")
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 f"statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; {decided}"
-                ", the paper's value unless --effect-of-interest gives one; calibrated by simulated studies, "
-                "docs/statistics.md#calibration)")
+                f", {delta}; calibrated by simulated studies, docs/statistics.md#calibration)")
         parts.append("\n".join([head, *([design_line(answer)] if answer.design else []),
                                 *(["Power:", *power] if power else []), *(v.line() for v in answer.verdicts)]))
     return "\n\n".join(parts)
@@ -181,12 +183,12 @@ def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
     """The summary run's tags of the verdicts: each one's words and line, and all the words together."""
     tags = {}
     for i, v in enumerate(verdicts):
-        tags[f"verdict_{i}"] = str(v.words)
+        tags[f"verdict_{i}"] = v.said
         if v.size is not None:
             tags[f"verdict_{i}_size"] = str(v.size)
         tags[f"verdict_{i}_line"] = v.line()
     if verdicts:
-        tags["verdict"] = "; ".join(v.words for v in verdicts)
+        tags["verdict"] = "; ".join(v.said for v in verdicts)
     return tags
 
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from dcl_core import metric_names as M
+from dcl_core.config import CONFIG_KEYS
 
 Row = dict[str, Any]  # one trial's results row: column name -> value
 
@@ -86,6 +87,8 @@ NUM_NEGATIVES = Column("num_negatives", int, metric=M.NUM_NEGATIVES,
 QUEUE_SIZE = Column("queue_size", int, key="framework.queue_size", short="Q", label="queue")
 SEED = Column("seed", int, key="seed", short="s")
 EPOCH_BUDGET = Column("epoch_budget", int, key="optim.epochs", short="ep", label="epochs")
+# The generic sweep's (studies/sweep.py) value of a swept config key no other column shows, e.g. optim.weight_decay
+SWEPT = Column("swept", float, label="value")
 EPOCHS = Column("epochs", int, metric=M.EPOCH)
 KNN_TOP1 = Column("knn_top1", float, metric=M.KNN_TOP1)
 BEST_KNN_TOP1 = Column("best_knn_top1", float)  # the best kNN accuracy over the trial's reports
@@ -100,12 +103,12 @@ ERROR = Column("error", str)  # the first line of a failed trial's error
 
 COLUMNS: tuple[Column, ...] = (
     TRIAL_ID, STATUS, SERIES, LOSS, FRAMEWORK, METHOD, TEMPERATURE, BATCH_SIZE, BASE_LR, SIGMA, ALPHA, ALPHA_USED,
-    NUM_NEGATIVES, QUEUE_SIZE, SEED, EPOCH_BUDGET, EPOCHS, KNN_TOP1, BEST_KNN_TOP1, TRAIN_LOSS, Q_MEAN, Q_CV,
+    NUM_NEGATIVES, QUEUE_SIZE, SEED, EPOCH_BUDGET, SWEPT, EPOCHS, KNN_TOP1, BEST_KNN_TOP1, TRAIN_LOSS, Q_MEAN, Q_CV,
     MI_BOUND, GRAD_NORM_MEAN, GRAD_NORM_CV, IMAGES_PER_S, ERROR,
 )
 # What makes two trials the same cell of a study, apart from the loss and the seed.
 CELL_COLUMNS: tuple[Column, ...] = (FRAMEWORK, TEMPERATURE, BATCH_SIZE, BASE_LR, SIGMA, ALPHA, NUM_NEGATIVES,
-                                    QUEUE_SIZE, EPOCH_BUDGET)
+                                    QUEUE_SIZE, EPOCH_BUDGET, SWEPT)
 
 COLUMN_NAMES: tuple[str, ...] = tuple(str(c) for c in COLUMNS)
 FLOAT_COLUMNS: tuple[str, ...] = tuple(c.name for c in COLUMNS if c.type is float)
@@ -114,8 +117,11 @@ X_COLUMN: dict[str, str] = {k: c.name for c in COLUMNS for k in c.swept_by}
 
 
 def x_column(key: str) -> str:
-    """The results column of a swept quantity: a config key's column, or the name itself if it is a column."""
-    return X_COLUMN.get(key, key)
+    """The results column of a swept quantity: a config key's column, :data:`SWEPT` for a config key no column
+    shows, or the name itself if it is a column."""
+    if key in X_COLUMN or key in COLUMN_NAMES:
+        return X_COLUMN.get(key, key)
+    return SWEPT.name if key in CONFIG_KEYS else key
 
 
 def fmt_x(x: Any) -> str:

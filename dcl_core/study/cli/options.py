@@ -21,6 +21,7 @@ from dcl_core import cli
 from dcl_core.config import ConfigError, loss_reference
 from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.execution import rounds
+from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
 from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE, StudyOptions
 
 MAX_SEEDS = 1000
@@ -32,18 +33,20 @@ PRESET_HELP = {
     "paper": "the paper's protocol for a GPU cluster",
 }
 WHAT, ROUNDS, WHERE, RESOURCES = "what to run", "seeds until resolved", "where results go", "resources"
+QUESTION = "your own question (docs/own-loss.md): replaces the paper's"
 
 
 def _opt(default: Any, flag: str | None, group: str | None, help: str = "", *, record: bool = False,
          bounds: tuple[float, float | None] | None = None, limit: int = MAX_TEXT, items: int | None = None,
          choices: tuple[str, ...] | None = None, metavar: str | None = None, short: str | None = None,
-         check: Callable[[Any], Any] | None = None) -> Any:
+         check: Callable[[Any], Any] | None = None, only: bool = False) -> Any:
     """A field of :class:`StudyArgs`: its command-line ``flag`` (None: not on the command line) in ``group``;
+    ``only``: on the command line of the scripts that ask for it only (:func:`build_parser`'s ``extra``);
     ``record``: kept in the study's record and replayed from it; ``bounds``: a number's (low, high or None);
     ``limit`` and ``items``: a recorded text's length and a recorded list's length; ``check``: the recorded
     value's own validation (ConfigError)."""
     meta = {"flag": flag, "group": group, "help": help, "record": record, "bounds": bounds, "limit": limit,
-            "items": items, "choices": choices, "metavar": metavar, "short": short, "check": check}
+            "items": items, "choices": choices, "metavar": metavar, "short": short, "check": check, "only": only}
     return field(default=default, metadata=meta)
 
 
@@ -54,6 +57,11 @@ class StudyArgs:
     runs (:func:`options_of`) and in which mode."""
 
     preset: str = _opt("cpu", "--preset", WHAT, record=True, limit=40)  # choices and help: the script's presets
+    # the generic sweep's axis (studies/sweep.py)
+    key: str | None = _opt(None, "--key", WHAT, "the config key to sweep, e.g. optim.batch_size (a number)",
+                           record=True, limit=80, only=True)
+    values: str | None = _opt(None, "--values", WHAT, "its values, comma-separated, e.g. 16,32,64", record=True,
+                              limit=400, only=True)
     search: str = _opt("grid", "--search", WHAT, "grid: the paper's exact sweep; optuna: TPE search (seeded) per loss",
                        record=True, limit=40, choices=("grid", "optuna"))
     num_samples: int | None = _opt(None, "--num-samples", WHAT, "trials per Optuna search (default: preset's)",
@@ -73,6 +81,17 @@ class StudyArgs:
         "δ for a question, in its statistic's units, e.g. std_difference=1.0 (repeatable; KEY: the statistic or "
         "<statistic>_<i>): the verdict also says whether the data rule out an effect that large (default: the "
         "paper's like-for-like value)", record=True, limit=200, items=64, metavar="KEY=VALUE")
+    compare: str | None = _opt(
+        None, "--compare", QUESTION, "ask the study's statistic of series BETTER against BASE, e.g. "
+        "my_losses.py:MyLoss,dcl (BETTER: the one claimed higher, flatter, ...)", record=True, metavar="BETTER,BASE")
+    statistic: str | None = _opt(None, "--statistic", QUESTION,
+                                 "ask this statistic instead of the study's (gap_at needs --at)", record=True,
+                                 limit=40, choices=OWN_STATISTICS)
+    at: str | None = _opt(None, "--at", QUESTION, "the x of --statistic gap_at, one the study runs", record=True,
+                          limit=80, metavar="X")
+    claim: str | None = _opt(None, "--claim", QUESTION,
+                             "the claim in your words, as the verdict names it (default: made from the statistic "
+                             "and the pair)", record=True, limit=MAX_CLAIM, metavar="TEXT")
     dry_run: bool = _opt(False, "--dry-run", WHAT,
                          "print the trials, their resources, total epochs and images, and an estimated cost (CPU "
                          "minutes on this machine, GPU-hours), then exit: no Ray, nothing written")
@@ -140,16 +159,16 @@ def _jsonable(value: Any) -> Any:
     return dict(value) if isinstance(value, Mapping) else value
 
 
-def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper")
-                 ) -> argparse.ArgumentParser:
+def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper"),
+                 extra: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """The argument parser every study script shares, its description the study's docstring: one argument a
-    :class:`StudyArgs` field with a flag, in its group."""
+    :class:`StudyArgs` field with a flag, in its group (a field declared ``only`` when ``extra`` names it)."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     groups: dict[str | None, Any] = {None: p}
     for f in dataclasses.fields(StudyArgs):
         m = f.metadata
-        if m["flag"] is None:
+        if m["flag"] is None or (m["only"] and f.name not in extra):
             continue
         if m["group"] not in groups:
             groups[m["group"]] = p.add_argument_group(m["group"])
@@ -180,6 +199,8 @@ def _argument(f: dataclasses.Field) -> dict[str, Any]:
     if isinstance(f.default, tuple):
         return kw | {"action": "append", "default": [], "metavar": m["metavar"]}
     kw |= {"default": f.default}
+    if m["metavar"]:
+        kw["metavar"] = m["metavar"]
     if m["choices"]:
         kw["choices"] = m["choices"]
     kind = f.type.split(" | ")[0]

@@ -33,6 +33,7 @@ from dcl_core.study.execution import rounds, stop_signals
 from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines
 from dcl_core.study.plan.prepared import prepare
+from dcl_core.study.plan.questions import with_own_question
 from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_looks, recorded_round_seeds
 from dcl_core.study.plan.spec import (
     VERBOSE,
@@ -72,6 +73,7 @@ class Script:
     build_spec: SpecBuilder
     presets: tuple[str, ...] = ("smoke", "cpu", "paper")
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()  # the options only this script takes (StudyArgs fields declared ``only``)
 
     def build(self, args: StudyArgs, data_root: str | None = None) -> StudySpec:
         """The spec ``args`` describe, validated: the script's spec with its question as description, the
@@ -81,6 +83,7 @@ class Script:
             spec = replace(spec, description=" ".join(self.doc.strip().split("\n\n")[0].split()))
         design = rounds.from_record(args.design)
         rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
+        spec = with_own_question(spec, args.compare, args.statistic, args.at, args.claim)
         spec = with_effects_of_interest(replace(spec, design=design), args.effect_of_interest)
         validate_spec(spec)
         check_set_not_swept(spec, parse_overrides(list(args.set)))
@@ -113,15 +116,16 @@ def losses_arg(args: StudyArgs, default: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
-         defaults: dict[str, Any] | None = None, presets: tuple[str, ...] = ("smoke", "cpu", "paper")) -> int:
+         defaults: dict[str, Any] | None = None, presets: tuple[str, ...] = ("smoke", "cpu", "paper"),
+         extra: tuple[str, ...] = ()) -> int:
     """A study script's command line. Parse, validate (exit 2 on bad input), run the study, print the table, plot
     path and experiment; with ``--dry-run``, print what it would run and cost instead (no Ray, nothing written);
     with ``--reanalyze``, recompute a finished run's answer from its stored results.
 
     ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``); ``presets`` are the
-    study's preset names."""
-    script = Script(doc, default_name, build_spec, presets, defaults or {})
-    parser = build_parser(doc, default_name, presets)
+    study's preset names; ``extra`` the options only this study takes (e.g. the generic sweep's ``key``)."""
+    script = Script(doc, default_name, build_spec, presets, defaults or {}, extra)
+    parser = build_parser(doc, default_name, presets, extra)
     parser.set_defaults(**script.defaults)
     ns = parser.parse_args(argv)
     setup_logging(ns.verbose, quiet=ns.quiet)

@@ -20,6 +20,7 @@ from dcl_core.study.analysis.columns import (
     SEED,
     SERIES,
     STATUS,
+    SWEPT,
     Row,
     Status,
     x_column,
@@ -95,6 +96,9 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     as it was drawn."""
     x = x_column(spec.x_key)
     for r in rows:
+        if x == SWEPT and r.get(SWEPT) is None:  # a generic sweep's key: its value from the trial's config
+            value = (r.get("config") or {}).get(spec.x_key)
+            r[SWEPT] = None if value is None else float(value)
         r[SERIES] = "+".join(loss_label(str(r.get(c))) if c == LOSS.name else str(r.get(c)) for c in spec.series)
     out_dir = summary_dir(output_dir, spec.name)
     if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too

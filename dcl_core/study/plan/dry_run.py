@@ -39,6 +39,9 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_pro
                f"images (2 views each), kNN evaluations over {upto}{est.eval_images:,} images")
     sources = sorted({g.sizes.source for plan in plans for g in plan.groups})
     out.append(f"images: {'; '.join(sources)}")
+    for q in spec.questions:  # what the answer will say something of (the user's own claim, or the paper's)
+        whose = "your claim" if q.own else "the paper's claim"
+        out.append(f"asks: {q.claim} ({q.statistic.name}, {q.better} vs {q.base or q.better}; {whose})")
 
     total = est.train_flops + est.eval_flops
     out += ["", f"cost estimate ({'an upper bound, ASHA may stop trials early; ' if upto else ''}from FLOP "
