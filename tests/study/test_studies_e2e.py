@@ -473,6 +473,28 @@ def test_a_sweep_of_any_key_asks_your_claim_of_your_loss_until_resolved(tmp_path
     assert (summary / "table.txt").read_text() == table
 
 
+def test_a_loss_module_only_the_driver_has_travels_to_the_cluster_with_the_study(tmp_path, ray_head):
+    """A study attached to a cluster (the suite's head, as --address) with a loss named by module, which only the
+    driver's PYTHONPATH holds: Ray's py_modules ships it, and the trials import the shipped copy (its file lies in
+    Ray's runtime resources, as it would on another node), not the driver's."""
+    user = tmp_path / "user"
+    user.mkdir()
+    log = tmp_path / "imported_from.log"
+    (user / "shipped_losses.py").write_text((REPO / "docs" / "examples" / "my_losses.py").read_text() + (
+        f"\nwith open({str(log)!r}, 'a') as _log:\n    _log.write(__file__ + '\\n')\n"))
+    env = {**ray_head.env, "PYTHONPATH": os.pathsep.join(p for p in (str(user), ray_head.env.get("PYTHONPATH"))
+                                                          if p)}
+    out = tmp_path / "c"
+    run(study_cmd("temperature_sweep.py", out, "--smoke", "--losses", "shipped_losses:PositiveWeighted,dcl",
+                  head=ray_head), env=env, fork=False)  # a new interpreter: PYTHONPATH is read at its start
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert {r["series"] for r in rows} == {"PositiveWeighted", "dcl"} and all(r["status"] == "ok" for r in rows)
+    files = set(log.read_text().split())
+    trials = {f for f in files if f != str(user / "shipped_losses.py")}
+    assert str(user / "shipped_losses.py") in files  # the driver's own pre-flight check
+    assert trials and all("runtime_resources" in f and f.endswith("shipped_losses.py") for f in trials), files
+
+
 def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(tmp_path):
     """Ray storage given as a URI (as s3://... on a cluster; file:// here) and a two-experiment study (SimCLR's
     and SiMo's K live in different keys) killed before its second experiment began: --resume keeps the first

@@ -97,3 +97,35 @@ def quiet_exit_hook(previous: Any, unraisable: Any) -> None:
     if isinstance(unraisable.exc_value, SystemExit):
         return
     previous(unraisable)
+
+
+def user_modules(loss_names: list[str]) -> list[str]:
+    """What a study on a cluster ships to every node with Ray's ``py_modules``: the top-level package folder (or
+    the single ``.py`` file) of each user loss named by module (``my_losses:MyLoss``), found on this driver's
+    ``sys.path``. Not shipped: a loss named by file (its path must hold on every node: shared storage, or a file
+    inside the job's ``--working-dir``, whose copy lies at the same path on every node), the project's own modules
+    and installed packages (on the nodes already)."""
+    # only the driver asks this (every worker imports this module first: nothing more for them)
+    import importlib.util
+    import sysconfig
+
+    from dcl_core.config import loss_reference  # torch-free: the config's reference syntax, for the driver only
+
+    installed = {Path(p).resolve() for p in (sysconfig.get_path("purelib"), sysconfig.get_path("platlib")) if p}
+    shipped: list[str] = []
+    for name in loss_names:
+        ref = loss_reference(name)
+        if ref is None or ref.file or not ref.module:
+            continue
+        top = ref.module.partition(".")[0]
+        if top in ("dcl_core", "search_spaces"):
+            continue
+        found = importlib.util.find_spec(top)
+        if found is None or (not found.origin and not found.submodule_search_locations):
+            continue  # a study's pre-flight check has already refused a module that cannot be imported
+        locations = list(found.submodule_search_locations or [])
+        path = Path(locations[0] if locations else str(found.origin)).resolve()
+        if any(path.is_relative_to(p) for p in installed) or str(path) in shipped:
+            continue
+        shipped.append(str(path))
+    return shipped

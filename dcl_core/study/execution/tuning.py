@@ -68,11 +68,13 @@ STARTUP_TIMEOUT = "timed out during startup"  # Ray's error when a new node's ra
 
 
 def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = None,
-             quiet: bool = False) -> str | None:
+             quiet: bool = False, py_modules: list[str] | None = None) -> str | None:
     """Local loopback Ray with only the given CPUs, or attach to a cluster (``--address`` / ``ray job submit``).
     The trials' warnings reach the console either way; ``quiet`` leaves out Ray's own start-up messages. Returns
     the session folder of a local instance this call started (``None`` otherwise). Ctrl-C and SIGTERM stop it at
-    any moment as they stop the study (:mod:`.stop_signals`)."""
+    any moment as they stop the study (:mod:`.stop_signals`). ``py_modules``: what a cluster's nodes import that
+    only this driver has (:func:`.ray_env.user_modules`), shipped with Ray's runtime_env; a local instance's
+    workers share the driver's machine and need none."""
     levels: dict[str, Any] = {"logging_level": logging.WARNING} if quiet else {}
     # Every epoch reports a checkpoint, which forces an experiment snapshot; that is intended here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
@@ -85,6 +87,8 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     }
     with stop_signals.keep_stop_signals():
         if address or os.environ.get("RAY_ADDRESS"):
+            if py_modules:
+                setup["runtime_env"]["py_modules"] = py_modules
             ray.init(address=address or None, **setup)
             return None
         # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
@@ -149,7 +153,9 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
 
         if local:  # what a driver killed by kill -9 or the OOM killer left of this study's own Ray
             ray_session.end_dead_session(options.output_dir, spec.name)
-        session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE)
+        modules = ray_env.user_modules([name for name, _, _ in spec.loss_sources])
+        session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE,
+                           py_modules=modules)
         if session is not None:
             ray_session.record_session(options.output_dir, spec.name, session)
         if options.verbosity < console.VERBOSE:
