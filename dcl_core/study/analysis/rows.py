@@ -17,6 +17,7 @@ from dcl_core.study.analysis.columns import (
     COLUMNS,
     ERROR,
     KNN_TOP1,
+    LOSS,
     METHOD,
     NUM_NEGATIVES,
     STATUS,
@@ -56,6 +57,12 @@ def _method(config: dict[str, Any]) -> str | None:
         return loss_label(loss) if isinstance(loss, str) else loss
     alpha = config.get("loss.alpha")
     return f"eqco(α={'K' if alpha is None else format(alpha, 'g')})"
+
+
+def series_label(row: Row, series: Iterable[str]) -> str:
+    """The line of the study's table and plot a row belongs to: its ``series`` columns' values joined by "+", a
+    user loss shown by its class name (``PositiveWeighted``, ``simclr+eqco(α=256)``)."""
+    return "+".join(loss_label(str(row.get(c))) if c == LOSS.name else str(row.get(c)) for c in series)
 
 
 def trial_row(config: dict[str, Any], metrics: dict[str, Any], error: BaseException | None = None,

@@ -11,12 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metric_names as M
-from dcl_core.config import loss_label
 from dcl_core.files import is_regular_file
 from dcl_core.study.analysis import answer, answer_output, report
 from dcl_core.study.analysis.columns import (
     ERROR,
-    LOSS,
     SEED,
     SERIES,
     STATUS,
@@ -25,7 +23,7 @@ from dcl_core.study.analysis.columns import (
     Status,
     x_column,
 )
-from dcl_core.study.analysis.rows import trial_row
+from dcl_core.study.analysis.rows import series_label, trial_row
 from dcl_core.study.execution import memory_loss
 from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.plan.spec import StudySpec
@@ -99,7 +97,7 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
         if x == SWEPT and r.get(SWEPT) is None:  # a generic sweep's key: its value from the trial's config
             value = (r.get("config") or {}).get(spec.x_key)
             r[SWEPT] = None if value is None else float(value)
-        r[SERIES] = "+".join(loss_label(str(r.get(c))) if c == LOSS.name else str(r.get(c)) for c in spec.series)
+        r[SERIES] = series_label(r, spec.series)
     out_dir = summary_dir(output_dir, spec.name)
     if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too
         parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"

@@ -24,9 +24,9 @@ from typing import Any
 
 from dcl_core.config import ConfigError, loss_label, loss_reference, to_flat_dict
 from dcl_core.study.analysis.answer import Question
-from dcl_core.study.analysis.columns import LOSS, fmt_x
+from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.analysis.measures import STATISTICS
-from dcl_core.study.analysis.rows import trial_row
+from dcl_core.study.analysis.rows import series_label, trial_row
 from dcl_core.study.plan.spec import StudySpec, grid_points
 
 # The statistics a claim of one's own can use (best_margin compares a series with itself at a baseline x: the
@@ -61,9 +61,7 @@ def series_names(spec: StudySpec) -> list[str]:
     names: list[str] = []
     for grid in spec.grids:
         for point in grid_points(grid):
-            row = trial_row({**base, **point}, {})
-            names.append("+".join(loss_label(str(row.get(c))) if c == LOSS.name else str(row.get(c))
-                                  for c in spec.series))
+            names.append(series_label(trial_row({**base, **point}, {}), spec.series))
     return list(dict.fromkeys(names))
 
 
