@@ -5,7 +5,7 @@ one 57 MB file). Bad input exits with code 2 and one line.
 
 A pack travels, so it takes only image files from inside ROOT: a link out of ROOT (unless ``--follow-links`` says
 to take what links point to), a link loop, a FIFO, a device, a file that is no image, an image or a total over the
-bounds (:data:`dcl_core.data.decode.MAX_IMAGE_BYTES`, :data:`dcl_core.data.packed.MAX_PACK_BYTES`) is refused
+bounds (:data:`dcl_core.data.image_bytes.MAX_IMAGE_BYTES`, :data:`dcl_core.data.packed.MAX_PACK_BYTES`) is refused
 with nothing written, never followed, opened or read.
 """
 

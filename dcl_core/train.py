@@ -162,7 +162,7 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
     # Deferred as in main(): torchvision and the trainer load only once the options parsed.
     from dcl_core.data import check_dataset, pretraining_images
     from dcl_core.training.checkpoint import CHECKPOINT_NAME, check_resumable, load_checkpoint
-    from dcl_core.training.run import steps_per_epoch
+    from dcl_core.training.schedule import steps_per_epoch
 
     if resume and overwrite:
         raise ConfigError("--resume continues the run in OUTPUT_DIR and --overwrite replaces it; pass one")

@@ -94,6 +94,7 @@ DOCUMENTED_RAY_ENV = {
     "RAY_AUTH_TOKEN": "Ray security, token authentication: the token itself",
     "RAY_AUTH_TOKEN_PATH": "Ray security, token authentication: the token's file (default ~/.ray/auth_token)",
     "RAY_CHDIR_TO_TRIAL_DIR": "tune.Trainable: 0 keeps the driver's working directory in trials",
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "Ray Tune environment variables: 1 adds no default logger callbacks",
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "Ray Tune environment variables",
     "TUNE_WARN_THRESHOLD_S": "Ray Tune environment variables: when an event loop operation is logged as slow",
 }
@@ -484,6 +485,18 @@ def test_a_study_script_answers_help_without_loading_torch():
     loaded = modules_loaded_by("import dcl_core.study.cli, dcl_core.study", REPO)
     assert "dcl_core.study.cli" in loaded
     assert [m for m in loaded if m in ("torch", "torchvision", "ray", "mlflow", "optuna")] == []
+
+
+def test_a_study_driver_reaches_ray_without_torch(tmp_path):
+    # A study's driver checks its data and trials, then hands Tune the trainable; torch and torchvision (~10 s on 2
+    # cores) load in the trials' processes only. ray.init is where the driver's own preparation ends.
+    stop = "import json, os, sys; print(json.dumps(sorted(sys.modules)), flush=True); os._exit(0)"
+    code = (f"import ray, runpy, sys\nray.init = lambda *a, **k: exec({stop!r})\n"
+            f"sys.argv = ['studies/temperature_sweep.py', '--smoke', '--output-dir', {str(tmp_path / 'out')!r}]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    loaded = modules_loaded_by(code, REPO)
+    assert "dcl_core.study.execution.trainable" in loaded and "dcl_core.data.locate" in loaded  # it got there
+    assert [m for m in loaded if m.split(".")[0] in ("torch", "torchvision", "tensorboardX")] == []
 
 
 def test_a_trial_worker_imports_no_mlflow_scipy_or_optuna():

@@ -12,30 +12,47 @@
 - :mod:`~dcl_core.data.streaming` (``data.loader=stream``): an ImageFolder too large for memory (ImageNet) read by
   DataLoader workers, with per-sample torchvision views of the same policies; import it from there.
 
-``DATASETS`` is the config's list of ``data.dataset`` choices (:data:`dcl_core.config.DATASET_NAMES`).
+``DATASETS`` is the config's list of ``data.dataset`` choices (:data:`dcl_core.config.DATASET_NAMES`). The names
+below load their module on first use: locating and checking a dataset needs no torch.
 """
 
-from dcl_core.data.augment import (
-    CIFAR_MEAN,
-    CIFAR_STD,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    EvalTransform,
-    ViewAugmentation,
-    normalization_for,
-)
-from dcl_core.data.datasets import ImageTensors, class_balanced_subset, fetch_dataset, load_dataset
-from dcl_core.data.decode import check_fits_in_memory
-from dcl_core.data.errors import DataError, UnreadableImageError
-from dcl_core.data.locate import (
-    DATA_ROOT_ENV,
-    DATASETS,
-    EMBEDDED_CIFAR10,
-    check_dataset,
-    pretraining_images,
-    resolve_data_root,
-    split_location,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dcl_core.data.augment import (
+        CIFAR_MEAN,
+        CIFAR_STD,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        EvalTransform,
+        ViewAugmentation,
+        normalization_for,
+    )
+    from dcl_core.data.datasets import ImageTensors, class_balanced_subset, fetch_dataset, load_dataset
+    from dcl_core.data.errors import DataError, UnreadableImageError
+    from dcl_core.data.image_bytes import check_fits_in_memory
+    from dcl_core.data.locate import (
+        DATA_ROOT_ENV,
+        DATASETS,
+        EMBEDDED_CIFAR10,
+        check_dataset,
+        pretraining_images,
+        resolve_data_root,
+        split_location,
+    )
+
+_MODULES = {
+    **dict.fromkeys(("CIFAR_MEAN", "CIFAR_STD", "IMAGENET_MEAN", "IMAGENET_STD", "EvalTransform",
+                     "ViewAugmentation", "normalization_for"), "augment"),
+    **dict.fromkeys(("ImageTensors", "class_balanced_subset", "fetch_dataset", "load_dataset"), "datasets"),
+    **dict.fromkeys(("DataError", "UnreadableImageError"), "errors"),
+    "check_fits_in_memory": "image_bytes",
+    **dict.fromkeys(("DATA_ROOT_ENV", "DATASETS", "EMBEDDED_CIFAR10", "check_dataset", "pretraining_images",
+                     "resolve_data_root", "split_location"), "locate"),
+}
 
 __all__ = [
     "CIFAR_MEAN",
@@ -60,3 +77,11 @@ __all__ = [
     "resolve_data_root",
     "split_location",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, as dcl_core.training: the study driver checks a study's data (locate, errors, image_bytes) without
+    # torch and torchvision, which only the views and the decoded tensors (augment, datasets) need.
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"dcl_core.data.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,13 +34,13 @@ import torchvision
 
 from dcl_core.data.decode import (
     DECODE_CHUNK,
-    check_fits_in_memory,
     decode_bytes,
     decode_files,
     resize_center_crop,
 )
 from dcl_core.data.errors import DataError
 from dcl_core.data.folders import image_folder_samples
+from dcl_core.data.image_bytes import check_fits_in_memory
 from dcl_core.data.locate import (
     EXPECTED_CLASSES,
     PRETTY_NAMES,

@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, has_file_allowed_extension
-
 from dcl_core.data.errors import DataError
 
 MAX_FOLDER_FILES = 10_000_000
@@ -43,6 +41,8 @@ def folder_samples(directory: str, class_to_idx: dict[str, int], allow_empty: bo
         DataError: a link loop, a link out of ``within``, too many files, or an empty class (unless
             ``allow_empty``).
     """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, has_file_allowed_extension  # torch: on first listing
+
     outside = str(within) if within is not None else None
     listed: list[tuple[str, int]] = []
     count = 0
@@ -107,6 +107,8 @@ def image_folder_samples(split_dir: Path, reference_dir: Path,
     Returns:
         ``(paths, labels, classes)`` in ImageFolder order (classes sorted, files sorted).
     """
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes  # torch: on first listing
+
     if not reference_dir.is_dir():
         reference_dir = split_dir
     try:

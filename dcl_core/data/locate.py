@@ -14,8 +14,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchvision.datasets.folder import find_classes
-
 from dcl_core.config import DATASET_NAMES
 from dcl_core.data.errors import DataError
 from dcl_core.data.packed import PACKED_FILE, read_split
@@ -170,8 +168,11 @@ def pretraining_images(name: str, root: str | None, download: bool, per_class: i
         return None
     try:
         kind, where = split_location(name, "train", root, download)
-        if kind == "folder":
-            classes = len(find_classes(str(where))[0])
+        if kind == "folder":  # its class folders, counted as torchvision's find_classes lists them (no torch here)
+            with os.scandir(where) as entries:
+                classes = sum(1 for entry in entries if entry.is_dir())
+            if not classes:
+                return None
         elif kind == "packed":
             classes = len(read_split(where, "train").classes)
         else:

@@ -16,7 +16,7 @@ Only the in-memory loader (``data.loader=memory``) reads a pack.
 
 A pack is meant to travel, so it holds only images from inside the folder: a link out of it (to a file or a
 folder), a link loop, anything but a regular file (a FIFO is never opened, a device never read), a file over
-:data:`~dcl_core.data.decode.MAX_IMAGE_BYTES`, a total over :data:`MAX_PACK_BYTES` or bytes that are no image
+:data:`~dcl_core.data.image_bytes.MAX_IMAGE_BYTES`, a total over :data:`MAX_PACK_BYTES` or bytes that are no image
 (PIL's header parser) is refused in one line, before anything is written or with nothing left behind. Reading
 one, every offset and length is checked against its buffer (``validate(full=True)``) and the labels, classes and
 sizes against the schema before a byte of an image is sliced: a damaged or crafted pack is one line, never a
@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from dcl_core.data.decode import IMAGE_FORMATS, MAX_IMAGE_BYTES, image_format, read_image_bytes
 from dcl_core.data.errors import DataError
 from dcl_core.data.folders import image_folder_samples
+from dcl_core.data.image_bytes import IMAGE_FORMATS, MAX_IMAGE_BYTES, image_format, read_image_bytes
 from dcl_core.files import disk_full, no_space, write_with
 
 log = logging.getLogger(__name__)

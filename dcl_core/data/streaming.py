@@ -35,9 +35,10 @@ from torchvision.transforms import v2
 
 from dcl_core.data.augment import ViewAugmentation, ViewPolicy
 from dcl_core.data.datasets import class_balanced_subset
-from dcl_core.data.decode import pil_image, read_image_bytes
+from dcl_core.data.decode import pil_image
 from dcl_core.data.errors import DataError, UnreadableImageError
 from dcl_core.data.folders import folder_samples
+from dcl_core.data.image_bytes import read_image_bytes
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class TwoViews:
 
 def load_image(path: str) -> Image.Image:
     """``ImageFolder``'s loader (PIL, RGB) of the file's bytes read within their bound (a regular file, never a
-    FIFO or device: :func:`~dcl_core.data.decode.read_image_bytes`); a file it cannot read or decode raises
+    FIFO or device: :func:`~dcl_core.data.image_bytes.read_image_bytes`); a file it cannot read or decode raises
     :class:`~dcl_core.data.datasets.UnreadableImageError` naming the file, not PIL's error without it."""
     data = read_image_bytes(path)
     try:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from dcl_core.config import Config, ConfigError, Derived, derive
+from dcl_core.config import Config, Derived, derive
 from dcl_core.frameworks.common import Framework
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
@@ -27,22 +27,7 @@ from dcl_core.training.builders import (
 )
 from dcl_core.training.checkpoint import CHECKPOINT_NAME
 from dcl_core.training.runtime import Runtime, free_cpu_threads
-
-
-def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
-    """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
-
-    Raises:
-        ConfigError: if there is none (a batch larger than the pretraining set).
-    """
-    # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
-    steps = (n_images // world_size) // (batch_size // world_size)
-    if steps == 0:
-        raise ConfigError(
-            f"{n_images} pretraining images give no full batch of {batch_size}; "
-            "lower optim.batch_size or raise data.train_per_class"
-        )
-    return steps
+from dcl_core.training.schedule import steps_per_epoch
 
 
 def unwrap(model: nn.Module) -> nn.Module:

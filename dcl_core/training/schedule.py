@@ -1,8 +1,27 @@
-"""Learning-rate schedule: linear warm-up, then cosine decay (a small pure function)."""
+"""The schedule: optimizer steps per epoch, and the learning rate's linear warm-up then cosine decay (small pure
+functions, no torch: the CLIs check a run's steps before torch loads)."""
 
 from __future__ import annotations
 
 import math
+
+from dcl_core.config import ConfigError
+
+
+def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
+
+    Raises:
+        ConfigError: if there is none (a batch larger than the pretraining set).
+    """
+    # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
+    steps = (n_images // world_size) // (batch_size // world_size)
+    if steps == 0:
+        raise ConfigError(
+            f"{n_images} pretraining images give no full batch of {batch_size}; "
+            "lower optim.batch_size or raise data.train_per_class"
+        )
+    return steps
 
 
 def cosine_lr(

@@ -26,11 +26,12 @@ from dcl_core.data import (
     ImageTensors,
     check_dataset,
     class_balanced_subset,
+    decode,
     fetch_dataset,
+    image_bytes,
     load_dataset,
     resolve_data_root,
 )
-from dcl_core.data import decode as decode_module
 from dcl_core.data import locate as locate_module
 from dcl_core.training.builders import build_data
 
@@ -319,7 +320,11 @@ def test_per_class_on_tensor_format_equals_subset(tmp_path: Path, monkeypatch: p
     assert torch.equal(sub.images, full.images[index]) and torch.equal(sub.labels, full.labels[index])
 
 
-def test_jpeg_and_png_mixed_folder_decodes_like_torchvision(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [decode.DECODE_CHUNK, 4])  # one batch of JPEGs, or chunks that split the folder
+def test_jpeg_and_png_mixed_folder_decodes_like_torchvision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    monkeypatch.setattr(decode, "DECODE_CHUNK", chunk)
     root = tmp_path / "mixed"
     gen = torch.Generator().manual_seed(4)
     for cls in ("a", "b"):
@@ -415,7 +420,7 @@ def test_large_tensor_warning(
     root = tmp_path / "c"
     _write_png_folder(root / "train", ["a"], 2, (8, 8), seed=0)
     (root / "test").mkdir()
-    monkeypatch.setattr(decode_module, "_LARGE_TENSOR_BYTES", 100)
+    monkeypatch.setattr(image_bytes, "_LARGE_TENSOR_BYTES", 100)
     with caplog.at_level(logging.INFO, logger="dcl_core.data"):
         load_dataset("cifar10", "train", root=str(root))
     assert any(r.levelno == logging.WARNING and "GB" in r.getMessage() for r in caplog.records)
@@ -429,12 +434,12 @@ def test_images_that_cannot_fit_in_memory_are_refused_before_the_tensor_is_made(
     root = tmp_path / "c"
     _write_png_folder(root / "train", ["a"], 2, (8, 8), seed=0)
     (root / "test").mkdir()
-    monkeypatch.setattr(decode_module, "physical_memory", lambda: 1000)  # a machine with 1000 bytes
+    monkeypatch.setattr(image_bytes, "physical_memory", lambda: 1000)  # a machine with 1000 bytes
     load_dataset("cifar10", "train", root=str(root))  # 2 x 3 x 8 x 8 = 384 bytes fit
     with pytest.raises(DataError, match=r"would take .* more than this machine's memory") as info:
         load_dataset("cifar10", "train", root=str(root), image_size=16)  # 2 x 3 x 16 x 16 = 1536 do not
     assert "data.image_size" in str(info.value) and "\n" not in str(info.value)
-    assert decode_module.physical_memory is not None
+    assert image_bytes.physical_memory is not None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_datas
 
 from dcl_core.data import DataError, check_dataset, load_dataset, pretraining_images
 from dcl_core.data import folders as folders_module
-from dcl_core.data.decode import MAX_IMAGE_BYTES, read_image_bytes
 from dcl_core.data.folders import folder_samples
+from dcl_core.data.image_bytes import MAX_IMAGE_BYTES, read_image_bytes
 from dcl_core.data.packed import MAX_PACK_BYTES, PACKED_FILE, pack, read_split
 from dcl_core.data.streaming import folder_split, load_image
 from dcl_core.pack import main as pack_main

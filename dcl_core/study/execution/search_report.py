@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.visualization import matplotlib as ovm
 
 from dcl_core.files import write_with
 from dcl_core.study.analysis.columns import EPOCHS, KNN_TOP1, SERIES, STATUS, TRIAL_ID, Row, Status
@@ -70,6 +69,7 @@ def write_search_plots(rows: Sequence[Row], space: Space, out_dir: Path, series:
     """Optuna's optimisation-history and hyperparameter-importance plots, one pair per series."""
     plt = pyplot()
     from matplotlib.figure import Figure  # after pyplot(): it chose the backend
+    from optuna.visualization import matplotlib as ovm  # matplotlib and scipy: only a search draws these
 
     groups: dict[str, list[Row]] = defaultdict(list)
     for r in rows:

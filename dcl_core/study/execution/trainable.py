@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
@@ -23,8 +21,6 @@ from dcl_core.study.analysis.rows import error_text
 from dcl_core.study.execution import memory_loss
 from dcl_core.study.execution.ray_env import setup_worker
 from dcl_core.study.plan.spec import Resources
-from dcl_core.training import NonFiniteLossError, train
-from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError
 
 # Fault injection for tests: every trial crashes once at this epoch / every attempt fails before training.
 CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"
@@ -36,6 +32,9 @@ FAIL_ENV = "DCL_FAIL_EVERY_ATTEMPT"
 FAILURES_FILE = ".failures"  # in the trial directory: the cause of each failed attempt, one per line
 
 log = logging.getLogger(__name__)
+
+# torch, the trainer and Ray Train's torch backend are imported inside the functions below, in the trial's own
+# process: the study's driver imports this module only to hand Tune the function, and never trains.
 
 
 def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Config:
@@ -54,6 +53,10 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
     the times each trial was lost to Ray's memory monitor in this run of the study; a trial lost more often than
     ``max_failures`` (``--max-failures``) reports itself failed instead of training again (:mod:`.memory_loss`).
     """
+    # torch and the trainer (seconds): in the trial's process only, never in the driver that hands Tune this function
+    from dcl_core.training import NonFiniteLossError
+    from dcl_core.training.checkpoint import CHECKPOINT_NAME  # torch, as the line above
+
     resources = resources or Resources()
     setup_worker()
     trial_id, trial_dir, work_dir = tracking.trial_context()
@@ -82,6 +85,9 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
 def _train_or_restart(cfg: Config, callbacks: list[Any], resume: bool) -> None:
     """Train, resuming from the restored checkpoint; if that checkpoint is unreadable (a damaged file on shared
     storage), restart the trial from scratch instead of failing every retry on the same file."""
+    from dcl_core.training import train  # torch and the trainer: in the trial's process only (see trainable)
+    from dcl_core.training.checkpoint import CHECKPOINT_NAME, CheckpointError  # torch, as the line above
+
     try:
         train(cfg, callbacks=callbacks, resume=resume)
     except CheckpointError as err:
@@ -112,6 +118,8 @@ def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -
 
 
 def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str) -> None:
+    from ray.train.torch import TorchTrainer  # imports torch: in the trial's process only (see trainable)
+
     per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
     if resources.gpus_per_worker:
         per_worker["GPU"] = resources.gpus_per_worker
@@ -138,6 +146,12 @@ def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_d
 
 def _worker_loop(loop_config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker; the process group (gloo/NCCL) is already initialized."""
+    # torch and the trainer: in the Train worker's process only (see trainable)
+    import torch.distributed as dist
+
+    from dcl_core.training import NonFiniteLossError, train  # torch, as the line above
+    from dcl_core.training.checkpoint import CHECKPOINT_NAME  # torch, as the line above
+
     setup_worker()
     rank = dist.get_rank() if dist.is_initialized() else 0
     # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes

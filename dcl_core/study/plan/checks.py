@@ -35,9 +35,8 @@ def check_trials_fit(spec: StudySpec, workers: int) -> None:
     """ConfigError (one line) before Ray if a trial of the study could not run on this machine: its device does
     not exist, its batch is larger than its pretraining images, or those images, decoded, exceed the machine's memory
     (each checked at every grid point, seeds aside; DataError for the last)."""
-    # torch and torchvision (seconds): only once a study's options parsed
-    from dcl_core.data import check_fits_in_memory, pretraining_images
-    from dcl_core.training.run import steps_per_epoch
+    from dcl_core.data import check_fits_in_memory, pretraining_images  # no torch: see dcl_core.data
+    from dcl_core.training.schedule import steps_per_epoch
 
     seen = set()
     for grid in spec.grids:
@@ -75,10 +74,7 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
     driver checks the address and the output folder); locally the data, each trial's fit and the GPUs are
     checked now. What only this machine lacks (the data, a GPU) stops a run; a dry run, which may plan a cluster
     run, reports it instead."""
-    # torch and torchvision (seconds): only once a study's options parsed
-    import torch
-
-    from dcl_core.data import DataError, check_dataset, resolve_data_root
+    from dcl_core.data import DataError, check_dataset, resolve_data_root  # no torch: only the trials load it
 
     data = spec.base.data
     on_cluster = bool(options.address or os.environ.get("RAY_ADDRESS"))
@@ -105,10 +101,16 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
             local_problems.append(str(err))
         if not dry_run:  # what a single run checks before compute, for every trial the study can run
             check_trials_fit(spec, options.workers)
-        if options.gpus_per_worker > 0 and not torch.cuda.is_available():
+        if options.gpus_per_worker > 0 and not _has_cuda():
             message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
                        "submit to a GPU cluster (--address or ray job submit)")
             if not dry_run:
                 raise ConfigError(message)
             local_problems.append(message)
     return root, local_problems
+
+
+def _has_cuda() -> bool:
+    import torch  # seconds, and only for a study that asks for GPUs
+
+    return torch.cuda.is_available()

@@ -1,7 +1,7 @@
 """What a study will cost before it runs (``--dry-run``): its trials, their work, and estimated CPU and GPU time.
 
 The work of a trial is counted exactly from its config: epochs × full batches of pretraining images
-(:func:`~dcl_core.training.run.steps_per_epoch`), and a kNN evaluation (backbone forwards over the labeled
+(:func:`~dcl_core.training.schedule.steps_per_epoch`), and a kNN evaluation (backbone forwards over the labeled
 train and test images, then a test × bank similarity matrix) every ``eval.knn_every`` epochs and after the
 last. Its FLOPs are counted over the trial's own model on the meta device (:mod:`dcl_core.study.plan.flops`).
 
@@ -30,7 +30,7 @@ from dcl_core.data import DataError, split_location
 from dcl_core.data.packed import read_split
 from dcl_core.study.plan.flops import ModelFlops, train_flops_per_image
 from dcl_core.study.plan.spec import DDP_TRIAL_CPU, Resources, StudySpec, grid_points, tune_experiments
-from dcl_core.training.run import steps_per_epoch
+from dcl_core.training.schedule import steps_per_epoch
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
 # ---------------------------------------------------------------------------------------------- assumptions
