@@ -86,7 +86,7 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
     assert {(r["loss"], r["temperature"]) for r in rows} == {(lo, t) for lo in ("infonce", "dcl") for t in (0.1, 0.5)}
     # Tune's CSV and JSON logs of every trial, and no TensorBoard file (its logger would import torch in the driver)
-    trial_dirs = [d for d in (out / "ray_results" / "temperature_sweep").iterdir() if d.is_dir()]
+    trial_dirs = [p.parent for p in (out / "ray_results" / "temperature_sweep").glob("*/params.json")]
     assert len(trial_dirs) == 4 and all((d / "result.json").stat().st_size and (d / "progress.csv").exists()
                                         for d in trial_dirs)
     assert list((out / "ray_results").rglob("events.out.tfevents*")) == []
