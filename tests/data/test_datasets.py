@@ -15,6 +15,7 @@ import torch
 import torchvision
 from PIL import Image
 from torchvision.datasets import CIFAR10, CIFAR100, STL10
+from torchvision.datasets.folder import find_classes
 from torchvision.transforms.v2 import functional as TF
 
 from dcl_core.config import apply_overrides, preset
@@ -622,7 +623,12 @@ def test_pretraining_images_is_known_from_the_config_when_subsetting(tmp_path: P
     for c in ("a", "b", "c"):  # an ImageFolder of 3 classes: per_class x 3, nothing decoded (no images at all)
         (tmp_path / "f" / "train" / c).mkdir(parents=True)
     (tmp_path / "f" / "val").mkdir()
+    (tmp_path / "f" / "train" / "notes.txt").write_text("not a class")  # torchvision's find_classes skips it
+    assert len(find_classes(str(tmp_path / "f" / "train"))[0]) == 3  # the rule pretraining_images counts by
     assert pretraining_images("imagefolder", str(tmp_path / "f"), False, per_class=5) == 15
+    (tmp_path / "e" / "train").mkdir(parents=True)  # no class folder: unknown (loading it says why)
+    (tmp_path / "e" / "val").mkdir()
+    assert pretraining_images("imagefolder", str(tmp_path / "e"), False, per_class=5) is None
     assert pretraining_images("imagefolder", str(tmp_path / "f"), False, per_class=0) is None  # all: unknown
     assert pretraining_images("cifar100", str(tmp_path / "dl"), True, per_class=4) == 400  # to be downloaded
     assert pretraining_images("stl10", str(tmp_path), False, per_class=4) is None  # train + unlabeled
