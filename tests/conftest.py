@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @dataclass(frozen=True)
 class RayHead:
-    """A running local Ray head: its GCS address, and the environment a study attached to it needs (its token)."""
+    """A running local Ray head: its GCS address, and the environment a study attached to it needs: where its token
+    lies (``RAY_AUTH_TOKEN_PATH``), without ``RAY_AUTH_MODE``, as in a shell that forgot docs/cluster.md's ``export``
+    (a study asks for token mode itself when it has a token; a plain ``ray.init`` needs ``RAY_AUTH_MODE=token``)."""
 
     address: str
     env: dict[str, str]
@@ -63,7 +65,8 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
     token.write_text(secrets.token_hex(32))
     token.chmod(0o600)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    env |= {"RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    head_env = env | {"RAY_AUTH_MODE": "token"}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -73,7 +76,7 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
     head = subprocess.Popen([str(ray), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
                              "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
                              f"--temp-dir={temp}"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+                            env=head_env, stdout=log, stderr=subprocess.STDOUT)
     address = f"127.0.0.1:{port}"
     try:
         # Its "Ray runtime started." line first (reading a file is free), then `ray status` (~3 CPU-seconds a call:
@@ -81,7 +84,8 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayHead]:
         deadline = time.monotonic() + 300
         started = False
         while not (started := started or "Ray runtime started" in (home / "head.log").read_text(errors="replace")) \
-                or subprocess.run([str(ray), "status", "--address", address], env=env, capture_output=True).returncode:
+                or subprocess.run([str(ray), "status", "--address", address], env=head_env,
+                                  capture_output=True).returncode:
             if head.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"the shared Ray head did not start: {(home / 'head.log').read_text()[-2000:]}")
             time.sleep(0.5 if not started else 2)

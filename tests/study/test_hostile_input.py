@@ -399,6 +399,19 @@ def test_unreachable_storage_and_cluster_addresses_exit_2_in_bounded_time(tmp_pa
     assert time.monotonic() - started < limit and not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # waits out Ray's 20 s of retries against the suite's Ray head
+def test_a_cluster_refusing_the_drivers_token_is_one_line(tmp_path, ray_head):
+    """Issue reproduction: a study attached to a token cluster from a shell whose token is not the cluster's (or
+    that has none and RAY_AUTH_MODE unset) printed Ray's "Failed to get cluster ID" for 20 s, then a traceback.
+    With the cluster's token at hand and no RAY_AUTH_MODE, a study attaches: every study on ``ray_head`` does."""
+    env = ray_head.env | {"RAY_AUTH_TOKEN": "0" * 64}  # another cluster's token: Ray takes it before the file
+    proc = _study_script("--output-dir", str(tmp_path / "o"), "--address", ray_head.address, env=env, timeout=200)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "refused this driver's token" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
 @pytest.mark.slow  # runs the smoke study (real Ray)
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 absent")
 def test_a_damaged_tune_state_makes_resume_exit_2_before_anything_runs(tmp_path, ray_head):

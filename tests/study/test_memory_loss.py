@@ -186,7 +186,7 @@ def test_a_trial_that_never_reported_gets_its_row_from_tunes_saved_state(tmp_pat
     from dcl_core.study.execution.results import tune_rows
 
     proc = pyrun.run([sys.executable, "-c", _NEVER_REPORTED, ray_head.address, str(tmp_path)],
-                     capture_output=True, text=True, timeout=600, env=ray_head.env)
+                     capture_output=True, text=True, timeout=600, env=ray_head.env | {"RAY_AUTH_MODE": "token"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for params in (tmp_path / "exp").glob("*/params.json"):
         params.unlink()

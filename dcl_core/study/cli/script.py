@@ -262,6 +262,8 @@ def _run(script: Script, quiet: bool, args: StudyArgs, spec: StudySpec, options:
 
     if not (options.address or os.environ.get("RAY_ADDRESS")):  # a local Ray: ask for its token mode
         ray_env.request_token_auth()
+    else:  # a cluster: send the token at hand, which it may require
+        ray_env.request_token_auth_to_attach()
     if options.verbosity < VERBOSE:
         ray_env.quiet_slow_loop_warnings()
     from dcl_core.study.execution.tuning import run_study  # Ray, Optuna, MLflow: as above

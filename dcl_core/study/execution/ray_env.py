@@ -6,8 +6,10 @@ Ray 2.60 turns token authentication on for a new local instance whatever the env
 ``~/.ray/auth_token``), then warns on the console's first line that ``RAY_AUTH_MODE=disabled`` opts out, which
 docs/failure-behaviour.md says never to do on a shared network. A study asks for token mode explicitly instead
 (:func:`request_token_auth`): the same security, no such advice. Ray reads the mode when it is first imported,
-so this is set before the runner imports Ray; a cluster's mode is the cluster's (``--address``, ``ray job
-submit``): a study attaching to one leaves it to Ray, which uses a token when it finds one.
+so this is set before the runner imports Ray. A study attaching to a cluster (``--address``, ``ray job submit``)
+asks for token mode when it has a token at hand (:func:`request_token_auth_to_attach`): a driver in Ray's default
+mode sends no token, and a cluster started by ``ray start --head`` (token mode by default in 2.60) refused it
+with 20 s of retries and a traceback; a cluster without authentication accepts a driver that sends one.
 
 Two things a worker prints are noise on the study's console (and in a ``ray job submit`` log, which forwards
 every worker's output): Ray Train's "Checkpoint successfully created at ..." (INFO) for every epoch's report,
@@ -44,6 +46,23 @@ def request_token_auth() -> None:
     imported: Ray caches the mode at import, and a changed environment afterwards would make the driver and the
     servers it starts disagree (the servers would refuse the driver)."""
     if "ray" not in sys.modules:
+        os.environ.setdefault(AUTH_MODE, "token")
+
+
+def token_at_hand() -> bool:
+    """Whether this process has a Ray token to send: ``RAY_AUTH_TOKEN``, or the file ``RAY_AUTH_TOKEN_PATH`` names,
+    or ``~/.ray/auth_token`` (where Ray looks, in that order)."""
+    if os.environ.get(AUTH_TOKEN):
+        return True
+    return Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token").is_file()
+
+
+def request_token_auth_to_attach() -> None:
+    """Ask for token mode before attaching to a cluster, when a token is at hand and the user set no mode: the
+    cluster then gets the token it may require (one started by ``ray start --head`` does), and one without
+    authentication still accepts the driver. Without a token the mode stays Ray's: a token mode with nothing to
+    send fails at once even where the cluster needs none. Only before Ray is imported (:func:`request_token_auth`)."""
+    if "ray" not in sys.modules and token_at_hand():
         os.environ.setdefault(AUTH_MODE, "token")
 
 

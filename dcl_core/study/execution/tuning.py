@@ -90,7 +90,10 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         if address or os.environ.get("RAY_ADDRESS"):
             if py_modules:
                 setup["runtime_env"]["py_modules"] = py_modules
-            ray.init(address=address or None, **setup)
+            try:
+                ray.init(address=address or None, **setup)
+            except (ConnectionError, ray.exceptions.AuthenticationError) as err:
+                raise ConfigError(_attach_refused(address or os.environ.get("RAY_ADDRESS", ""), err)) from None
             return None
         # address="local": always a fresh private instance. With address=None Ray would attach to whatever cluster
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
@@ -112,6 +115,24 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
     return str(context.address_info["session_dir"])  # type: ignore[attr-defined]
+
+
+def _attach_refused(address: str, err: BaseException) -> str:
+    """One line for a cluster that answered but would not take this driver: its token (the usual cause: the cluster
+    asks for one and this shell has none, or another) or whatever Ray said."""
+    causes: list[BaseException] = []
+    while err is not None and len(causes) < 8:  # Ray chains them: ConnectionError < RuntimeError (< its cause)
+        causes.append(err)
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+    # Ray keeps the GCS client's AuthenticationError only as text inside the RuntimeError it chains
+    said = " ".join(str(c) for c in causes)
+    if any(isinstance(c, ray.exceptions.AuthenticationError) for c in causes) or "InvalidAuthToken" in said \
+            or "AuthenticationError" in said:
+        return (f"the Ray cluster at {address} refused this driver's token (or its lack of one): give it the "
+                "cluster's token, RAY_AUTH_MODE=token with ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN "
+                "(docs/cluster.md)")
+    first = str(causes[0]).strip().splitlines()
+    return f"could not attach to the Ray cluster at {address}: {first[0] if first else type(causes[0]).__name__}"
 
 
 def _ray_temp_folders() -> list[Path]:
