@@ -7,17 +7,14 @@ import json
 import logging
 import multiprocessing
 from pathlib import Path
-from typing import Any
 
+import journal_writers
 from mlflow.tracking import MlflowClient
 
 from dcl_core.study.tracking import JOURNAL_FILE, Journal, StudyTracker
 
-EXP = "s"
-
-
-def tag(run, key="k", value="v"):
-    return {"op": "tag", "run": run, "key": key, "value": value}
+EXP = journal_writers.EXP
+tag = journal_writers.tag
 
 
 def test_appends_read_back_in_order(tmp_path):
@@ -41,29 +38,16 @@ def test_a_line_cut_short_by_a_crash_loses_only_itself(tmp_path, caplog):
     assert any("unreadable line" in r.getMessage() for r in caplog.records)
 
 
-def _append_many(folder: str, writer: int, n: int) -> None:
-    journal = Journal(Path(folder), EXP)
-    for i in range(n):
-        journal.append(tag(f"r{writer}", f"k{i}", "x" * 5000))
-
-
-def _replay_until_stopped(folder: str, stop: Any) -> None:
-    """What a tracker's replay does to the journal while others append: read it and write back what is left
-    (here: everything), under the journal's lock."""
-    journal = Journal(Path(folder), EXP)
-    while not stop.is_set():
-        with journal.lock():
-            journal.rewrite(journal.read(), {}, lambda run: run)
-
-
 def test_appends_from_several_processes_survive_a_concurrent_replay(tmp_path):
     """A study's trials journal while ``python -m dcl_core.study sync`` (or the study itself) replays: a line
     appended between the replay's read and its rewrite would be lost unless both hold the journal's lock."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    replayer = ctx.Process(target=_replay_until_stopped, args=(str(tmp_path), stop))
+    # the processes' code lives in a module of its own: a spawned process imports only that (this one's MLflow import
+    # cost 5 processes ~5 s each)
+    replayer = ctx.Process(target=journal_writers.replay_until_stopped, args=(str(tmp_path), stop))
     replayer.start()
-    writers = [ctx.Process(target=_append_many, args=(str(tmp_path), w, 50)) for w in range(4)]
+    writers = [ctx.Process(target=journal_writers.append_many, args=(str(tmp_path), w, 50)) for w in range(4)]
     for p in writers:
         p.start()
     for p in writers:
