@@ -56,6 +56,19 @@ def readme_recipe() -> str:
     return block.group(1)
 
 
+OWN_LOSS_MARK = ("<!-- own loss on a cluster: tests/study/test_ray_job_submit.py submits the next block to the "
+                 "recipe's head -->")
+
+
+def own_loss_job() -> str:
+    """docs/own-loss.md's ``ray job submit`` of a user loss: the fenced block after its marker."""
+    text = (REPO / "docs" / "own-loss.md").read_text()
+    assert OWN_LOSS_MARK in text, "docs/own-loss.md lost its cluster command's marker"
+    block = re.search(r"```bash\n(.*?)```", text[text.index(OWN_LOSS_MARK):], re.S)
+    assert block is not None and block.group(1).startswith("ray job submit ")
+    return block.group(1)
+
+
 def test_readme_recipe_is_what_a_newcomer_types():
     """What the recipe must keep saying (the test below runs whatever it says): token auth on for every ray
     command, a token made before the head starts, the head in the foreground and stopped by its own pid."""
@@ -76,8 +89,9 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     carries no traceback and no advice to disable auth, and the head's processes are gone after its kill."""
     data_root = resolve_data_root("cifar10", None)
     gcs, dash = free_port(), free_port()
-    recipe = (readme_recipe().replace("6379", str(gcs)).replace("8265", str(dash))
-              .replace("/data/cifar10", str(data_root)))
+    # docs/own-loss.md's job (a user loss, by file) goes to the same head, after the recipe's own job
+    recipe = readme_recipe().replace("\nkill $HEAD_PID", "\n" + own_loss_job() + "kill $HEAD_PID", 1)
+    recipe = recipe.replace("6379", str(gcs)).replace("8265", str(dash)).replace("/data/cifar10", str(data_root))
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -90,7 +104,7 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     finally:  # a recipe that failed half-way leaves its head running: stop it (only it: by its own port)
         subprocess.run(["pkill", "-TERM", "-f", f"ray start --head .*--port {gcs} "], capture_output=True)
     log = job.stdout + job.stderr
-    assert re.search(r"Job 'raysubmit_\w+' succeeded", log), log[-4000:]
+    assert len(re.findall(r"Job 'raysubmit_\w+' succeeded", log)) == 2, log[-4000:]
     for noise in ("Traceback", "Exception ignored", "AuthenticationError", "RAY_AUTH_MODE=disabled"):
         assert noise not in log, log[-6000:]
     token = (home / ".ray" / "auth_token").stat()  # the recipe's token, made in the fresh home, its owner's only
@@ -108,6 +122,17 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     trials = [r for r in runs if "trial_id" in r.data.tags]
     assert len(trials) == 4 and all(r.info.status == "FINISHED" and "eval/knn_top1" in r.data.metrics
                                    for r in trials)
+
+    # The user loss's study: its file found in the job's copy of the checkout, trained by the head's trials
+    own = home / "dcl-cluster" / "own-loss"
+    rows = read_table(summary_dir(own, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert {r["series"] for r in rows} == {"dcl", "PositiveWeighted"}
+    client = MlflowClient(tracking_uri=f"sqlite:///{own / 'mlflow.db'}")
+    mine = [r for r in client.search_runs([client.get_experiment_by_name("temperature_sweep").experiment_id])
+            if r.data.tags.get("dcl.loss.source")]
+    assert len(mine) == 2 and all(r.data.tags["dcl.loss.source"].endswith("docs/examples/my_losses.py") and
+                                  r.data.params["loss.params"] == '{"positive_weight": 0.5}' for r in mine)
 
     # What MLflow's UI reads (a server's REST API): the study is one parent run, its trials nested beneath it.
     port = free_port()
