@@ -478,6 +478,27 @@ def test_a_sweep_of_any_key_asks_your_claim_of_your_loss_until_resolved(tmp_path
     assert (summary / "table.txt").read_text() == table
 
 
+def test_the_batch_study_asks_its_two_questions_of_your_loss_against_dcl(tmp_path, ray_head):
+    """docs/own-loss.md's batch command (--compare with the example loss): the batch study's two statistics asked of
+    PositiveWeighted against DCL, in the claim's words the page shows, with no paper's value beside them, and the
+    summary run's tags saying the same."""
+    out = tmp_path / "b"
+    proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--losses",
+                         "docs/examples/my_losses.py:PositiveWeighted,dcl", "--compare", "PositiveWeighted,dcl",
+                         head=ray_head), env=ray_head.env)
+    rows = read_table(summary_dir(out, "batch_size_sweep") / "results.parquet")
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    table = (summary_dir(out, "batch_size_sweep") / "table.txt").read_text()
+    words = ("supports the claim", "contradicts the claim", "not resolved")
+    claims = ("PositiveWeighted beats dcl at the smallest batch", "PositiveWeighted's gain over dcl shrinks as batch "
+              "grows")
+    lines = [line for line in table.splitlines() if line.startswith(claims)]
+    assert len(lines) == 2 and all(line.split(": ", 1)[1].split(" — ")[0] in words for line in lines), table[-3000:]
+    assert all(line in proc.stdout and "(your claim, not the paper's" in line for line in lines)
+    _, _, (parent, *_) = runs_of(out, "batch_size_sweep")
+    assert sorted(parent.data.tags[f"verdict_{i}_line"] for i in (0, 1)) == sorted(lines)
+
+
 def test_a_loss_module_only_the_driver_has_travels_to_the_cluster_with_the_study(tmp_path, ray_head):
     """A study attached to a cluster (the suite's head, as --address) with a loss named by module, which only the
     driver's PYTHONPATH holds: Ray's py_modules ships it, and the trials import the shipped copy (its file lies in
