@@ -97,6 +97,32 @@ def test_a_ctrl_c_swallowed_inside_an_import_is_raised_again(tmp_path: Path) -> 
     assert time.monotonic() - sent < 20 * stop_signals.REDELIVER_S  # not after the module's 60 s
 
 
+def test_a_ctrl_c_python_could_only_print_leaves_the_console_to_the_stop(tmp_path: Path) -> None:
+    """Issue reproduction (seen in a full run): a Ctrl-C landing in ``import ray`` while its Cython core set itself
+    up became "Exception ignored in: <module 'collections.abc'> ... KeyboardInterrupt" and Cython's RuntimeWarning
+    "failed to patch module" (at <frozen importlib._bootstrap>), printed above the study's one line. Planted here:
+    the stop raised inside a ``__del__`` (Python can only print it), then the warning an import cut short gives."""
+    (tmp_path / "cut_short.py").write_text(textwrap.dedent("""
+        import time, warnings
+        class Slow:
+            def __del__(self):
+                open("ready", "w").close()
+                time.sleep(30)
+        Slow()
+        warnings.warn_explicit("module failed to patch module with custom type", RuntimeWarning,
+                               "<frozen importlib._bootstrap>", 241, module="importlib._bootstrap")
+        time.sleep(30)
+    """))
+    proc = _block(tmp_path, "import cut_short")
+    try:
+        _wait_for(lambda: (tmp_path / "ready").exists(), timeout=60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=STOPPED_WITHIN_S)
+    finally:
+        proc.kill()
+    assert out.strip() == "stopped SIGINT" and err == "", out + err
+
+
 # ---- a real study ------------------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,10 @@ things used to swallow or mistranslate an early signal, each handled here:
   weakref callbacks Python prints it as "Exception ignored" and goes on, and a third-party ``except:`` around an
   optional import drops it (measured: 2 of 10 Ctrl-Cs during ``import torch``). Once a stop is asked for, it is
   therefore raised again every :data:`REDELIVER_S` seconds until the command line has caught it (:meth:`Stop.caught`)
-  or Tune's graceful stop has taken it over.
+  or Tune's graceful stop has taken it over. What Python could only print of it (its "Exception ignored ...
+  KeyboardInterrupt" through ``sys.unraisablehook``) and the RuntimeWarning an extension module's import cut short
+  gives (Cython's "failed to patch module", at ``<frozen importlib._bootstrap>``) stay off the console once a stop
+  is asked for: the stop's one line says what happened.
 - ``ray.init`` replaces the SIGTERM handler with Ray's own ``sys.exit(15)`` for its duration (the study exited 15
   with no message). :func:`keep_stop_signals` restores the study's handlers after ``ray.init`` and turns a
   ``SystemExit`` out of it (only Ray's SIGTERM handler raises one there) into the study's SIGTERM.
@@ -34,6 +37,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -60,6 +64,9 @@ class Stop:
         the one raised before is being handled: its ``except`` or a ``finally`` on its way out)."""
         if self._caught.is_set() or (self._asked.is_set() and isinstance(sys.exc_info()[1], KeyboardInterrupt)):
             return
+        if not self._asked.is_set():
+            # an import this stop cuts short may warn (an extension module's init): the stop's line says it all
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"importlib\._bootstrap")
         self._asked.set()
         if self._watch is None:
             self._watch = threading.Thread(target=self._redeliver, name="stop-redelivery", daemon=True)
@@ -74,6 +81,14 @@ class Stop:
             handler(signal.SIGINT, frame)
             return
         self.on_sigint(signum, frame)
+
+    def unraisable(self, unraisable: Any, previous: Any) -> None:
+        """``sys.unraisablehook`` while the block runs: a KeyboardInterrupt of an asked-for stop that Python could
+        only print (raised in a ``__del__`` or a weakref callback) is dropped, since it is raised again
+        (:meth:`_redeliver`); anything else goes to the previous hook."""
+        if self._asked.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
 
     def caught(self) -> None:
         """The command line has the stop (or the block ended): no more re-delivery. After a stop, torch's
@@ -105,10 +120,15 @@ def stop_signals() -> Iterator[Stop]:
         return
     before_int = signal.signal(signal.SIGINT, stop.on_sigint)
     before_term = signal.signal(signal.SIGTERM, stop.on_sigterm)
+    before_hook, before_filters = sys.unraisablehook, list(warnings.filters)
+    sys.unraisablehook = lambda unraisable: stop.unraisable(unraisable, before_hook)
     try:
         yield stop
     finally:
         stop.caught()
+        sys.unraisablehook = before_hook
+        # the filter a stop adds (Stop.on_sigint) ends with the block; a list at run time, a Sequence to typeshed
+        warnings.filters[:] = before_filters  # type: ignore[index]
         _restore(before_int, before_term)
 
 
