@@ -49,12 +49,14 @@ def request_token_auth() -> None:
         os.environ.setdefault(AUTH_MODE, "token")
 
 
+def _token_file() -> Path:
+    """The token file Ray reads without ``RAY_AUTH_TOKEN``: ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``."""
+    return Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+
+
 def token_at_hand() -> bool:
-    """Whether this process has a Ray token to send: ``RAY_AUTH_TOKEN``, or the file ``RAY_AUTH_TOKEN_PATH`` names,
-    or ``~/.ray/auth_token`` (where Ray looks, in that order)."""
-    if os.environ.get(AUTH_TOKEN):
-        return True
-    return Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token").is_file()
+    """Whether this process has a Ray token to send: ``RAY_AUTH_TOKEN``, or the token file (:func:`_token_file`)."""
+    return bool(os.environ.get(AUTH_TOKEN)) or _token_file().is_file()
 
 
 def request_token_auth_to_attach() -> None:
@@ -81,7 +83,7 @@ def protect_token_file() -> None:
     folder any other user could read the cluster's password. Only a file of this user is touched."""
     if os.environ.get(AUTH_TOKEN):
         return
-    path = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    path = _token_file()
     try:  # the file itself, never what a link there points to (that may be anyone's file, anywhere)
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError:  # no token file (auth disabled, or the token in the environment), a link, or not readable
