@@ -2,20 +2,10 @@
 
 :func:`export` writes the backbone's weights (no projection head, no optimizer) as a plain state dict in a
 weights-only torch file, and beside it ``backbone.json``: what it is (architecture, width, stem, data, image size,
-epochs, loss, τ, the last kNN top-1) and, for a ResNet-18/50 at width 1, how to load it into torchvision's own
-model without this package, with torchvision's parameter names::
-
-    import json, torch, torchvision
-    meta = json.load(open("backbone.json"))
-    model = getattr(torchvision.models, meta["arch"])()
-    if meta["stem"] == "cifar":  # CIFAR stem: a 3x3 stride-1 first convolution and no max-pool
-        model.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        model.maxpool = torch.nn.Identity()
-    model.fc = torch.nn.Identity()
-    model.load_state_dict(torch.load("backbone.pt", weights_only=True), strict=True)
-
-Other widths load into this package's own backbone (:func:`dcl_core.models.build_backbone`). Inputs are normalized
-with the dataset's mean and std, also in the JSON.
+epochs, loss, τ, the last kNN top-1) and whether torchvision's own model loads it (``torchvision_compatible``: a
+ResNet-18/50 at width 1). docs/evaluation.md gives the two loading recipes, torchvision's model at width 1 and
+:func:`dcl_core.models.build_backbone` at any width; ``tests/training/test_export.py`` runs both as written. Inputs
+are normalized with the dataset's mean and std, also in the JSON.
 
 Where the two files go is checked before the checkpoint is read (:func:`check_destination`): each a new path or a
 regular file, never a link, a device, a FIFO or the checkpoint itself, and the weights never named ``.json`` (their
@@ -126,10 +116,12 @@ def _os_error(err: BaseException | None) -> OSError | None:
 
 def describe(meta: dict[str, Any]) -> str:
     """One line of what an export is and what loads it, e.g. ``resnet18 x1 (cifar stem), 1 epoch of dcl at tau 0.5,
-    kNN 12.5%; torchvision's own model loads it``."""
+    kNN 12.5%; torchvision's own model loads it (recipes: docs/evaluation.md)``."""
     epochs = f"{meta['epochs']} epoch{'' if meta['epochs'] == 1 else 's'}"
     knn = f", kNN {meta['knn_top1']:.1f}%" if meta.get("knn_top1") is not None else ""
-    how = "torchvision's own model loads it" if meta["torchvision_compatible"] else "dcl_core's backbone loads it"
+    how = ("torchvision's own model loads it" if meta["torchvision_compatible"]
+           else "dcl_core.models.build_backbone loads it, not torchvision's model")
+    how += " (recipes: docs/evaluation.md)"
     return (f"{meta['arch']} x{meta['width']:g} ({meta['stem']} stem), {epochs} of {meta['loss']} at tau "
             f"{meta['temperature']:g}{knn}; {how}")
 

@@ -1,7 +1,7 @@
 """``python -m dcl_core.export``: a checkpoint's encoder as a plain state dict that torchvision's own ResNet-18 loads
-with ``strict=True`` by the recipe in the module's docstring, giving the project's features to 1e-5 on real images;
-other widths are described as the project's own; bad input exits 2 in one line, a place the files must not go
-(a device, a FIFO, a link, the checkpoint, weights named .json) before the checkpoint is read."""
+at width 1, and dcl_core's own backbone at any width, each with ``strict=True`` by docs/evaluation.md's recipe as
+written, giving the project's features to 1e-5 on real images; bad input exits 2 in one line, a place the files
+must not go (a device, a FIFO, a link, the checkpoint, weights named .json) before the checkpoint is read."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import dcl_core.training.backbone_export as export_module
 from dcl_core.config import apply_overrides, from_flat_dict, preset, to_flat_dict
 from dcl_core.data import EvalTransform, load_dataset, normalization_for, resolve_data_root
 from dcl_core.export import main
 from dcl_core.training import train
-from dcl_core.training.backbone_export import export
+from dcl_core.training.backbone_export import describe, export
 from dcl_core.training.builders import build_model
 from dcl_core.training.checkpoint import load_checkpoint, save_checkpoint
 
@@ -34,6 +33,45 @@ def _trained(tmp_path: Path, width: float) -> Path:
     return tmp_path / f"run{width:g}" / "checkpoint.pt"
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _recipe(title: str) -> str:
+    """The python block of docs/evaluation.md whose first line is the comment ``# {title}``, unindented."""
+    page = (REPO / "docs" / "evaluation.md").read_text()
+    blocks = re.findall(r"\n *```python\n(.*?)\n *```", page, flags=re.S)
+    (block,) = [b for b in blocks if b.lstrip().startswith(f"# {title}")]
+    lines = block.splitlines()
+    indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
+    return "\n".join(line[indent:] for line in lines)
+
+
+def _load_as_documented(title: str, out: Path) -> torch.nn.Module:
+    """Run the documented recipe as a reader would paste it, in the export's folder; its ``model``."""
+    scope: dict = {}
+    cwd = Path.cwd()
+    try:
+        os.chdir(out.parent)
+        exec(_recipe(title), scope)  # the documented recipe itself
+    finally:
+        os.chdir(cwd)
+    return scope["model"].eval()
+
+
+def _same_features(checkpoint: Path, model: torch.nn.Module, dim: int) -> None:
+    """``model`` gives the checkpoint's backbone features on 40 real CIFAR-10 test images, to 1e-5."""
+    state = load_checkpoint(checkpoint)
+    ours = build_model(from_flat_dict(state["config"]))
+    ours.load_state_dict(state["model"])
+    ours.eval()
+    images = load_dataset("cifar10", "test", per_class=4, seed=0).images  # 40 real test images, uint8
+    x = EvalTransform(32, *normalization_for("cifar10"))(images)  # (40, 3, 32, 32) normalized
+    with torch.no_grad():
+        expected, got = ours.backbone(x), model(x)
+    assert got.shape == expected.shape == (40, dim)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
 @needs_data
 def test_torchvision_loads_the_export_strictly_and_gives_the_same_features(tmp_path: Path) -> None:
     checkpoint = _trained(tmp_path, 1.0)
@@ -42,38 +80,23 @@ def test_torchvision_loads_the_export_strictly_and_gives_the_same_features(tmp_p
     assert meta == json.loads(out.with_suffix(".json").read_text())
     assert meta["arch"] == "resnet18" and meta["torchvision_compatible"] and meta["stem"] == "cifar"
     assert meta["feature_dim"] == 512 and meta["epochs"] == 1 and meta["loss"] == "dcl"
-
-    # the docstring's recipe, as a reader would paste it (in the export's folder)
-    recipe = re.search(r"::\n\n((?:    .*\n|\n)+)", export_module.__doc__ or "")
-    assert recipe is not None
-    code = "\n".join(line[4:] for line in recipe[1].splitlines())
-    scope: dict = {}
-    cwd = Path.cwd()
-    try:
-        os.chdir(out.parent)
-        exec(code, scope)  # the documented recipe itself
-    finally:
-        os.chdir(cwd)
-    tv_model = scope["model"].eval()
-
-    state = load_checkpoint(checkpoint)
-    ours = build_model(from_flat_dict(state["config"]))
-    ours.load_state_dict(state["model"])
-    ours.eval()
-    images = load_dataset("cifar10", "test", per_class=4, seed=0).images  # 40 real test images, uint8
-    x = EvalTransform(32, *normalization_for("cifar10"))(images)  # (40, 3, 32, 32) normalized
-    with torch.no_grad():
-        expected, got = ours.backbone(x), tv_model(x)  # (40, 512) each
-    assert got.shape == expected.shape == (40, 512)
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+    model = _load_as_documented("torchvision's own model (width 1)", out)
+    assert type(model).__module__ == "torchvision.models.resnet"  # torchvision's, not this package's
+    _same_features(checkpoint, model, 512)
 
 
 @needs_data
-def test_another_width_is_described_as_the_projects_own_backbone(tmp_path: Path) -> None:
-    meta = export(_trained(tmp_path, 0.125), tmp_path / "b.pt")
+def test_another_width_loads_into_the_projects_backbone_as_documented(tmp_path: Path) -> None:
+    """The width the CPU studies train (what `study export --best` of the default study gives): torchvision's model
+    refuses it, the documented builder recipe loads it strictly with the same features."""
+    checkpoint = _trained(tmp_path, 0.125)
+    out = tmp_path / "export" / "backbone.pt"
+    meta = export(checkpoint, out)
     assert not meta["torchvision_compatible"] and meta["width"] == 0.125 and meta["feature_dim"] == 64
-    weights = torch.load(tmp_path / "b.pt", weights_only=True)
-    assert all(isinstance(v, torch.Tensor) for v in weights.values()) and "conv1.weight" in weights
+    assert "dcl_core.models.build_backbone loads it" in describe(meta)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # why the JSON says torchvision_compatible: false
+        _load_as_documented("torchvision's own model (width 1)", out)
+    _same_features(checkpoint, _load_as_documented("dcl_core's backbone (any width)", out), 64)
 
 
 def test_a_missing_or_foreign_checkpoint_exits_2_in_one_line(tmp_path: Path, capsys) -> None:
