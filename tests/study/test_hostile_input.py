@@ -345,6 +345,13 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
     other = replace(ran, resume=True, command={"script": "batch_size_sweep"})
     with pytest.raises(ConfigError, match=r"was run by studies/temperature_sweep\.py, not studies/batch_size_sweep"):
         _prepare_output(spec, other, tune_experiments(spec), [str(tmp_path / "ray_results" / "s")])
+    # a copy of the same script (its own grid, the same name): told apart by the file that ran
+    copy = replace(ran, resume=True, command={"script": "temperature_sweep", "script_path": "/home/me/my_sweep.py"})
+    with pytest.raises(ConfigError, match=r"was run by studies/temperature_sweep\.py, not /home/me/my_sweep\.py"):
+        _prepare_output(spec, copy, tune_experiments(spec), [str(tmp_path / "ray_results" / "s")])
+    elsewhere = {"script": "temperature_sweep", "script_path": "/another/clone/studies/temperature_sweep.py"}
+    _prepare_output(spec, replace(ran, resume=True, command=elsewhere), tune_experiments(spec),
+                    [str(tmp_path / "ray_results" / "s")])  # the same script in another checkout: resumed
 
 
 @pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)

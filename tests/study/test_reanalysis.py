@@ -12,6 +12,7 @@ import pytest
 
 from dcl_core.study.cli.answer_command import answer_main as main
 from dcl_core.study.execution.reanalysis import read_rows
+from dcl_core.study.plan.storage import script_origin
 from dcl_core.study.plan.writers import write_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,6 +70,53 @@ def test_a_study_that_cannot_be_reanalysed_does_not_stop_the_others(tmp_path, ca
 def test_a_recorded_script_must_be_one_of_this_checkouts_studies(tmp_path, capsys, script):
     out, _ = _study(tmp_path, command={"script": script})
     assert "is not one of" in _error(capsys, [str(out)])
+
+
+@pytest.mark.parametrize(("path", "origin"), [
+    (None, "studies/temperature_sweep.py"),  # recorded before the path was
+    ("/elsewhere/clone/studies/temperature_sweep.py", "studies/temperature_sweep.py"),  # another checkout's own
+    ("/home/me/exp/temperature_sweep.py", "/home/me/exp/temperature_sweep.py"),  # a copy outside studies/
+    ("/elsewhere/clone/studies/my_sweep.py", "/elsewhere/clone/studies/my_sweep.py"),  # a copy beside the original
+])
+def test_which_script_made_a_study(path, origin):
+    command = {"script": "temperature_sweep", **({"script_path": path} if path else {})}
+    assert script_origin(command) == origin
+    assert script_origin({"preset": "smoke"}) is None and script_origin("damaged") is None
+
+
+def _made_by_a_copy(tmp_path, write=True):
+    """A study whose record says a copy of temperature_sweep.py outside studies/ made it."""
+    copy = tmp_path / "mine" / "my_sweep.py"
+    if write:
+        copy.parent.mkdir()
+        copy.write_text((REPO / "studies" / "temperature_sweep.py").read_text())
+    out, _ = _study(tmp_path, command={"script": "temperature_sweep", "script_path": str(copy), "preset": "smoke"})
+    return out, copy
+
+
+def test_a_study_a_copied_script_made_is_not_reanalysed_by_the_checkouts_script(tmp_path, capsys):
+    """The checkout's studies/temperature_sweep.py would rebuild another grid (and refuse it as another study); the
+    copy named in the outputs is not run unasked (anyone who can write the folder could name any file): one line
+    saying how to name it."""
+    out, copy = _made_by_a_copy(tmp_path)
+    err = _error(capsys, [str(out)])
+    assert err.startswith(f"error: temperature_sweep: made by {copy}, not one of ")
+    assert f"`python -m dcl_core.study answer {out} --name temperature_sweep --script {copy}`" in err
+
+
+def test_a_copied_script_that_is_gone_is_named_as_missing(tmp_path, capsys):
+    out, copy = _made_by_a_copy(tmp_path, write=False)
+    assert f"made by {copy}, not one of" in (err := _error(capsys, [str(out)])) and "that file is missing" in err
+
+
+def test_a_script_named_for_no_study_or_not_a_script_is_refused(tmp_path, capsys):
+    out, _ = _made_by_a_copy(tmp_path)
+    other = tmp_path / "other.py"
+    other.write_text("")
+    assert "no study in" in _error(capsys, [str(out), "--script", str(other)])
+    assert "not a study script" in _error(capsys, [str(out), "--script", str(tmp_path / "missing.py")])
+    assert "not a study script (it defines no build_spec)" in _error(
+        capsys, [str(out), "--name", "temperature_sweep", "--script", str(other)])
 
 
 def test_a_results_file_that_is_not_parquet_is_refused(tmp_path, capsys):

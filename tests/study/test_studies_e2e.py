@@ -562,16 +562,23 @@ def test_uri_storage_and_resume_of_a_study_whose_later_experiment_never_started(
 
 def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path, ray_head):
     """``--seeds 3 --resume`` on a finished 2-seed study: the 2 finished seeds' trials stay as they are (no rerun,
-    one MLflow run each), only seed 2's run, in their own Tune experiment, and the answer counts all 3 seeds."""
+    one MLflow run each), only seed 2's run, in their own Tune experiment, and the answer counts all 3 seeds.
+    The study is a researcher's copy of temperature_sweep.py with its own τ grid (outside studies/): `answer`
+    re-analyses it with the copy once named (--script), never with the checkout's script of the same name."""
     out = tmp_path / "t"
-    run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "-q", head=ray_head), env=ray_head.env)
+    mine = tmp_path / "mine" / "my_sweep.py"
+    mine.parent.mkdir()
+    original = (STUDIES / "temperature_sweep.py").read_text()
+    assert original.count("axis=(0.1, 0.5)") == 1
+    mine.write_text(original.replace("axis=(0.1, 0.5)", "axis=(0.2, 1.0)"))
+    run(study_cmd(mine, out, "--smoke", "--seeds", "2", "-q", head=ray_head), env=ray_head.env)
     first = out / "ray_results" / "temperature_sweep"
     before = {p: p.read_bytes() for p in first.glob("*/result.json")}
     assert len(before) == 8  # 2 losses x 2 τ x 2 seeds
     _, trials, _ = runs_of(out, "temperature_sweep")
     first_runs = {r.info.run_id for r in trials}
 
-    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "3", "--resume", head=ray_head),
+    proc = run(study_cmd(mine, out, "--smoke", "--seeds", "3", "--resume", head=ray_head),
                env=ray_head.env)
     assert "adding seeds 2 to every cell (2 finished seeds kept)" in proc.stdout + proc.stderr
     assert {p: p.read_bytes() for p in first.glob("*/result.json")} == before  # nothing of the first 8 reran
@@ -588,16 +595,25 @@ def test_more_seeds_on_resume_run_only_the_new_seeds(tmp_path, ray_head):
     assert "3 seed(s) per cell" in (summary_dir(out, "temperature_sweep") / "table.txt").read_text()
 
     # A plain --resume (no --seeds) continues with the 3 seeds it has; fewer seeds are refused in one line.
-    again = run(study_cmd("temperature_sweep.py", out, "--smoke", "--resume", "-q", head=ray_head), env=ray_head.env)
+    again = run(study_cmd(mine, out, "--smoke", "--resume", "-q", head=ray_head), env=ray_head.env)
     assert "adding seeds" not in again.stdout + again.stderr
     assert len(runs_of(out, "temperature_sweep")[1]) == 12
-    fewer = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "2", "--resume", head=ray_head),
+    fewer = pyrun.run(study_cmd(mine, out, "--smoke", "--seeds", "2", "--resume", head=ray_head),
                            capture_output=True, text=True, timeout=300, cwd=REPO, env=ray_head.env)
     assert fewer.returncode == 2 and "can add seeds, not drop them" in fewer.stderr, fewer.stderr[-2000:]
-    other = pyrun.run(study_cmd("temperature_sweep.py", out, "--smoke", "--seeds", "4", "--resume",
+    other = pyrun.run(study_cmd(mine, out, "--smoke", "--seeds", "4", "--resume",
                                 "--losses", "dcl", head=ray_head),
                       capture_output=True, text=True, timeout=300, cwd=REPO, env=ray_head.env)
     assert other.returncode == 2 and "its grids changed" in other.stderr, other.stderr[-2000:]
+
+    table = (summary_dir(out, "temperature_sweep") / "table.txt").read_text()
+    assert {r["temperature"] for r in rows} == {0.2, 1.0}  # the copy's grid
+    unasked = pyrun.run([sys.executable, "-m", "dcl_core.study", "answer", str(out), "-q"], capture_output=True,
+                        text=True, timeout=300, cwd=REPO)
+    assert unasked.returncode == 2 and unasked.stderr.count("\n") == 1, unasked.stderr[-2000:]
+    assert f"made by {mine}, not one of" in unasked.stderr and f"--script {mine}`" in unasked.stderr
+    run([sys.executable, "-m", "dcl_core.study", "answer", str(out), "-q", "--script", str(mine)], timeout=300)
+    assert (summary_dir(out, "temperature_sweep") / "table.txt").read_text() == table
 
 
 def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path, ray_head):

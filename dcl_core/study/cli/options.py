@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -142,10 +143,13 @@ class StudyArgs:
     # the sequential design of --until-resolved, once planned: recorded, never given
     design: Mapping[str, int | float | None] | None = _opt(None, None, None, record=True, check=rounds.from_record)
 
-    def record(self, script: str) -> dict[str, Any]:
-        """The ``command`` a study's options record: its script and the recorded options' values."""
+    def record(self, script: str, path: Path | None = None) -> dict[str, Any]:
+        """The ``command`` a study's options record: its script (the name it runs under, and the file that ran with
+        its SHA-256, by which ``answer`` tells a copy from the checkout's own) and the recorded options' values."""
         values = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["record"]}
-        return {"script": script, **values}
+        where = {} if path is None else {"script_path": str(path),
+                                         "script_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        return {"script": script, **where, **values}
 
     @property
     def verbosity(self) -> int:

@@ -74,6 +74,7 @@ class Script:
     presets: tuple[str, ...] = ("smoke", "cpu", "paper")
     defaults: Mapping[str, Any] = field(default_factory=dict)
     extra: tuple[str, ...] = ()  # the options only this script takes (StudyArgs fields declared ``only``)
+    path: Path | None = None  # the file that defines it (recorded, so that `answer` re-analyses with the same)
 
     def build(self, args: StudyArgs, data_root: str | None = None) -> StudySpec:
         """The spec ``args`` describe, validated: the script's spec with its question as description, the
@@ -124,7 +125,7 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
 
     ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``); ``presets`` are the
     study's preset names; ``extra`` the options only this study takes (e.g. the generic sweep's ``key``)."""
-    script = Script(doc, default_name, build_spec, presets, defaults or {}, extra)
+    script = Script(doc, default_name, build_spec, presets, defaults or {}, extra, _defined_in(build_spec))
     parser = build_parser(doc, default_name, presets, extra)
     parser.set_defaults(**script.defaults)
     ns = parser.parse_args(argv)
@@ -185,8 +186,15 @@ def _continued(request: StudyRequest) -> StudyRequest:
     return replace(request, args=replace(a, seeds=seeds, design=recorded.get("design")))
 
 
+def _defined_in(build_spec: SpecBuilder) -> Path | None:
+    """The file of the module that defines ``build_spec``: the study script that called :func:`main`."""
+    module = sys.modules.get(getattr(build_spec, "__module__", ""))
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) and Path(file).is_file() else None
+
+
 def _with_command(options: StudyOptions, script: Script, args: StudyArgs) -> StudyOptions:
-    return replace(options, command=args.record(script.name))
+    return replace(options, command=args.record(script.name, script.path))
 
 
 def _execute(script: Script, request: StudyRequest) -> Any:

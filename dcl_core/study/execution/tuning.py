@@ -54,6 +54,7 @@ from dcl_core.study.plan.storage import (
     OPTUNA_DB,
     atomic_write_text,
     check_no_links,
+    script_origin,
     storage_delete,
     storage_exists,
     storage_join,
@@ -263,11 +264,10 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
     recorded = options_file.exists() or options_file.is_symlink()
     if options.resume and recorded:
         before = read_options(options_file)
-        ran = (before.get("command") or {}).get("script") if isinstance(before.get("command"), dict) else None
-        now = (options.command or {}).get("script")
+        ran, now = script_origin(before.get("command")), script_origin(options.command)
         if ran and now and ran != now:
-            raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by studies/{ran}.py, not "
-                              f"studies/{now}.py; resume it with that script, or give this one another --name")
+            raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by {ran}, not {now}; "
+                              "resume it with that script, or give this one another --name")
         options.check_resume(before)
         added = check_same_study(spec, before.get("spec", {}))
         if seeds:

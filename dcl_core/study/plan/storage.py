@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -242,6 +242,20 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 
 OPTIONS_FILE = "study_options.json"  # a study's options and spec, written by the runner into its summary folder
+
+
+def script_origin(command: Any) -> str | None:
+    """Which script a study's recorded ``command`` says made it: ``studies/<name>.py`` for a checkout's own study
+    script (in whichever checkout it ran, or recorded before the path was), else the recorded path of the file that
+    ran (a copy, or a script of the user's own); None when the record names no script."""
+    if not isinstance(command, dict) or not isinstance(command.get("script"), str):
+        return None
+    name, path = command["script"], command.get("script_path")
+    own = f"studies/{name}.py"
+    if not isinstance(path, str):
+        return own
+    ran = PurePath(path)
+    return own if ran.name == f"{name}.py" and ran.parent.name == "studies" else path
 
 
 def summary_dir(output_dir: Path, study: str) -> Path:
