@@ -126,7 +126,12 @@ def test_dry_run_prints_the_trials_totals_and_an_estimate_and_starts_nothing(dry
     if name == "tau_lr_search":
         assert "Optuna TPE search" in stdout and "loss.temperature ~ log-uniform" in stdout
     if key == "optuna-paper":
-        assert "assumed ImageNet-1K" in stdout and "a run on this machine would stop" in stdout
+        assert "assumed ImageNet-1K" in stdout
+    # the paper preset's default is one GPU a worker, as --help says, and the plan says the same
+    gpus = 1 if argv[-1] == "paper" else 0
+    assert f"1 worker(s) x (1 CPU, {gpus} GPU)" in stdout
+    if gpus and not torch.cuda.is_available():
+        assert "a run on this machine would stop: --gpus-per-worker 1 needs GPUs" in stdout
 
 
 @pytest.mark.slow  # dry_runs (see above)

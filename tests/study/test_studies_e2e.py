@@ -246,7 +246,7 @@ def test_bad_input_exits_2_before_ray_starts(tmp_path):
     ]
 
     if not torch.cuda.is_available():  # a local Ray without GPUs would leave every trial pending forever
-        cases.append((["--gpus-per-worker", "1"], "--gpus-per-worker needs GPUs"))
+        cases.append((["--gpus-per-worker", "1"], "--gpus-per-worker 1 needs GPUs"))
     for args, needle in cases:
         t0 = time.monotonic()
         proc = pyrun.run(

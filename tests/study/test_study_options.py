@@ -93,10 +93,20 @@ def test_the_run_s_options_are_the_command_line_s_of_the_same_name():
     assert own <= set(FIELDS)
     args = StudyArgs(output_dir="o", workers=2, cpus_per_worker=0.5, max_failures=0, asha=True, quiet=True)
     options = options_of(args)
-    assert all(getattr(options, k) == getattr(args, k) for k in own - {"output_dir"})
+    assert all(getattr(options, k) == getattr(args, k) for k in own - {"output_dir", "gpus_per_worker"})
     assert str(options.output_dir) == "o" and options.verbosity == QUIET
     with pytest.raises(ConfigError, match="--output-dir is empty"):
         options_of(StudyArgs(output_dir=" "))
+
+
+@pytest.mark.parametrize(("argv", "gpus"), [([], 0.0), (["--preset", "smoke"], 0.0), (["--preset", "paper"], 1.0),
+                                            (["--preset", "paper", "--gpus-per-worker", "0"], 0.0),
+                                            (["--gpus-per-worker", "0.5"], 0.5)])
+def test_the_paper_preset_plans_one_gpu_a_worker_unless_told_otherwise(argv: list[str], gpus: float):
+    """--help says the paper preset's default is one GPU: the options (and so the dry run's plan) say the same."""
+    parser = build_parser("doc", "temperature_sweep", ("smoke", "cpu", "paper"))
+    assert options_of(args_of(parser.parse_args(argv))).gpus_per_worker == gpus
+    assert "default: 1 with --preset paper" in " ".join(parser.format_help().split())
 
 
 def test_the_calibrate_and_mi_toy_commands_refuse_bad_input_in_one_line(capsys):

@@ -33,6 +33,7 @@ PRESET_HELP = {
     "cpu_long": "a longer CPU protocol that reaches the NPC regime (q_B <= 0.6, under an hour)",
     "paper": "the paper's protocol for a GPU cluster",
 }
+GPU_PRESET = "paper"  # every study's GPU protocol: one GPU per worker unless --gpus-per-worker says otherwise
 WHAT, ROUNDS, WHERE, RESOURCES = "what to run", "seeds until resolved", "where results go", "resources"
 QUESTION = "your own question (docs/own-loss.md): replaces the paper's"
 
@@ -130,7 +131,9 @@ class StudyArgs:
                                   "log each trial's final checkpoint to MLflow")
     workers: int = _opt(1, "--workers", RESOURCES, "DDP workers per trial (TorchTrainer when > 1)")
     cpus_per_worker: float = _opt(1.0, "--cpus-per-worker", RESOURCES, "CPUs per worker; also its torch threads")
-    gpus_per_worker: float = _opt(0.0, "--gpus-per-worker", RESOURCES, "GPUs per worker (paper preset: 1)")
+    gpus_per_worker: float | None = _opt(None, "--gpus-per-worker", RESOURCES,
+                                         "GPUs per worker (default: 1 with --preset paper, the papers' GPU protocol; "
+                                         "else 0)")
     max_concurrent: int | None = _opt(None, "--max-concurrent", RESOURCES, "cap on concurrent trials")
     max_failures: int = _opt(2, "--max-failures", RESOURCES, "retries of a crashed trial")
     address: str | None = _opt(None, "--address", RESOURCES,
@@ -321,8 +324,9 @@ def options_of(args: StudyArgs) -> StudyOptions:
     if not str(args.output_dir).strip():  # Path("") is the current folder
         raise ConfigError("--output-dir is empty; name a folder (default: outputs)")
     same = {f.name for f in dataclasses.fields(StudyOptions)} & {f.name for f in dataclasses.fields(StudyArgs)}
+    gpus = args.gpus_per_worker if args.gpus_per_worker is not None else float(args.preset == GPU_PRESET)
     return StudyOptions(**{k: getattr(args, k) for k in same} | {
-        "output_dir": Path(args.output_dir), "verbosity": args.verbosity})
+        "output_dir": Path(args.output_dir), "verbosity": args.verbosity, "gpus_per_worker": gpus})
 
 
 def request_of(ns: argparse.Namespace, argv: Sequence[str] | None = None) -> StudyRequest:

@@ -102,8 +102,9 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
         if not dry_run:  # what a single run checks before compute, for every trial the study can run
             check_trials_fit(spec, options.workers)
         if options.gpus_per_worker > 0 and not _has_cuda():
-            message = ("--gpus-per-worker needs GPUs, and the local Ray has none (no CUDA device here); "
-                       "submit to a GPU cluster (--address or ray job submit)")
+            message = (f"--gpus-per-worker {options.gpus_per_worker:g} needs GPUs, and the local Ray has none (no "
+                       "CUDA device here); submit to a GPU cluster (--address or ray job submit), or train on this "
+                       "machine's CPUs with --gpus-per-worker 0 (the paper preset's default is 1)")
             if not dry_run:
                 raise ConfigError(message)
             local_problems.append(message)
