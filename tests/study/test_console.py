@@ -114,3 +114,23 @@ def test_a_trial_that_reported_itself_failed_is_counted_failed(monkeypatch, caps
     at(monkeypatch, clock, 5)
     progress.on_trial_complete(0, [], gave_up)
     assert "[1/2] t0  FAILED" in capsys.readouterr().out and progress.failed == 1
+
+
+def test_a_resumed_experiment_counts_the_trials_its_saved_state_holds_finished(monkeypatch, capsys):
+    """Tune restores the callback as its last saved state pickled it (here before any trial had finished): a
+    --resume after a crash with 8 of 16 trials finished printed "0 of 16 trials done" and "[1/16]" for the ninth."""
+    clock = 1_000_000.0
+    at(monkeypatch, clock, 0)
+    # a study's second experiment of 16 trials, after 4 trials of its first; pickled before any of these finished
+    progress = pickle.loads(pickle.dumps(console.ConsoleProgress("s", total=20, done=4, started=clock)))
+    trials = [Finished(i) for i in range(16)]
+    for i, t in enumerate(trials):
+        t.status = "TERMINATED" if i < 8 else "PENDING"  # finished before the crash; to run (or resume)
+    trials[7].last_result = {"diverged": 1.0, "time_total_s": 5.0}
+    progress.on_step_begin(0, trials)
+    assert (progress.done, progress.failed) == (12, 1)
+    start(progress, clock, monkeypatch, 0, 8)
+    finish(progress, clock, monkeypatch, 60, 8)
+    assert "[13/20] t8" in capsys.readouterr().out
+    progress.on_step_begin(1, trials)  # counted once: later steps leave the counts to the trials' own events
+    assert (progress.done, progress.failed) == (13, 1)

@@ -37,8 +37,10 @@ class ConsoleProgress(tune.Callback):
     def __init__(self, name: str, total: int, done: int = 0, verbosity: int = PROGRESS,
                  started: float | None = None) -> None:
         self.name, self.total, self.done, self.verbosity = name, total, done, verbosity
+        self.before = done  # the study's trials finished before this experiment began
         self.started = started or time.time()
         self.failed = 0
+        self._restored = False  # set when Tune restores the callback: its counts are recounted from the trials
         self.running: set[str] = set()
         self._bar: Any = None
         self._watching: float | None = time.time()  # when this callback began watching (reset when unpickled)
@@ -49,7 +51,17 @@ class ConsoleProgress(tune.Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_started_at": {},
-                "_durations": [], "_peak": 0}
+                "_durations": [], "_peak": 0, "_restored": True}
+
+    def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        """Restored by ``--resume`` (Tune unpickles the callback as its last saved state had it, counts included):
+        count the trials Tune's restored state holds finished, before any trial starts (Tune callback)."""
+        if not self._restored:
+            return
+        self._restored = False
+        finished = [t for t in trials if t.status in ("TERMINATED", "ERROR")]
+        self.done = self.before + len(finished)
+        self.failed = sum(t.status == "ERROR" or _failed(t) for t in finished)
 
     def time_left(self, now: float) -> float:
         """Seconds until the experiment's last trial finishes, projected; nan before a trial finished."""
@@ -100,8 +112,7 @@ class ConsoleProgress(tune.Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Count the trial as finished, failed if it diverged or reported itself failed (Tune callback)."""
-        last = trial.last_result or {}
-        self._finished(trial, failed=bool(last.get(M.DIVERGED) or last.get(M.FAILED)))
+        self._finished(trial, failed=_failed(trial))
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         """Count the trial as finished and failed (Tune callback)."""
@@ -134,6 +145,12 @@ class ConsoleProgress(tune.Callback):
             return
         self._last_line = now
         print(f"{line}  {self._clock(now)}", flush=True)
+
+
+def _failed(trial: Any) -> bool:
+    """Whether a finished trial diverged or reported itself failed."""
+    last = trial.last_result or {}
+    return bool(last.get(M.DIVERGED) or last.get(M.FAILED))
 
 
 def trial_line(trial: Any, failed: bool) -> str:
