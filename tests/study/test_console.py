@@ -85,13 +85,14 @@ def test_off_a_terminal_a_status_line_comes_every_minute_while_no_trial_finishes
     at(monkeypatch, clock, 0)
     progress = console.ConsoleProgress("temperature_sweep", total=8, started=clock)
     start(progress, clock, monkeypatch, 3, 0)
-    for t in (30, 59):
+    assert capsys.readouterr().out.count("0 of 8 trials done, 1 running") == 1  # the first start's line
+    for t in (30, 62):
         at(monkeypatch, clock, t)
         progress.on_step_end(0, [])
     assert capsys.readouterr().out == ""
-    at(monkeypatch, clock, 61)
+    at(monkeypatch, clock, 64)
     progress.on_step_end(0, [])
-    assert capsys.readouterr().out == ("temperature_sweep: 0 of 8 trials done, 1 running, 0 failed  (1.0 min elapsed, "
+    assert capsys.readouterr().out == ("temperature_sweep: 0 of 8 trials done, 1 running, 0 failed  (1.1 min elapsed, "
                                        "time left: after the first trial)\n")
     finish(progress, clock, monkeypatch, 100, 0)
     at(monkeypatch, clock, 150)
@@ -134,3 +135,19 @@ def test_a_resumed_experiment_counts_the_trials_its_saved_state_holds_finished(m
     assert "[13/20] t8" in capsys.readouterr().out
     progress.on_step_begin(1, trials)  # counted once: later steps leave the counts to the trials' own events
     assert (progress.done, progress.failed) == (13, 1)
+
+
+def test_off_a_terminal_the_study_speaks_before_ray_starts_and_when_its_first_trial_starts(monkeypatch, capsys):
+    """With the output going to a file, the first line used to come after the first trial finished, or a minute
+    later (two minutes of silence at the CPU defaults)."""
+    clock = 1_000_000.0
+    at(monkeypatch, clock, 0)
+    console.starting("s", 40, console.PROGRESS, resume=False)
+    console.starting("s", 40, console.QUIET, resume=True)  # -q: nothing until the answer
+    assert capsys.readouterr().out == ("s: 40 trials; starting Ray, then a line per finished trial and a status line "
+                                       "every minute\n")
+    progress = console.ConsoleProgress("s", total=40, started=clock)
+    start(progress, clock, monkeypatch, 20, 0)
+    assert capsys.readouterr().out.startswith("s: 0 of 40 trials done, 1 running, 0 failed  (0.3 min elapsed")
+    start(progress, clock, monkeypatch, 21, 1)  # the first start only
+    assert capsys.readouterr().out == ""

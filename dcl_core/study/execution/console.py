@@ -24,6 +24,16 @@ __all__ = ["PROGRESS", "QUIET", "VERBOSE", "ConsoleProgress"]
 STATUS_EVERY_S = 60.0  # off a terminal, a plain status line this often while no trial finishes
 
 
+def starting(name: str, total: int, verbosity: int, resume: bool) -> None:
+    """The study's first line, before Ray starts (the first trial may take minutes to finish): what it runs, and
+    that a line per finished trial follows (nothing with ``-q``)."""
+    if verbosity != PROGRESS:
+        return
+    kept = " (resumed: its finished trials are kept)" if resume else ""
+    print(f"{name}: {total} trial{'' if total == 1 else 's'}{kept}; starting Ray, then a line per finished trial"
+          f"{'' if sys.stderr.isatty() else ' and a status line every minute'}", flush=True)
+
+
 class ConsoleProgress(tune.Callback):
     """Progress of one Tune experiment of a study: ``done`` trials of the study finished before it started,
     ``total`` in the whole study, which started at ``started`` (``time.time()``).
@@ -48,10 +58,11 @@ class ConsoleProgress(tune.Callback):
         self._durations: list[float] = []  # seconds of each trial it saw finish
         self._peak = 0  # the most trials it saw running at once
         self._last_line = time.time()  # when it last printed a line
+        self._first_start = True  # off a terminal, the first trial's start gets a status line at once
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_started_at": {},
-                "_durations": [], "_peak": 0, "_restored": True}
+                "_durations": [], "_peak": 0, "_restored": True, "_first_start": True}
 
     def on_step_begin(self, iteration: int, trials: list[Any], **info: Any) -> None:
         """Restored by ``--resume`` (Tune unpickles the callback as its last saved state had it, counts included):
@@ -100,12 +111,18 @@ class ConsoleProgress(tune.Callback):
         self._started_at[trial.trial_id] = now
         self._peak = max(self._peak, len(self.running))
         self._refresh()
+        if self._first_start and self.verbosity == PROGRESS and self.bar is None:
+            self._status(now)
+        self._first_start = False
 
     def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
         """Off a terminal, a status line when none was printed for :data:`STATUS_EVERY_S` (Tune callback)."""
         now = time.time()
         if self.verbosity != PROGRESS or self.bar is not None or now - self._last_line < STATUS_EVERY_S:
             return
+        self._status(now)
+
+    def _status(self, now: float) -> None:
         self._last_line = now
         print(f"{self.name}: {self.done} of {self.total} trials done, {len(self.running)} running, {self.failed} "
               f"failed  {self._clock(now)}", flush=True)

@@ -174,6 +174,7 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
         if options.resume:
             _check_restorable([u for u in (storage_join(storage, e.name) for e in exps) if storage_exists(u)])
 
+        console.starting(spec.name, sum(_trials_of(spec, e) for e in exps), options.verbosity, options.resume)
         if local:  # what a driver killed by kill -9 or the OOM killer left of this study's own Ray
             ray_session.end_dead_session(options.output_dir, spec.name)
         modules = ray_env.user_modules([name for name, _, _ in spec.loss_sources])
