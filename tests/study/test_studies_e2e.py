@@ -78,6 +78,11 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert "[4/4] " in proc.stdout and "Trial status" not in proc.stdout and "Configuration for experiment" not in (
         proc.stdout) and "Traceback" not in proc.stderr
     assert len(proc.stdout.splitlines()) + len(proc.stderr.splitlines()) < 60
+    # off a terminal: a first line before Ray starts, a status line as the first trial starts (no long silence)
+    first, second = proc.stdout.splitlines()[:2]
+    assert first == ("temperature_sweep: 4 trials; starting Ray, then a line per finished trial and a status line "
+                     "every minute")
+    assert second.startswith("temperature_sweep: 0 of 4 trials done, ")
     # The Table-18-shaped table, the plot and the experiment name are printed.
     assert "tau" in proc.stdout and "Std" in proc.stdout and "infonce" in proc.stdout and "dcl" in proc.stdout
     assert "temperature_sweep.png" in proc.stdout and "experiment 'temperature_sweep'" in proc.stdout
