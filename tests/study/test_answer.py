@@ -3,12 +3,13 @@ line, the paper beside ours, the metrics and tags for the summary run (pure, no 
 
 import math
 import random
+import re
 import statistics
 
 import pytest
 
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
-from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, format_answer
+from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, figure_note, format_answer
 from dcl_core.study.analysis.intervals import collect
 from dcl_core.study.analysis.measures import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
 from dcl_core.study.analysis.paper import paper_claim
@@ -70,6 +71,16 @@ def test_a_null_that_excludes_the_papers_size_rules_it_out_and_a_given_effect_of
     (w,) = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [inside], paper="temperature_sweep").verdicts
     assert w.words is VerdictWord.NOT_RESOLVED and w.delta == pytest.approx(v.estimate.hi / 2)
     assert "(--effect-of-interest)" in w.line() and w.paper_value == v.paper_value  # the paper's still printed
+
+
+def test_the_figure_states_the_verdict_s_numbers_as_its_line_rounds_them():
+    """The study's figure said "Δstd -0.0" where the console's verdict line said -0.05: one rounding everywhere."""
+    a = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [FLATTER], paper="temperature_sweep")
+    (v,) = a.verdicts
+    numbers = re.search(r"Δstd ([-+]\d\.\d\d), 95% CI \[([-+]\d\.\d\d), ([-+]\d\.\d\d)\]", v.line())
+    assert numbers is not None, v.line()
+    assert figure_note(v) == (f"DCL flatter across τ than InfoNCE: Δstd {numbers[1]}, 95% CI [{numbers[2]}, "
+                              f"{numbers[3]}], rules out the paper's size")
 
 
 def test_a_group_sequential_look_rules_out_by_its_futility_bound_and_says_which_bound():

@@ -204,18 +204,7 @@ class Verdict:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
         [−0.90, +2.10] (paper: +1.38 over tau 0.07, 0.2, 0.5, 1; ...)``; a verdict that rules out δ says so:
         ``…: rules out the paper's size — no effect as large as the paper's +1.38 at this scale: Δstd …``."""
-        e = self.estimate
-        if e.has_interval:
-            value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
-        elif math.isnan(e.estimate):
-            value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
-        elif e.n < 2:
-            value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
-        elif math.isinf(e.lo) or math.isinf(e.hi):  # a sequential design's early look: a tail past float precision
-            value = (f"{self.question.label} {e.estimate:+.2f}, no finite interval at this look (the sequential "
-                     f"design's bound at {e.n} seeds per cell is beyond any t quantile; its later looks are wider)")
-        else:  # intervals.t_interval: the seeds' values were identical
-            value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
+        e, value = self.estimate, self.value_text()
         if self.words is VerdictWord.RULES_OUT and self.delta is not None:
             whose = "the effect of interest" if self.delta_given else "the paper's"
             bound = ""
@@ -228,6 +217,23 @@ class Verdict:
                  if self.delta_given and self.delta is not None else "")
         source = self.paper.text if self.question.own else f"paper: {self.paper.text}"
         return f"{self.question.claim}{scope}: {self.phrase()} — {value} ({source}{given})"
+
+    def value_text(self) -> str:
+        """The statistic, its estimate and interval as every place that states the verdict writes them (its line,
+        the study's figure, MLflow), e.g. ``Δstd -0.05, 95% CI [-1.30, +1.21]``: one rounding everywhere."""
+        e = self.estimate
+        if e.has_interval:
+            value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"
+        elif math.isnan(e.estimate):
+            value = f"{self.question.label} not measurable (a cell it needs has no finished trial)"
+        elif e.n < 2:
+            value = f"{self.question.label} {e.estimate:+.2f}, no interval (n = {e.n} seed per cell)"
+        elif math.isinf(e.lo) or math.isinf(e.hi):  # a sequential design's early look: a tail past float precision
+            value = (f"{self.question.label} {e.estimate:+.2f}, no finite interval at this look (the sequential "
+                     f"design's bound at {e.n} seeds per cell is beyond any t quantile; its later looks are wider)")
+        else:  # intervals.t_interval: the seeds' values were identical
+            value = f"{self.question.label} {e.estimate:+.2f}, no interval (its {e.n} seeds gave identical values)"
+        return value
 
     def power_line(self) -> str | None:
         """How many seeds per cell would resolve the observed effect at the observed spread (unresolved only)."""
