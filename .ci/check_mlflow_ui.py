@@ -16,7 +16,10 @@ downloaded). It checks, each in a fresh browser profile unless said otherwise:
    (per series where a study's series split a loss, EqCo's framework × α; no colour shared between losses);
    clicking the study's run in the runs table opens its page, with the verdict and the study's plot (embedded in
    its description, loaded from its artifacts);
-3. docs/outputs.md's clicks from the experiment list: click the experiment (MLflow 3.17 opens it in GenAI mode in a
+3. the ``answer:`` URL the study printed opens its summary run's page, whose description shows, each line whole in
+   the window (legible, not cut): the verdict lines in full, the cells' table (each cell's mean and 95% interval,
+   in x order) and the study's figure;
+4. docs/outputs.md's clicks from the experiment list: click the experiment (MLflow 3.17 opens it in GenAI mode in a
    new browser profile, whatever the experiment's kind), click "Model training" in the sidebar (the browser
    remembers it), which shows the runs; back to the list and into the experiment again, which now opens on the
    runs; then "Views" → the study's view, which groups the trials into cells.
@@ -52,6 +55,8 @@ from dcl_core.study.tracking.mlflow_view import (
     read_tag,
     view_query,
 )
+from dcl_core.study.tracking.notes import verdict_lines
+from dcl_core.study.tracking.runs import run_page
 
 TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a while
 
@@ -111,6 +116,8 @@ class Answer:
     summary_run: str
     colours: dict[str, set[str]]  # loss -> its runs' mlflow.runColor: one, or one per series of it (EqCo's α)
     trials: int
+    lines: tuple[str, ...] = ()  # the verdict lines, as the study printed them last
+    cells: tuple[str, ...] = ()  # the rows of the cells' table in its description (means and 95% intervals)
 
 
 def logged_answer(client: MlflowClient, exp_id: str) -> Answer | None:
@@ -124,8 +131,28 @@ def logged_answer(client: MlflowClient, exp_id: str) -> Answer | None:
     for r in trials:
         colours.setdefault(r.data.tags.get("loss", ""), set()).add(r.data.tags.get(RUN_COLOR_TAG, ""))
     tags = summary[0].data.tags
+    note = tags.get("mlflow.note.content", "").split("```")
+    cells = tuple(line for line in note[1].strip("\n").splitlines()) if len(note) == 3 else ()
     return Answer(tags["verdict_0"], tags.get("verdict", tags["verdict_0"]), summary[0].info.run_id, colours,
-                  len(trials))
+                  len(trials), tuple(verdict_lines(tags)), cells)
+
+
+def legible(page, needles: list[str]) -> list[str]:
+    """The ``needles`` not shown whole on the page: each must be a visible text's part whose characters lie inside
+    the element that holds them and inside the window (not cut by a column, a scroll box or the window's edge)."""
+    return page.evaluate(
+        """needles => needles.filter(needle => {
+            const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+            let node, at = -1;
+            while ((node = walker.nextNode()) && (at = node.textContent.indexOf(needle)) < 0) {}
+            if (!node) return true;
+            const range = document.createRange();
+            range.setStart(node, at);
+            range.setEnd(node, at + needle.length);
+            const r = range.getBoundingClientRect(), box = node.parentElement.getBoundingClientRect();
+            return !(r.width > 0 && r.left >= box.left - 1 && r.right <= box.right + 1
+                     && r.left >= 0 && r.right <= window.innerWidth);
+        })""", needles)
 
 
 def close_assistant(page) -> None:
@@ -258,6 +285,21 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
                                                        plot.first.element_handle())
             steps.verify(page, "... loaded from the run's artifacts", bool(shown),
                          plot.first.get_attribute("src") if plot.count() else "no image")
+
+            # the answer: URL the study printed, in a new profile: the run page of the study's summary run
+            page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()
+            page.goto(base + run_page(exp_id, answer.summary_run))
+            steps.check(page, f"answer: URL opens the study's run page, its description starting with {needle!r}",
+                        needle, "Run ")
+            close_assistant(page)
+            more = page.get_by_text("Show more", exact=True)
+            if more.count() and more.first.is_visible():
+                more.first.click()
+            cut = legible(page, [*answer.lines, *answer.cells]) if answer.cells else ["no cells' table"]
+            steps.verify(page, f"... legible at a glance: the {len(answer.lines)} verdict line(s) in full and the "
+                         f"cells' table ({len(answer.cells) - 1} rows of means with their 95% intervals), each line "
+                         "whole in the window", not cut, f"not shown whole: {[c[:60] for c in cut]}" if cut else
+                         f"first row {answer.cells[1] if len(answer.cells) > 1 else '-'!r}")
 
             page = browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()  # a new profile
             page.goto(f"{base}/#/experiments")

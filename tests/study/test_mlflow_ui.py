@@ -115,12 +115,20 @@ def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
                     and not os.environ.get("CI"),
                     reason="no chromium (apt-get install chromium) or no playwright (the test extra)")
 def test_readme_clicks_in_a_real_browser(tmp_path):
+    """Every step's screenshot is kept: under .ci/run in .ci-artifacts/mlflow_ui/ (``DCL_CI_ARTIFACTS``), for a
+    person to read the views as a researcher sees them."""
     _study(tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / ".ci" / "check_mlflow_ui.py"), str(tmp_path), "ui_study"],
-                          capture_output=True, text=True, timeout=600)
+    shots = Path(os.environ["DCL_CI_ARTIFACTS"]) / "mlflow_ui" if os.environ.get("DCL_CI_ARTIFACTS") else (
+        tmp_path / "shots")
+    proc = subprocess.run([sys.executable, str(REPO / ".ci" / "check_mlflow_ui.py"), str(tmp_path), "ui_study",
+                           "--screenshots", str(shots)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("ok ") for ln in lines) == 15 and not any(ln.startswith("FAIL") for ln in lines)
+    assert sum(ln.startswith("ok ") for ln in lines) == 17 and not any(ln.startswith("FAIL") for ln in lines)
+    assert len(list(shots.glob("*.png"))) == 17
+    # the answer's page: the verdict line and every cell's mean and interval whole in the window
+    (answer,) = [ln for ln in lines if "legible at a glance" in ln]
+    assert "the 1 verdict line(s) in full and the cells' table (2 rows" in answer, answer
     assert "one colour per loss" in proc.stdout and "the verdict" in proc.stdout  # the steps this test adds
     # the first steps: the printed runs: URL shows the study's verdict in its row, legibly, with no click
     assert lines[0].startswith("ok   1. runs: URL") and "its verdict ('Verdict: " in lines[0], lines[0]

@@ -144,6 +144,8 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert exp.tags["mlflow.note.content"].startswith("Is DCL less sensitive to the temperature τ than InfoNCE?")
     runs = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
     # The runs URL opens the runs view: MLflow's table with the study's row showing its verdict (Description).
+    assert f"answer:  http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{summary[0].info.run_id}\n" in (
+        proc.stdout)  # the summary run's page: the verdict in full, the cells' intervals, the figure
     assert f"runs:    {runs}&viewStateShareKey=dcl_runs\n" in proc.stdout
     assert read_tag(exp.tags["mlflow.sharedViewState.dcl_runs"])[0] == "study: verdict and kNN"
     # The saved view the compare URL opens: the trials grouped into the study's cells, kNN charted against τ.

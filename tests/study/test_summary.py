@@ -95,7 +95,16 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     assert run.data.tags["verdict_0_line"] == outcome.verdicts[0]
     # its description, what MLflow's runs table and run page show: the verdict first, then the study's plot
     note = run.data.tags["mlflow.note.content"]
-    assert note.startswith(f"Verdict: supports the paper\n\n{outcome.verdicts[0]}\n\n")
+    estimate = outcome.verdicts[0].split(" — gap ")[1].split(",")[0]  # as the line rounds it
+    assert note.startswith(f"Verdict: supports the paper, gap {estimate}\n\n{outcome.verdicts[0]}\n\n")
+    # the cells: each mean with its 95% interval, in x order, as table.txt's per-cell table has them
+    block = note.split("```")[1].strip("\n").splitlines()
+    assert block[0].split() == ["batch", "dcl", "infonce", "dcl", "−", "infonce"]
+    assert [r.split()[0] for r in block[1:]] == ["16", "32", "64"]
+    per_cell = text[text.index("Per cell:"):].splitlines()
+    for row in block[1:]:
+        mean_ci = " ".join(row.split()[1:5])  # dcl's "38.0 [36.9, 39.1]"
+        assert any(line.startswith(row.split()[0]) and mean_ci in " ".join(line.split()) for line in per_cell), row
     assert f"(get-artifact?path=batch_study.png&run_uuid={run.info.run_id})" in note
     assert run.data.tags["npc_regime"].startswith("NPC regime")
     m = run.data.metrics
@@ -108,6 +117,8 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
         f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
         "&viewStateShareKey=dcl_runs")  # the runs view: the verdict in the study's row (tracker-written, not masked)
     assert "mlflow.sharedViewState.dcl_runs" in exp.tags
+    # the answer: URL, printed first: the summary run's page, whose description is the note above
+    assert outcome.answer_url == f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
     assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
         a.path for a in client.list_artifacts(run.info.run_id)}
 

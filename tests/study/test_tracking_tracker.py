@@ -81,6 +81,23 @@ def test_the_summary_note_is_the_verdict_then_the_plot():
     assert summary_note([], "", None, "abc123") == ""
 
 
+def test_the_summary_note_shows_the_cells_aligned_and_literal_before_the_plot():
+    rows = [["batch", "dcl", "my`loss|x"], ["16", "38.0 [36.9, 39.1]", "33.0 [31.8, 34.2]"],
+            ["32", "34.0 [33.1, 34.9]", "33.1 (n=1)"]]
+    note = summary_note(["Q: supports the paper"], "supports the paper, gap +5.00", "study.png", "abc123",
+                        ("Per cell: kNN top-1 (%)", rows))
+    paragraphs = note.split("\n\n")
+    assert paragraphs[0] == "Verdict: supports the paper, gap +5.00"
+    assert paragraphs[2].startswith("Per cell: kNN top-1 (%)")
+    assert paragraphs[3].splitlines() == [
+        "```",
+        "batch                dcl          my'loss|x",  # a backtick from a name cannot close the block
+        "16     38.0 [36.9, 39.1]  33.0 [31.8, 34.2]",
+        "32     34.0 [33.1, 34.9]         33.1 (n=1)",
+        "```"]
+    assert paragraphs[4].startswith("![study.png]") and paragraphs[5].startswith("The paper's numbers")
+
+
 def test_verdict_lines_come_in_the_answers_order():
     tags = {f"verdict_{i}_line": f"line {i}" for i in (10, 2, 0, 1)} | {"verdict_0": "w", "verdict": "w"}
     assert verdict_lines(tags) == ["line 0", "line 1", "line 2", "line 10"]

@@ -192,6 +192,35 @@ def verdict_tags(verdicts: Sequence[Verdict]) -> dict[str, str]:
     return tags
 
 
+def cells_table(answer: Answer) -> tuple[str, list[list[str]]]:
+    """The cells as a caption and table rows (the header first; one row per x, ascending), for the summary run's
+    description in MLflow: each series' mean with its 95% t-interval over seeds and each paired gap, as the
+    console's per-cell table rounds them; no rows without a finished cell."""
+    names = list(answer.cells)
+    if not names:
+        return "", []
+    xs = sorted({x for by_x in answer.cells.values() for x in by_x})
+    ns = sorted({e.n for by_x in answer.cells.values() for e in by_x.values()})
+    n_text = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
+    caption = f"Per cell: kNN top-1 (%), mean [95% CI, t over seeds], {n_text} seed(s) per cell; gaps paired by seed"
+    rows = [[answer.x_label, *names, *answer.pairs]]
+    for x in xs:
+        rows.append([fmt_x(x), *(_ci(answer.cells[s][x]) if x in answer.cells[s] else "-" for s in names),
+                     *(_ci(g[x], signed=True) if x in g else "-" for g in answer.pairs.values())])
+    return caption, rows
+
+
+def headline(verdicts: Sequence[Verdict]) -> str:
+    """The answer in the few characters MLflow's runs table shows of a description (its first 50): every verdict's
+    words, and for a single question its estimate as its line rounds it (``rules out the paper's size, Δstd
+    -0.05``)."""
+    words = "; ".join(v.said for v in verdicts)
+    if len(verdicts) == 1 and not math.isnan(verdicts[0].estimate.estimate):
+        v = verdicts[0]
+        words += f", {v.question.label} {v.estimate.estimate:+.2f}"
+    return words
+
+
 def answer_tags(answer: Answer) -> dict[str, str]:
     """Tags for the summary run: each verdict's words and line, and the regime line."""
     return {"npc_regime": answer.regime, **verdict_tags(answer.verdicts)}

@@ -48,6 +48,7 @@ class StudyOutcome:
     tracking_uri: str = ""
     verdicts: list[str] = field(default_factory=list)
     runs_url: str = ""
+    answer_url: str = ""  # the summary run's page: the verdicts in full, the cells' intervals, the figure
     compare_url: str = ""  # the runs page in the study's saved view (cells grouped, kNN and q_B charts)
     answer: str = ""  # the per-cell CIs, the paper, the regime and the verdicts (what -q prints)
     resolved: bool = False  # every question has a verdict other than "not resolved"
@@ -134,10 +135,12 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     rob = report.robustness(shown, x, series=SERIES)
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
-    tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found))
+    tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found),
+                        headline=answer_output.headline(found.verdicts), cells=answer_output.cells_table(found))
     shown_files = [parquet, csv, png, *files[len(stored) + 1:]]
     return StudyOutcome(rows, table, rob, shown_files, spec.name, tracker.tracking_uri,
                         verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs_url(),
+                        answer_url=tracker.run_url(tracker.parent_run_id),
                         compare_url=tracker.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
                         power=[p.strip() for v in found.verdicts if (p := v.power_line())])
 
@@ -199,6 +202,7 @@ def summary_lines(outcome: StudyOutcome) -> Sequence[str]:
         f"plot:    {outcome.files[2]}",
         f"MLflow:  experiment {outcome.experiment!r} at {uri}",
         f"         {browse}",
+        *([f"         answer:  {outcome.answer_url}"] if outcome.answer_url else []),
         f"         runs:    {outcome.runs_url}",
         f"         compare: {outcome.compare_url}",
         "",

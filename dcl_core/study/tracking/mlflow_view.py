@@ -151,7 +151,9 @@ def compare_view(spec: StudySpec) -> SavedView:
         # search facets: the trials only (the summary run, named after the study, holds a hundred summary metrics,
         # each of which would get a chart section; a study name is a plain identifier, so no quote to escape)
         "searchFilter": f"attributes.run_name != '{spec.name}'", "orderByKey": "attributes.start_time",
-        "orderByAsc": False, "startTime": "ALL",
+        # oldest first: a grid's trials start in its order, the swept values ascending, so the cells come in x
+        # order (newest first listed the last τ first)
+        "orderByAsc": True, "startTime": "ALL",
         "lifecycleFilter": "Active", "datasetsFilter": [], "modelVersionFilter": "All Runs",
         # UI state
         "selectedColumns": [_metric_col(M.KNN_TOP1), _metric_col(M.Q_MEAN), _metric_col(M.TRAIN_LOSS),

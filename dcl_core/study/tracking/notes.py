@@ -5,7 +5,7 @@ replay can tell a description a tracker wrote from a planted one (:func:`is_lite
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import quote
 
 from dcl_core.study.tracking.journal import LOCAL_ID
@@ -28,17 +28,34 @@ def is_literal_markdown(text: str) -> bool:
     return literal_markdown(plain) == text
 
 
-def summary_note(verdicts: list[str], words: str = "", plot: str | None = None, run_id: str | None = None) -> str:
+def summary_note(verdicts: list[str], words: str = "", plot: str | None = None, run_id: str | None = None,
+                 cells: tuple[str, Sequence[Sequence[str]]] = ("", ())) -> str:
     """The summary run's description: ``Verdict: <words>`` first (the runs table's Description column shows a
-    line's first 40-odd characters), the verdict lines (what the study prints last), then its plot, embedded from
-    the run's own artifacts (``get-artifact``, relative to the UI, as MLflow's artifact view fetches it)."""
+    description's first 50 characters), the verdict lines (what the study prints last), the cells (``cells``: a
+    caption and table rows, the header first) as an aligned table, then its plot, embedded from the run's own
+    artifacts (``get-artifact``, relative to the UI, as MLflow's artifact view fetches it)."""
     parts = [literal_markdown(f"Verdict: {words}")] if words else []
     parts += [literal_markdown(line) for line in verdicts]
+    caption, rows = cells
+    if rows:
+        parts.append(literal_markdown(caption) + "\n\n" + code_table(rows))
     if plot and run_id and not run_id.startswith(LOCAL_ID):
         parts.append(f"![{literal_markdown(plot)}](get-artifact?path={quote(plot)}&run_uuid={run_id})")
     if parts:
-        parts.append("The cells, the paper's numbers and the NPC regime: table.txt among the artifacts.")
+        parts.append("The paper's numbers and the NPC regime: table.txt among the artifacts." if rows else
+                     "The cells, the paper's numbers and the NPC regime: table.txt among the artifacts.")
     return "\n\n".join(parts)
+
+
+def code_table(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` (the header first) aligned in columns inside a fenced code block, which MLflow's renderer shows
+    monospaced and literally (a markdown table's cells ran together there); a backtick from data becomes ``'``, so
+    nothing can close the block."""
+    cells = [[str(c).replace("`", "'") for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+             for r in cells]
+    return "\n".join(["```", *(line.rstrip() for line in lines), "```"])
 
 
 def verdict_lines(tags: Mapping[str, str]) -> list[str]:

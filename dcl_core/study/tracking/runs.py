@@ -257,9 +257,21 @@ class StudyRuns:
         (:func:`~dcl_core.study.tracking.mlflow_view.view_query`): on a tracking server, at its own address; for a local
         store, where ``mlflow ui`` serves it (127.0.0.1, :func:`local_ui_port`). Only the address is redacted: the
         query's ``viewStateShareKey`` names a view, not a secret, yet reads as one to :func:`redact_uri`."""
+        return self._ui_base() + runs_page(self.experiment_id or "?", view)
+
+    def run_url(self, run_id: str | None) -> str:
+        """The MLflow UI's page of one run (for the summary run: its description, the answer: the verdicts in
+        full, the cells with their intervals, the study's figure), as :meth:`runs_url` addresses the UI; "" for a
+        run MLflow has not created yet (a placeholder of an unreachable server)."""
+        real = self._real(run_id) if run_id else ""
+        if not real or real.startswith(LOCAL_ID):
+            return ""
+        return self._ui_base() + run_page(self.experiment_id or "?", real)
+
+    def _ui_base(self) -> str:
         remote = self.tracking_uri.startswith(("http://", "https://"))
         base = redact_uri(self.tracking_uri) if remote else f"http://127.0.0.1:{local_ui_port()}"
-        return base.rstrip("/") + runs_page(self.experiment_id or "?", view)
+        return base.rstrip("/")
 
     def _search(self, filter_string: str) -> list[Any]:
         return self.client.search_runs([self._experiment()], filter_string=filter_string, max_results=1000)
@@ -306,6 +318,11 @@ def runs_page(experiment_id: str, view: str = "") -> str:
     whose URL query is ``view`` (what :meth:`StudyRuns.runs_url` prints; the browser check opens the same).
     ``workflowType``: MLflow 3's UI otherwise opens in its GenAI mode, on an empty traces overview."""
     return f"/#/experiments/{experiment_id}/runs?workflowType=machine_learning&{view or runs_view_query()}"
+
+
+def run_page(experiment_id: str, run_id: str) -> str:
+    """The path, after the UI's address, of one run's page (its description first)."""
+    return f"/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def local_ui_port() -> int:

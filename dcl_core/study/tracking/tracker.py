@@ -12,7 +12,7 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,10 +213,12 @@ class StudyTracker(StudyRuns):
         self._apply_or_journal({"op": "end", "run": run_id, "status": status, "time": _now_ms()})
 
     def log_summary(self, metrics: Mapping[str, float], artifacts: list[Path],
-                    params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None) -> str:
+                    params: Mapping[str, Any] | None = None, tags: Mapping[str, str] | None = None,
+                    headline: str | None = None, cells: tuple[str, Sequence[Sequence[str]]] = ("", ())) -> str:
         """The study summary on the parent run (metrics, the results table, the plots), which then finishes. Its
-        description (:func:`summary_note`) is the verdict lines of ``tags`` and the study's plot (the artifact
-        named after the experiment), so MLflow's runs table (column Description) and run page show the answer.
+        description (:func:`summary_note`) is ``headline`` (default: the verdicts' words, tag ``verdict``), the
+        verdict lines of ``tags``, the ``cells`` table and the study's plot (the artifact named after the
+        experiment), so MLflow's runs table (column Description) and run page show the answer.
 
         A resumed study summarizes all its trials again: metrics get a new point, artifacts are replaced. The
         study's last operation: if anything is still journaled, one more :meth:`sync` (cool-down or not), then a
@@ -234,8 +236,8 @@ class StudyTracker(StudyRuns):
                 for key, value in (tags or {}).items():
                     self.set_tag(rid, key, value)
                 plot = next((p.name for p in artifacts if p.name == f"{self.experiment}.png"), None)
-                note = summary_note(verdict_lines(tags or {}), (tags or {}).get("verdict", ""), plot,
-                                    self._real(rid))
+                words = headline if headline is not None else (tags or {}).get("verdict", "")
+                note = summary_note(verdict_lines(tags or {}), words, plot, self._real(rid), cells)
                 if note:
                     self.set_tag(rid, NOTE_TAG, note)
                 self.log_metrics(rid, metrics)
