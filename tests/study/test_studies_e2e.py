@@ -135,9 +135,13 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert summary[0].data.tags["verdict_0_line"] == last
     # the answer where MLflow's UI shows a run's description: the verdict, its line, the plot from the run's artifacts
     note = summary[0].data.tags["mlflow.note.content"].split("\n\n")
-    assert note[:2] == ["Verdict: not resolved", last]
+    estimate = last.split(" — Δstd ")[1].split(",")[0]  # as the verdict line rounds it
+    assert note[:2] == [f"Verdict: not resolved, Δstd {estimate}", last]
+    # the cells, each mean (one seed: no interval) in τ order, then the figure
+    assert note[2].startswith("Per cell: kNN top-1 (%), mean [95% CI, t over seeds], 1 seed(s) per cell")
+    assert [row.split()[0] for row in note[3].strip("`\n").splitlines()] == ["tau", "0.1", "0.5"]
     plot = f"get-artifact?path=temperature_sweep.png&run_uuid={summary[0].info.run_id}"
-    assert note[2] == f"![temperature\\_sweep.png]({plot})"
+    assert note[4] == f"![temperature\\_sweep.png]({plot})"
     assert "Paper: DCL Table 18" in proc.stdout and "NPC regime: InfoNCE cells: mean q_B" in proc.stdout
     exp = client.get_experiment_by_name("temperature_sweep")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
