@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib.util
 import logging
 import re
@@ -22,7 +21,7 @@ from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser, options_of
 from dcl_core.study.cli.script import Script, run_request
 from dcl_core.study.plan.spec import check_name
-from dcl_core.study.plan.storage import OPTIONS_FILE, script_origin
+from dcl_core.study.plan.storage import OPTIONS_FILE, script_origin, script_sha256
 
 STUDIES_DIR = Path(__file__).resolve().parents[3] / "studies"  # the study scripts of this checkout
 SCRIPT_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -55,7 +54,7 @@ def _script_of(command: Mapping[str, Any], given: Path | None, output_dir: Path,
     name, origin = command["script"], script_origin(command)
     if given is not None:  # the user's word: --name's study, or the studies whose record names this file
         script = _load_script(name, given.resolve())
-        if command.get("script_sha256") not in (None, _sha256(given)):
+        if command.get("script_sha256") not in (None, script_sha256(given)):
             print(f"note: {given} changed since the study ran; its recorded options are re-run through it as it is "
                   "now", file=sys.stderr, flush=True)
         return script
@@ -71,13 +70,6 @@ def _script_of(command: Mapping[str, Any], given: Path | None, output_dir: Path,
                           f"and run `{again}`")
     raise ConfigError(f"made by {origin}, not one of {STUDIES_DIR}/*.py: a script named in the outputs is not run "
                       f"unasked; re-analyse it with `{again}`")
-
-
-def _sha256(path: Path) -> str | None:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return None
 
 
 def reanalyze_recorded(script: Script, recorded: Mapping[str, Any], output_dir: Path, tracking_uri: str | None,

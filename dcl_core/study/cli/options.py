@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
 from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE, StudyOptions
+from dcl_core.study.plan.storage import script_sha256
 
 MAX_SEEDS = 1000
 MAX_SAMPLES = 10_000  # Optuna trials per loss
@@ -150,8 +150,7 @@ class StudyArgs:
         """The ``command`` a study's options record: its script (the name it runs under, and the file that ran with
         its SHA-256, by which ``answer`` tells a copy from the checkout's own) and the recorded options' values."""
         values = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["record"]}
-        where = {} if path is None else {"script_path": str(path),
-                                         "script_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        where = {} if path is None else {"script_path": str(path), "script_sha256": script_sha256(path)}
         return {"script": script, **where, **values}
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import posixpath
@@ -242,6 +243,14 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 
 OPTIONS_FILE = "study_options.json"  # a study's options and spec, written by the runner into its summary folder
+
+
+def script_sha256(path: Path) -> str | None:
+    """The SHA-256 of a study script's file, what a study records to notice a copy changed since (None: unreadable)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def script_origin(command: Any) -> str | None:
