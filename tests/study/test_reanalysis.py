@@ -147,3 +147,20 @@ def test_reanalyze_refuses_options_that_describe_another_study(tmp_path):
         proc = pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--output-dir",
                                str(out), "--reanalyze", flag], capture_output=True, text=True, timeout=120, cwd=REPO)
         assert proc.returncode == 2 and "--reanalyze trains nothing" in proc.stderr
+
+
+def test_a_named_script_that_changed_since_the_study_ran_gets_a_note(tmp_path, capsys):
+    """``--script FILE`` runs FILE as it is now; where its SHA-256 is not the one the study recorded, stderr says so
+    (the same file unchanged, or a record made before the hash was kept, gets no note)."""
+    from dcl_core.study.cli.answer_command import _script_of
+    from dcl_core.study.plan.storage import script_sha256
+
+    out, copy = _made_by_a_copy(tmp_path)
+    command = {"script": "temperature_sweep", "script_path": str(copy), "script_sha256": script_sha256(copy)}
+    for recorded in (command, {k: v for k, v in command.items() if k != "script_sha256"}):
+        assert _script_of(recorded, copy, out, "temperature_sweep").path == copy.resolve()
+        assert capsys.readouterr().err == ""
+    copy.write_text(copy.read_text() + "\n# my edit\n")
+    _script_of(command, copy, out, "temperature_sweep")
+    assert capsys.readouterr().err == (f"note: {copy} changed since the study ran; its recorded options are re-run "
+                                       "through it as it is now\n")
