@@ -333,6 +333,10 @@ def test_resume_after_killed_driver(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever else of the dead driver's session group is left
     assert re.search(r"ended \d+ process\(es\) of this study's earlier Ray", resumed.stderr), resumed.stderr[-3000:]
     assert ray_session._processes_of(session) == []
+    # The console counts the restored trial: the interrupted one finishes as the second of two, and Ray's
+    # "Failed to fetch metrics" from the dead session's agents is not shown.
+    assert re.search(r"^\[2/2\] ", resumed.stdout, re.M) and "[3/2]" not in resumed.stdout, resumed.stdout[-3000:]
+    assert "Failed to fetch metrics" not in resumed.stdout + resumed.stderr
     # The finished trial was not rerun; the interrupted one continued from its checkpoint (no restart at 1).
     assert (exp / finished / "result.json").read_text() == before_finished
     resumed = _epochs(exp / partial / "result.json")
