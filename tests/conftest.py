@@ -23,6 +23,8 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from _pytest.nodeid import coerce_node_id  # pytest 9.2's node ids: the one way to give an item a new one
 
+pytest_plugins = ["ci_parts"]  # --slow-part and --record-durations: .ci/run's per-change selection
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

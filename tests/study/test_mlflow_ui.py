@@ -114,6 +114,7 @@ def test_a_new_run_of_the_study_rewrites_its_view(tmp_path):
 @pytest.mark.skipif((shutil.which("chromium") is None or importlib.util.find_spec("playwright") is None)
                     and not os.environ.get("CI"),
                     reason="no chromium (apt-get install chromium) or no playwright (the test extra)")
+@pytest.mark.core  # what a study prints, read in the browser, with the screenshots CI keeps: every change
 def test_readme_clicks_in_a_real_browser(tmp_path):
     """Every step's screenshot is kept: under .ci/run in .ci-artifacts/mlflow_ui/ (``DCL_CI_ARTIFACTS``), for a
     person to read the views as a researcher sees them."""

@@ -70,6 +70,7 @@ def runs_of(out, name):
     return client, trials, summary
 
 
+@pytest.mark.core  # the README's quick start, as a user runs it: CI runs it on every change
 def test_temperature_study_smoke_end_to_end(tmp_path):
     out = tmp_path / "t"
     # a new interpreter, as a user starts it: its whole console, exit included
