@@ -52,6 +52,7 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
 
 
+@pytest.mark.slow  # ~5 s
 def test_the_gpu_runs_summary_compares_at_the_last_epoch_every_run_finished(tmp_path: Path) -> None:
     """``benchmarks/gpu_runs.py --summarize``: paired by seed at the common last epoch, verdict against Table 1."""
     knn = {("dcl", 0): [40.0, 52.0, 60.0], ("dcl", 1): [41.0, 50.0], ("infonce", 0): [38.0, 47.0, 55.0],

@@ -41,6 +41,7 @@ def test_setup_logging_levels_and_format(kwargs, shown):
 
 
 @pytest.mark.parametrize("module", ["dcl_core.evaluate", "dcl_core.evaluate"])
+@pytest.mark.slow  # a fresh interpreter: ~7 s each
 def test_evaluation_command_help(module):
     out = subprocess.run(
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, cwd=REPO, timeout=60
@@ -50,6 +51,7 @@ def test_evaluation_command_help(module):
     assert "--linear" in out.stdout and "--no-knn" in out.stdout
 
 
+@pytest.mark.slow  # a command in a subprocess (the fork server's start: ~30 s)
 def test_evaluation_command_rejects_a_missing_checkpoint_in_one_line(tmp_path):
     out = pyrun.run(
         [sys.executable, "-m", "dcl_core.evaluate", str(tmp_path / "none.pt"), "--device", "cpu"],
@@ -84,6 +86,7 @@ def test_run_command_is_the_one_exit_path(capsys):
         run_command(raising(KeyError("x")))
 
 
+@pytest.mark.slow  # commands in subprocesses (the fork server's start: ~20 s a worker)
 @pytest.mark.parametrize("command", [
     ["-m", "dcl_core.train", "--preset", "nope"],
     ["-m", "dcl_core.evaluate", "/no/such/checkpoint.pt"],

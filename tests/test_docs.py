@@ -128,6 +128,7 @@ def test_the_pages_show_commands():
     assert {c.target for c in COMMANDS} >= {"studies/temperature_sweep.py", "dcl_core.train"}
 
 
+@pytest.mark.slow  # the documented commands in subprocesses (the fork server's start: ~20 s a worker)
 @pytest.mark.parametrize("command", COMMANDS, ids=str)
 def test_command_runs_as_shown(command):
     assert problems(command) == []

@@ -464,6 +464,7 @@ def _private_names_imported(source: str, filename: str) -> list[tuple[int, str]]
 # ------------------------------------------------------------------------------------------------ the checks
 
 
+@pytest.mark.slow  # fresh interpreters importing the library: ~20 s
 def test_the_library_loads_nothing_from_the_study_layer_or_ray_mlflow_optuna():
     study = next(i for i, floor in enumerate(FLOORS) if STUDY_LAYER in floor)
     library = [name for floor in FLOORS[:study] for name in floor if name not in COMMAND_LINES]
@@ -487,6 +488,7 @@ def test_a_study_script_answers_help_without_loading_torch():
     assert [m for m in loaded if m in ("torch", "torchvision", "ray", "mlflow", "optuna")] == []
 
 
+@pytest.mark.slow  # a fresh interpreter importing a study's driver: ~12 s
 def test_a_study_driver_reaches_ray_without_torch(tmp_path):
     # A study's driver checks its data and trials, then hands Tune the trainable; torch and torchvision (~10 s on 2
     # cores) load in the trials' processes only. ray.init is where the driver's own preparation ends.
@@ -499,6 +501,7 @@ def test_a_study_driver_reaches_ray_without_torch(tmp_path):
     assert [m for m in loaded if m.split(".")[0] in ("torch", "torchvision", "tensorboardX")] == []
 
 
+@pytest.mark.slow  # a fresh interpreter importing a trial's modules: ~9 s
 def test_a_trial_worker_imports_no_mlflow_scipy_or_optuna():
     # Every Ray worker that runs a trial imports the trainable: MLflow and SciPy (the driver's) would add ~2.5
     # CPU-seconds to each worker's start on 2 cores, twice per study.

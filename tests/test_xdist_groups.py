@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CONFTEST = Path(__file__).with_name("conftest.py")
 GROUPED = """
 import pytest
@@ -40,6 +42,7 @@ def _workers(tmp_path: Path, with_conftest: bool) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.slow  # pytest with xdist in a subprocess: ~10 s
 def test_each_group_runs_on_one_worker(tmp_path):
     workers = _workers(tmp_path, with_conftest=True)
     assert set(workers) == {"test_grouped", "test_other_group"}

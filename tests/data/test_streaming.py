@@ -107,6 +107,7 @@ def test_stream_config():
         apply_overrides(preset("smoke"), {"data.loader": "disk"})
 
 
+@pytest.mark.slow  # two streamed training runs: ~7 s
 def test_trainer_streams_an_image_folder_and_resumes_exactly(tmp_path):
     write_folder(tmp_path / "data", per_class=8)
     cfg = apply_overrides(preset("smoke"), {

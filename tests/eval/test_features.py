@@ -103,6 +103,7 @@ def _clear_refs_works() -> bool:
 
 @pytest.mark.skipif(not _clear_refs_works(), reason="needs Linux's /proc/self/clear_refs to reset the peak RSS")
 @pytest.mark.parametrize("model", ["resnet18 0.125 cifar", "resnet50 1 imagenet"])
+@pytest.mark.slow  # real forward passes measured in subprocesses: ~35 s
 def test_the_estimate_bounds_the_peak_rss_of_a_real_forward_pass(model: str) -> None:
     """Issue reproduction: at data.image_size=1024 evaluate chose batch 91 at an estimated 108 MB an image and peaked
     at 12.6 GB (1.3x), a traceback under a 16 GB limit; at 256 px the old estimate was exceeded up to 2.7x. Measured
@@ -131,6 +132,7 @@ print(available_memory(torch.device("cpu")))
 """
 
 
+@pytest.mark.slow  # a subprocess under a limit: ~20 s
 def test_the_memory_free_is_what_an_address_space_limit_leaves() -> None:
     """``ulimit -v 16G`` (the issue's limit) is not in /proc/meminfo: the room under it is what a forward pass has."""
     import sys
@@ -158,6 +160,7 @@ def _memory_cgroup_folder() -> Path | None:
 
 
 @pytest.mark.skipif(_memory_cgroup_folder() is None, reason="needs a writable cgroup v1 memory hierarchy (root)")
+@pytest.mark.slow  # a subprocess: ~7 s
 def test_the_memory_free_is_what_a_cgroup_limit_leaves(tmp_path: Path) -> None:
     """A container's memory limit (``docker run --memory``) is not in /proc/meminfo either: a real cgroup of 1 GiB,
     the measuring process moved into it before it starts."""

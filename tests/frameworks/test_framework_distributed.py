@@ -73,7 +73,8 @@ def _free_port() -> int:
 
 
 # Under pytest-xdist, one worker runs the module fixture rank_results once.
-pytestmark = pytest.mark.xdist_group("framework_distributed")
+# slow: the module fixture runs 2 gloo processes per framework (~70 s)
+pytestmark = [pytest.mark.xdist_group("framework_distributed"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -107,7 +107,8 @@ def spawn_workers(out_dir: Path) -> None:
 
 
 # Under pytest-xdist, one worker runs the module fixture rank_results once.
-pytestmark = pytest.mark.xdist_group("distributed")
+# slow: the module fixture runs 2 gloo processes (~13 s)
+pytestmark = [pytest.mark.xdist_group("distributed"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -260,6 +260,7 @@ def test_measured_rate_is_positive_and_restores_threads():
     assert torch.get_num_threads() == threads
 
 
+@pytest.mark.slow  # plans the last look by simulation: ~11 s
 def test_until_resolved_dry_run_prints_the_looks_and_the_worst_case_of_the_caps(tmp_path):
     """``--until-resolved --dry-run``: the planned looks (from --max-minutes and the estimate when --max-seeds is
     not given), the nominal level of each look, the worst case in minutes, and nothing written."""

@@ -55,6 +55,7 @@ def _study(tmp_path: Path):
     return summarize(spec, rows, tmp_path, tracker)
 
 
+@pytest.mark.slow  # an MLflow store with a study's runs: ~5 s
 def test_the_saved_view_groups_by_the_tags_the_trials_carry(tmp_path):
     outcome = _study(tmp_path)
     runs = outcome.runs_url.removesuffix("&viewStateShareKey=dcl_runs")

@@ -90,6 +90,7 @@ for name in sys.argv[1:]:
 """
 
 
+@pytest.mark.slow  # a command in a subprocess (the fork server's start: ~30 s)
 def test_a_fifo_a_device_and_a_link_are_refused_without_reading_them(tmp_path: Path) -> None:
     """Each at a study's ``results.parquet``: a FIFO blocked the reader forever, a device would be read to its end."""
     import pyrun

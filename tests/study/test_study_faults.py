@@ -141,6 +141,7 @@ print("done")
 
 @pytest.mark.parametrize(("quiet", "user_value", "warned"), [(True, None, False), (False, None, True),
                                                                (True, "0.1", True)])
+@pytest.mark.slow  # Tune in a fresh interpreter: ~8 s each
 def test_tunes_slow_operation_warnings_stay_off_a_default_console(quiet, user_value, warned):
     """On a busy machine the driver's per-epoch MLflow logging passed 0.5 s and Tune printed four warnings at a time
     ("The `process_trial_result` operation took 0.545 s, which may be a performance bottleneck ... consider

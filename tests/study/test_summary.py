@@ -1,5 +1,6 @@
 """The study summary step on its own (no Ray): tables, files and the MLflow summary run, per study."""
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from dcl_core.config import preset
@@ -17,6 +18,7 @@ def _rows(x_col, xs, accuracy):
              "knn_top1": accuracy(loss, x), "config": {}} for loss in ("infonce", "dcl") for x in xs]
 
 
+@pytest.mark.slow  # MLflow stores and two summaries: ~6 s
 def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
     uri = default_tracking_uri(tmp_path)
     base = preset("smoke")
@@ -60,6 +62,7 @@ def test_a_row_without_a_grid_point_is_stored_and_in_no_cell(tmp_path):
     assert len(read_table(summary_dir(tmp_path, "tau_study") / "results.parquet")) == 5
     assert len(outcome.rows) == 5 and "None" not in outcome.table and "0.5" in outcome.table
 
+@pytest.mark.slow  # an MLflow store and a summary with its figure: ~6 s
 def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
     # A batch study with a planted DCL gain at small batches (3 seeds, a shared per-seed offset), summarized
     # beside an earlier study in the same folder: the MLflow summary run must hold the verdicts (tags and

@@ -72,6 +72,7 @@ def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     return line
 
 
+@pytest.mark.slow  # a sequential design planned by simulation: ~5 s
 def test_the_untampered_study_is_not_resolved(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = _study(tmp_path)
     assert answer([str(out), "-q"]) == 0, capsys.readouterr().err
@@ -124,6 +125,7 @@ def test_resume_refuses_the_tampered_design_before_anything_runs(tmp_path: Path,
     assert code == 2 and "is not the design its seed rounds ran under" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # a sequential design planned by simulation: ~5 s
 def test_a_look_too_strict_for_a_finite_interval_does_not_claim_identical_values() -> None:
     """A design's first look at a few seeds with its last far away needs a t quantile beyond float precision (the
     max_seeds 200 tampering, or a real --max-seeds 200 study at its first look): said as such."""
@@ -176,6 +178,7 @@ def _toy(root: Path, rows: list[dict]) -> Path:
     return out
 
 
+@pytest.mark.slow  # the MI toy's answer: ~6 s
 def test_the_toy_s_own_table_is_answered(tmp_path: Path, toy_rows: list[dict],
                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = _toy(tmp_path, toy_rows)

@@ -90,6 +90,7 @@ def _digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
+@pytest.mark.slow  # MLflow stores and a re-analysis: ~8 s
 def test_answer_never_follows_a_recorded_server_or_store(tmp_path, listener, monkeypatch, capsys):
     """Issue reproduction: a recorded ``http://127.0.0.1:PORT`` received ``Authorization: Basic alice:s3cret``;
     a recorded ``sqlite:////elsewhere/evil.db`` was created outside the folder."""
@@ -120,6 +121,7 @@ def test_sync_asks_for_the_server_instead_of_following_the_recorded_one(tmp_path
     assert listener.close() == []
 
 
+@pytest.mark.slow  # MLflow stores and a re-analysis: ~9 s
 def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys):
     """Issue reproduction: ``cp -a OUT OUT2; answer OUT2`` changed ``OUT/mlflow.db`` and its artifacts; ``mv OUT
     OUT3; answer OUT3`` recreated ``OUT/mlflow.db`` at the old path."""

@@ -73,6 +73,7 @@ def _same_features(checkpoint: Path, model: torch.nn.Module, dim: int) -> None:
 
 
 @needs_data
+@pytest.mark.slow  # trains, exports and loads a network: ~30 s
 def test_torchvision_loads_the_export_strictly_and_gives_the_same_features(tmp_path: Path) -> None:
     checkpoint = _trained(tmp_path, 1.0)
     out = tmp_path / "export" / "backbone.pt"

@@ -84,6 +84,7 @@ def test_epoch_stats_hand_computed():
     assert "train/q_hist" not in empty.metrics(Runtime(0, 1, cpu, False))
 
 
+@pytest.mark.slow  # a fresh interpreter: ~10 s
 def test_importing_the_checkpoint_module_leaves_the_trainer_unimported():
     # dcl_core.study's tracking reads CHECKPOINT_NAME; that must not import models, losses and data code.
     code = (
@@ -140,6 +141,7 @@ def test_smoke_run_reports_every_metric(tmp_path, loss):
 
 
 @needs_cifar
+@pytest.mark.slow  # three training runs: ~11 s
 def test_deterministic_given_seed_and_resume_is_exact(tmp_path):
     full = train(smoke(tmp_path / "a", **{"optim.epochs": 2}))
     again = train(smoke(tmp_path / "b", **{"optim.epochs": 2}))
