@@ -25,8 +25,8 @@ _GROUP_SUFFIX = re.compile(r"@[\w-]+$")  # what --dist loadgroup appends to a gr
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("ci parts")
-    group.addoption("--slow-part", metavar="G/K", help="keep the fast tier, the slow tests marked core and part G of K "
-                    "of the other slow tests (balanced by --durations-file)")
+    group.addoption("--slow-part", metavar="G/K", help="keep the fast tier, the slow tests marked core, the slow tests "
+                    f"recorded at {CHEAP_S:g} s or less and part G of K of the others (balanced by --durations-file)")
     group.addoption("--durations-file", metavar="FILE", default=".ci/test_durations.json",
                     help="test durations for --slow-part, as --record-durations writes them")
     group.addoption("--record-durations", metavar="FILE", help="write each slow test's duration (setup, call "

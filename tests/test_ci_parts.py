@@ -71,3 +71,15 @@ def test_a_bad_part_is_a_usage_error(pytester: pytest.Pytester) -> None:
 def test_largest_first_to_the_least_loaded_part() -> None:
     assert assign_parts({"a": 10, "b": 6, "c": 5, "d": 4}, 2) == {"a": 1, "b": 2, "c": 2, "d": 1}
     assert assign_parts({}, 3) == {}
+
+
+def test_the_recorded_durations_are_the_slow_tests_and_feed_the_split(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest("-p", "ci_parts", "-q", "--record-durations", "rec.json")
+    assert result.ret == 0
+    recorded = json.loads(pytester.path.joinpath("rec.json").read_text())
+    assert "test_suite.py::test_fast" not in recorded  # only slow tests: what --slow-part looks up
+    assert set(recorded) == {"test_suite.py::test_core", "test_suite.py::test_quick_slow",
+                             *(f"test_suite.py::test_study[{i}]" for i in range(8)),
+                             *(f"test_suite.py::test_cluster[{i}]" for i in range(3))}
+    assert all(0 <= s < 5 for s in recorded.values())
