@@ -11,8 +11,9 @@ never through a link planted at their names (:func:`dcl_core.files.write_text`).
 with a row saying so once the budget is spent:
 
 1. ``autocast``: every contrastive loss at τ 0.005, 0.07, 0.2 and 1.0 under bf16 and fp16 autocast against
-   fp32 on the same (rounded) embeddings: loss and gradient must agree to :data:`AUTOCAST_RTOL` (the losses compute
-   their similarities in fp32 whatever the autocast) and be finite.
+   fp32 on the same (rounded) embeddings, spread and nearly saturated: the loss must agree to :data:`AUTOCAST_RTOL`
+   (the losses compute their similarities in fp32 whatever the autocast), the gradient as the trainer computes it
+   (fp16 through its GradScaler) to the dtype's :data:`UNIT_ROUNDOFF`, and both be finite.
 2. ``peak``: the device's dense bf16 rate (a 4096³ matmul) and a ResNet-18 3x3 convolution's forward + backward
    rate, the ceilings the training step is compared with.
 3. ``step``: the trainer (``dcl_core.training.train``, in-process) against a bare loop of the same model,
@@ -35,6 +36,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -52,12 +54,16 @@ from dcl_core.config import Config, apply_overrides, derive, preset  # noqa: E40
 from dcl_core.files import read_bounded, write_text  # noqa: E402
 from dcl_core.study.plan.flops import default_flops_of, train_flops_per_image  # noqa: E402
 from dcl_core.training.builders import InMemoryData, build_data, build_loss  # noqa: E402
-from dcl_core.training.run import amp_dtype  # noqa: E402
+from dcl_core.training.run import amp_dtype, grad_scaler  # noqa: E402
 
 SECTION = "gpu"
 TAUS = (0.005, 0.07, 0.2, 1.0)
 LOSSES = ("infonce", "dcl", "dclw", "eqco")
-AUTOCAST_RTOL = 1e-4  # loss and gradient under autocast vs fp32 on the same embeddings, relative
+AUTOCAST_RTOL = 1e-4  # the loss under autocast vs fp32 on the same embeddings, relative (the losses compute in fp32)
+# The gradient in a low-precision embedding vs fp32: that dtype's rounding, nothing more (its unit roundoff).
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+MAX_SKIPPED = 40  # GradScaler halves its scale per skipped step: 2^16 down to 2^-24 at most
+SPREADS = (0.5, 0.025)  # embedding noise: positives at cosine ~0.2 (InfoNCE ~5 at τ 0.07) and ~0.96 (~0.002)
 EPOCH_GOAL_S = 3.0  # the paper preset's epoch (50,000 images, two views, ResNet-18, batch 512) on one H100
 OVERHEAD_GOAL = 0.05  # the trainer over the bare loop
 CIFAR_TRAIN = 50_000
@@ -127,41 +133,84 @@ def _timed(fn: Callable[[], object], device: torch.device, reps: int) -> float:
 
 def autocast_rows(device: torch.device, n: int, dim: int) -> Iterator[Row]:
     """Each loss and τ under each low-precision autocast vs fp32 on the same embeddings (rounded to that dtype,
-    as a projection head under autocast gives them): the worst relative difference of loss and gradient."""
-    dtypes = [torch.bfloat16, torch.float16]
+    as a projection head under autocast gives them), on spread and on nearly saturated embeddings: the loss, and
+    the gradient as the trainer's step computes it (fp16: through its GradScaler) against the fp32 gradient. The
+    fp16 gradient without loss scaling is in the note: its underflow is why the trainer scales. A case whose fp32
+    gradient lies wholly below what the dtype holds at the starting loss scale (a loss saturated to ~0, e.g. at
+    τ 0.005, with entries ~1e-23) has no gradient to compare: the note counts such cases."""
     gen = torch.Generator().manual_seed(0)
-    z1 = torch.nn.functional.normalize(torch.randn(n, dim, generator=gen), dim=1).to(device)  # (n, dim)
-    z2 = torch.nn.functional.normalize(z1.cpu() + 0.5 * torch.randn(n, dim, generator=gen), dim=1).to(device)
-    for dtype in dtypes:
+    z1 = torch.nn.functional.normalize(torch.randn(n, dim, generator=gen), dim=1)  # (n, dim)
+    noise = torch.randn(n, dim, generator=gen)
+    pairs = [(z1, torch.nn.functional.normalize(z1 + eps * noise, dim=1)) for eps in SPREADS]
+    for dtype in (torch.bfloat16, torch.float16):
+        tol = UNIT_ROUNDOFF[dtype]
+        # the smallest gradient entry `dtype` holds at the loss scale the trainer starts from (fp16: 2^-24 / 2^16)
+        floor = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / grad_scaler(device, dtype).get_scale()
         for name in LOSSES:
-            worst, finite = 0.0, True
+            loss_worst = grad_worst = unscaled_worst = 0.0
+            finite, skipped, beneath = True, 0, 0
             for tau in TAUS:
                 cfg = apply_overrides(preset("smoke"), {"loss.name": name, "loss.temperature": tau})
                 loss_fn = build_loss(cfg, derive(cfg, 1)).to(device)
-                a1, a2 = z1.to(dtype), z2.to(dtype)  # the embeddings as a head under autocast gives them
-                torch.manual_seed(1)  # EqCo samples its negatives: the same ones both times
-                ref_loss, ref_grad = _loss_and_grad(a1.float(), a2.float(), loss_fn, device, None)
-                torch.manual_seed(1)
-                low_loss, low_grad = _loss_and_grad(a1, a2, loss_fn, device, dtype)
-                finite &= bool(torch.isfinite(low_loss) and torch.isfinite(low_grad).all())
-                # the gradient of a `dtype` leaf is rounded to `dtype`: compare it with the fp32 one rounded alike
-                ref_grad = ref_grad.to(dtype).float()
-                worst = max(worst, (low_loss - ref_loss).abs().item() / max(ref_loss.abs().item(), 1e-12),
-                            ((low_grad - ref_grad).norm() / ref_grad.norm().clamp_min(1e-12)).item())
+                for p1, p2 in pairs:
+                    a1, a2 = p1.to(device, dtype), p2.to(device, dtype)  # what a head under autocast hands the loss
+                    ref_loss, ref_grad, _ = _loss_and_grad(a1.float(), a2.float(), loss_fn, device, None, None)
+                    scaler = grad_scaler(device, dtype)  # the trainer's
+                    low_loss, low_grad, skips = _loss_and_grad(a1, a2, loss_fn, device, dtype, scaler)
+                    _, unscaled, _ = _loss_and_grad(a1, a2, loss_fn, device, dtype, None)
+                    finite &= bool(torch.isfinite(low_loss) and torch.isfinite(low_grad).all())
+                    skipped += skips
+                    loss_worst = max(loss_worst, _relative(low_loss, ref_loss))
+                    if ref_grad.abs().max().item() < floor:  # a fully saturated loss: nothing `dtype` can hold
+                        beneath += 1
+                        continue
+                    grad_worst = max(grad_worst, _relative(low_grad, ref_grad))
+                    unscaled_worst = max(unscaled_worst, _relative(unscaled, ref_grad))
+            met = finite and loss_worst <= AUTOCAST_RTOL and grad_worst <= tol
             label = str(dtype).removeprefix("torch.")
-            yield Row(SECTION, f"autocast {label} vs fp32, {name}, tau {', '.join(map(str, TAUS))}", worst, None,
-                      worst, f"<= {AUTOCAST_RTOL:g} and finite", finite and worst <= AUTOCAST_RTOL, "rel. diff",
-                      f"worst of loss and gradient over the 4 tau, N={n}, d={dim}; finite: {finite}")
+            yield Row(SECTION, f"autocast {label} vs fp32, {name}, tau {', '.join(map(str, TAUS))}", grad_worst,
+                      None, grad_worst / tol, f"loss <= {AUTOCAST_RTOL:g}, gradient <= {tol:.2g}, finite", met,
+                      "rel. diff", f"the gradient's worst over the 4 tau, spread and nearly saturated embeddings "
+                      f"(N={n}, d={dim}); the loss's {loss_worst:.2g}; unscaled gradient {unscaled_worst:.2g}; "
+                      f"steps skipped for an overflow {skipped}; finite: {finite}"
+                      + (f"; {beneath} of {2 * len(TAUS)} without a gradient it can hold (fp32's largest entry "
+                         f"< {floor:.2g}: a fully saturated loss)" if beneath else ""))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """‖a − b‖ / ‖b‖ (0 when both are 0: a fully saturated loss at τ 0.005 has no gradient)."""
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def _loss_and_grad(z1: torch.Tensor, z2: torch.Tensor, loss_fn: torch.nn.Module, device: torch.device,
-                   dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss of ``(z1, z2)`` under ``dtype`` autocast (None: none) and its gradient in ``z1``, both fp32."""
-    x1 = z1.detach().clone().requires_grad_(True)
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-        loss = loss_fn(x1, z2).loss
-    (grad,) = torch.autograd.grad(loss, x1)
-    return loss.detach().float(), grad.float()
+                   dtype: torch.dtype | None,
+                   scaler: torch.amp.GradScaler | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The loss of ``(z1, z2)`` under ``dtype`` autocast (None: none) and its gradient in ``z1`` as the trainer's
+    step gives it to the optimizer: ``z1`` is cast from an fp32 leaf (a head's fp32 weights, its output in
+    ``dtype``), the backward runs through ``scaler``'s scaled loss and is unscaled (None: no scaling). A step
+    whose scaled gradient overflows is skipped and retried at the backed-off scale, as GradScaler does; the count
+    of skipped steps is the third value."""
+    leaf = z1.detach().float().clone().requires_grad_(True)
+    optimizer = torch.optim.SGD([leaf], lr=0.0)
+    skipped = 0
+    for skipped in range(MAX_SKIPPED):  # noqa: B007 - the count of skipped steps is returned
+        optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # EqCo samples its negatives: the same ones every time
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(leaf.to(z1.dtype), z2).loss
+        if scaler is None:
+            loss.backward()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        assert leaf.grad is not None
+        grad = leaf.grad.detach().clone()
+        if scaler is not None:
+            scaler.step(optimizer)  # skipped when the gradient is not finite (lr 0: the leaf stays as it is)
+            scaler.update()  # ... and the scale backed off
+        if scaler is None or not scaler.is_enabled() or torch.isfinite(grad).all():
+            break
+    return loss.detach().float(), grad.float(), skipped
 
 
 def peak_rows(device: torch.device, tiny: bool) -> Iterator[Row]:
@@ -263,29 +312,32 @@ def worker(seconds: float, device: torch.device, tiny: bool) -> None:
     print(json.dumps({"images_per_s": done / (time.perf_counter() - t0)}))
 
 
-def paper_run_rows(data_root: str | None, tiny: bool, out: Path, timeout_s: float) -> Iterator[Row]:
-    """``python -m dcl_core.train --preset paper`` for 2 epochs (``--tiny``: the smoke preset): loss and kNN."""
-    cmd = [sys.executable, "-m", "dcl_core.train", "--preset", "smoke" if tiny else "paper", "--overwrite",
-           "--set", "optim.epochs=2", "--set", f"output_dir={out}"]
-    if tiny:
-        cmd += ["--set", "threads=1"]
-    if data_root:
-        cmd += ["--set", f"data.root={data_root}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.perf_counter() - t0
-    text = read_bounded(out / "metrics.jsonl", MAX_METRICS_BYTES).decode() if proc.returncode == 0 else ""
-    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
-    if not lines:
-        yield Row(SECTION, "paper run, 2 epochs", math.nan, goal="finite loss, kNN > 10%", met=False, unit="%",
-                  note=f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
-        return
-    last = lines[-1]
-    loss, knn = float(last[M.TRAIN_LOSS]), float(last.get(M.KNN_TOP1, math.nan))
-    yield Row(SECTION, f"{'smoke' if tiny else 'paper'} run, 2 epochs: kNN top-1", knn, 10.0, knn / 10.0,
-              "finite loss, kNN > 10% (chance)", math.isfinite(loss) and knn > 10.0, "%",
-              f"loss {loss:.4f}; wall {wall:.0f} s (data loading and kNN included); "
-              f"epochs {', '.join(format(x.get(M.EPOCH_SECONDS, math.nan), '.1f') for x in lines)} s")
+def paper_run_rows(data_root: str | None, tiny: bool, timeout_s: float) -> Iterator[Row]:
+    """``python -m dcl_core.train --preset paper`` for 2 epochs (``--tiny``: the smoke preset): loss and kNN.
+    The run's folder is a temporary one (what the GPU machine returns is a few files: the row says it all)."""
+    with tempfile.TemporaryDirectory(prefix="gpu_paper_run_") as tmp:
+        out = Path(tmp)
+        cmd = [sys.executable, "-m", "dcl_core.train", "--preset", "smoke" if tiny else "paper", "--overwrite",
+               "--set", "optim.epochs=2", "--set", f"output_dir={out}"]
+        if tiny:
+            cmd += ["--set", "threads=1"]
+        if data_root:
+            cmd += ["--set", f"data.root={data_root}"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+        wall = time.perf_counter() - t0
+        text = read_bounded(out / "metrics.jsonl", MAX_METRICS_BYTES).decode() if proc.returncode == 0 else ""
+        lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+        if not lines:
+            yield Row(SECTION, "paper run, 2 epochs", math.nan, goal="finite loss, kNN > 10%", met=False, unit="%",
+                      note=f"exit {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1][:300]}")
+            return
+        last = lines[-1]
+        loss, knn = float(last[M.TRAIN_LOSS]), float(last.get(M.KNN_TOP1, math.nan))
+        yield Row(SECTION, f"{'smoke' if tiny else 'paper'} run, 2 epochs: kNN top-1", knn, 10.0, knn / 10.0,
+                  "finite loss, kNN > 10% (chance)", math.isfinite(loss) and knn > 10.0, "%",
+                  f"loss {loss:.4f}; wall {wall:.0f} s (data loading and kNN included); "
+                  f"epochs {', '.join(format(x.get(M.EPOCH_SECONDS, math.nan), '.1f') for x in lines)} s")
 
 
 # ------------------------------------------------------------------------------------------------------- main
@@ -327,8 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         *([] if args.tiny else [("step, batch 32", 60, lambda: step_rows(device, 32, args.tiny, None,
                                                                           min(40.0, budget.left), conv_rate))]),
         ("sharing", 60, lambda: sharing_rows(device, args.tiny, 3.0 if args.tiny else 15.0)),
-        ("paper run", 150, lambda: paper_run_rows(args.data_root, args.tiny, args.out / "paper_run",
-                                                  max(60.0, budget.left))),
+        ("paper run", 150, lambda: paper_run_rows(args.data_root, args.tiny, max(60.0, budget.left))),
     ]
     failed = []
     for name, needs_s, part in parts:
