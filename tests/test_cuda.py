@@ -1,0 +1,110 @@
+"""What only a GPU can check: each loss, the kNN monitor and the augmentation on CUDA against the CPU, the
+pretraining images kept on the device, and the trainer end to end under bf16 and under fp16 with its GradScaler.
+
+Skipped without CUDA. ``benchmarks/gpu_check.py`` (the one command a lent GPU machine runs) runs this module
+first; there the data is the packed CIFAR-10 named by ``DCL_DATA_ROOT``. ``DCL_TEST_DEVICE=cpu`` runs the same
+code on the CPU (each comparison then trivially equal), so that the module is exercised where no GPU is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcl_core import metric_names as M
+from dcl_core.config import LOSS_NAMES, apply_overrides, preset
+from dcl_core.data import resolve_data_root
+from dcl_core.data.packed import PACKED_FILE
+from dcl_core.eval.knn import knn_top1
+from dcl_core.losses import LOSSES
+from dcl_core.training import run as run_module
+
+DEVICE = torch.device(os.environ.get("DCL_TEST_DEVICE", "cuda"))
+pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
+TAUS = (0.005, 0.07, 0.2, 1.0)
+
+
+def _cifar10() -> Path | None:
+    """Where CIFAR-10 is (the embedded folder, ``DCL_DATA_ROOT``'s pack), or None."""
+    root = resolve_data_root("cifar10", None)
+    return root if (root / "train").is_dir() or (root / PACKED_FILE).is_file() else None
+
+
+def _loss_and_grad(name: str, tau: float, z1: torch.Tensor, z2: torch.Tensor) -> tuple[float, torch.Tensor]:
+    x = z1.detach().clone().requires_grad_(True)
+    loss = LOSSES[name](temperature=tau)(x, z2).loss
+    (grad,) = torch.autograd.grad(loss, x)
+    return loss.item(), grad.cpu()
+
+
+@pytest.mark.parametrize("name", LOSS_NAMES)
+@pytest.mark.parametrize("tau", TAUS)
+def test_each_loss_on_the_device_equals_the_cpu(name: str, tau: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    z1, z2 = torch.randn(256, 128, generator=gen), torch.randn(256, 128, generator=gen)
+    cpu_loss, cpu_grad = _loss_and_grad(name, tau, z1, z2)
+    dev_loss, dev_grad = _loss_and_grad(name, tau, z1.to(DEVICE), z2.to(DEVICE))
+    assert math.isfinite(dev_loss) and torch.isfinite(dev_grad).all()
+    assert dev_loss == pytest.approx(cpu_loss, rel=1e-4, abs=1e-5)
+    torch.testing.assert_close(dev_grad, cpu_grad, rtol=1e-3, atol=1e-3 * cpu_grad.abs().max().item())
+
+
+def test_the_knn_monitor_on_the_device_equals_the_cpu() -> None:
+    gen = torch.Generator().manual_seed(4)
+    centers = torch.randn(10, 64, generator=gen)
+    bank_labels = torch.randint(0, 10, (4000,), generator=gen)
+    query_labels = torch.randint(0, 10, (1000,), generator=gen)
+    bank = torch.nn.functional.normalize(centers[bank_labels] + 2.0 * torch.randn(4000, 64, generator=gen), dim=1)
+    query = torch.nn.functional.normalize(centers[query_labels] + 2.0 * torch.randn(1000, 64, generator=gen), dim=1)
+    vote = {"k": 200, "temperature": 0.1}  # the monitor's own, never the training tau
+    cpu = knn_top1(query, query_labels, bank, bank_labels, 10, **vote)
+    dev = knn_top1(query.to(DEVICE), query_labels.to(DEVICE), bank.to(DEVICE), bank_labels.to(DEVICE), 10, **vote)
+    assert 20.0 < cpu < 100.0  # a real vote, not chance or a degenerate one
+    assert abs(dev - cpu) <= 0.2  # at most 2 of 1,000 queries decided differently (a near-tie's rounding)
+
+
+@pytest.mark.skipif(_cifar10() is None, reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
+def test_the_pretraining_images_stay_on_the_device() -> None:
+    from dcl_core.training.builders import InMemoryData, build_data
+
+    cfg = apply_overrides(preset("smoke"), {"data.train_per_class": 8, "data.test_per_class": 2})
+    data = build_data(cfg)
+    assert isinstance(data, InMemoryData)
+    batches = [torch.arange(0, 16), torch.arange(16, 32)]
+    views = list(data.epoch_views(batches, torch.Generator().manual_seed(0), DEVICE))
+    assert all(v.device.type == DEVICE.type and v.shape[0] == 16 for pair in views for v in pair)
+    if DEVICE.type != "cpu":
+        resident = data._resident
+        assert resident is not None and resident.device.type == DEVICE.type  # copied once ...
+        list(data.epoch_views(batches, torch.Generator().manual_seed(1), DEVICE))
+        assert data._resident is resident  # ... and not again the next epoch
+
+
+@pytest.mark.skipif(_cifar10() is None, reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_the_trainer_on_the_device_under_autocast(dtype: torch.dtype, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two epochs of the smoke preset with the trainer's mixed precision (fp16 with its GradScaler: the dtype a
+    GPU without bf16 gets): a finite loss every epoch, a kNN top-1, every metric finite."""
+    from dcl_core.training import train
+
+    monkeypatch.setattr(run_module, "amp_dtype", lambda device: dtype if device.type == DEVICE.type else None)
+    scalers: list[torch.amp.GradScaler] = []
+    real = run_module.grad_scaler
+
+    def recording(device: torch.device, amp: torch.dtype | None) -> torch.amp.GradScaler:
+        scalers.append(real(device, amp))
+        return scalers[-1]
+
+    monkeypatch.setattr(run_module, "grad_scaler", recording)
+    cfg = apply_overrides(preset("smoke"), {"device": DEVICE.type, "optim.epochs": 2, "output_dir": str(tmp_path)})
+    train(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(math.isfinite(x[M.TRAIN_LOSS]) for x in lines)
+    assert 0.0 <= lines[-1][M.KNN_TOP1] <= 100.0
+    assert [s.is_enabled() for s in scalers] == [dtype == torch.float16]  # loss scaling exactly for fp16
