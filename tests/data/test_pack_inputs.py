@@ -66,6 +66,9 @@ def _bounded(seconds: int = 60, extra_bytes: int = 1024**3) -> Iterator[None]:
         raise TimeoutError(f"still running after {seconds} s")
 
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    # pyarrow's allocator (mimalloc) reserves its arena at its first allocation in a process: done before the
+    # bound, or pyarrow 26 fails a 64-byte malloc under it (a worker whose first pack runs here)
+    pa.array(["warm"], pa.string())
     previous = signal.signal(signal.SIGALRM, expired)
     resource.setrlimit(resource.RLIMIT_AS, (_vm_bytes() + extra_bytes, hard))
     signal.alarm(seconds)
