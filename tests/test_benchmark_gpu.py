@@ -52,6 +52,43 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
 
 
+# Every process the one GPU command starts (pytest, gpu.py, gpu_runs.py and its training runs) without Ray, Optuna
+# and MLflow: a sitecustomize on PYTHONPATH, which every Python imports at its start.
+BLOCK_EVERYWHERE = """
+import sys
+class _NotOnTheGpuMachine:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('ray', 'mlflow', 'optuna'):
+            raise ImportError('not on the GPU machine: ' + name)
+sys.meta_path.insert(0, _NotOnTheGpuMachine())
+"""
+
+
+@pytest.mark.slow  # ~2 minutes: the tests step, gpu.py's start and 4 toy runs of 2 epochs
+@pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present")
+def test_the_one_gpu_command_reports_every_step_in_at_most_seven_files(tmp_path: Path) -> None:
+    """``benchmarks/gpu_check.py --tiny``: the command a lent GPU machine runs, rehearsed on the CPU."""
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(BLOCK_EVERYWHERE)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "benchmarks/gpu_check.py", "--tiny", "--out", str(out), "--budget-s", "420",
+           "--tests-s", "150", "--gpu-s", "0", "--epochs", "2", "--tests", "tests/training/test_mixed_precision.py"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=os.environ | {"PYTHONPATH": str(block), "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [  # the lending machine returns 8 files at most
+        "answer.md", "check.log", "gpu.json", "gpu.md", "runs.jsonl", "runs_logs.txt", "tests.txt"]
+    assert "6 passed" in (out / "tests.txt").read_text()
+    assert "every step exit 0" in (out / "check.log").read_text()
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert sorted({r["run"] for r in runs}) == ["dcl_s0", "dcl_s1", "infonce_s0", "infonce_s1"] and len(runs) == 8
+    assert all(math.isfinite(r["train/loss"]) and "eval/knn_top1" in r for r in runs)
+    answer = (out / "answer.md").read_text()
+    assert "compared at epoch 2" in answer and "DCL − InfoNCE kNN top-1 at epoch 2" in answer
+    assert "not on the GPU machine" not in (out / "runs_logs.txt").read_text()
+
+
 @pytest.mark.slow  # ~5 s
 def test_the_gpu_runs_summary_compares_at_the_last_epoch_every_run_finished(tmp_path: Path) -> None:
     """``benchmarks/gpu_runs.py --summarize``: paired by seed at the common last epoch, verdict against Table 1."""
