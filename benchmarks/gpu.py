@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    min(60.0, budget.left), conv_rate)),
         *([] if args.tiny else [("step, batch 32", 60, lambda: step_rows(device, 32, args.tiny, None,
                                                                           min(40.0, budget.left), conv_rate))]),
-        ("sharing", 60, lambda: sharing_rows(device, args.tiny, 3.0 if args.tiny else 15.0)),
+        ("sharing", 60, lambda: sharing_rows(device, args.tiny, 3.0 if args.tiny else 10.0)),
         ("paper run", 150, lambda: paper_run_rows(args.data_root, args.tiny, max(60.0, budget.left))),
     ]
     failed = []

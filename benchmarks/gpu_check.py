@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                 env=_test_env(args.data_root))
     codes["gpu.py"] = check.step("gpu.py", [sys.executable, "benchmarks/gpu.py", "--out", str(args.out),
                                             "--budget-s", str(args.gpu_s), *data, *(["--tiny"] * args.tiny)],
-                                 args.gpu_s + 120, args.out / "check.log")
+                                 args.gpu_s + 60, args.out / "check.log")
 
     with tempfile.TemporaryDirectory(prefix="gpu_check_runs_") as tmp:
         runs = Path(tmp)
