@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cifar10_present import cifar10_present
 
 from dcl_core import metric_names as M
 from dcl_core.config import LOSS_NAMES, apply_overrides, preset
-from dcl_core.data import resolve_data_root
-from dcl_core.data.packed import PACKED_FILE
 from dcl_core.eval.knn import knn_top1
 from dcl_core.losses import LOSSES
 from dcl_core.training import run as run_module
@@ -27,12 +26,6 @@ from dcl_core.training import run as run_module
 DEVICE = torch.device(os.environ.get("DCL_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")
 TAUS = (0.005, 0.07, 0.2, 1.0)
-
-
-def _cifar10() -> Path | None:
-    """Where CIFAR-10 is (the embedded folder, ``DCL_DATA_ROOT``'s pack), or None."""
-    root = resolve_data_root("cifar10", None)
-    return root if (root / "train").is_dir() or (root / PACKED_FILE).is_file() else None
 
 
 def _loss_and_grad(name: str, tau: float, z1: torch.Tensor, z2: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -68,7 +61,7 @@ def test_the_knn_monitor_on_the_device_equals_the_cpu() -> None:
     assert abs(dev - cpu) <= 0.2  # at most 2 of 1,000 queries decided differently (a near-tie's rounding)
 
 
-@pytest.mark.skipif(_cifar10() is None, reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
+@pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
 def test_the_pretraining_images_stay_on_the_device() -> None:
     from dcl_core.training.builders import InMemoryData, build_data
 
@@ -85,7 +78,7 @@ def test_the_pretraining_images_stay_on_the_device() -> None:
         assert data._resident is resident  # ... and not again the next epoch
 
 
-@pytest.mark.skipif(_cifar10() is None, reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
+@pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_the_trainer_on_the_device_under_autocast(dtype: torch.dtype, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,10 @@ import functools
 import math
 
 import torch
+from cifar10_present import cifar10_present
 from torch import Tensor, nn
 
-from dcl_core.data import load_dataset, resolve_data_root
+from dcl_core.data import load_dataset
 from dcl_core.losses import LOSSES, ContrastiveLoss, EqCoLoss, InfoNCELoss, LossOutput, PairSimilarities
 
 IMAGE = (3, 4, 4)  # tiny "images" for unit tests
@@ -61,10 +62,7 @@ def make_loss(name: str, temperature: float = 0.2) -> ContrastiveLoss:
 
 
 def cifar_available() -> bool:
-    try:
-        return (resolve_data_root("cifar10", None) / "train").is_dir()
-    except Exception:
-        return False
+    return cifar10_present()
 
 
 @functools.cache

@@ -9,9 +9,9 @@ from pathlib import Path
 import pyrun
 import pytest
 import torch
+from cifar10_present import cifar10_present
 
 from dcl_core.config import CONFIG_KEYS
-from dcl_core.data import resolve_data_root
 from dcl_core.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_print_config_resolves_preset_and_aliases():
 
 
 def _has_cifar():
-    return (resolve_data_root("cifar10", None) / "train").is_dir()
+    return cifar10_present()
 
 
 @pytest.mark.slow  # trains with the CLI, then evaluates, as subprocesses (~45 CPU-s)

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from cifar10_present import cifar10_present
 
 from dcl_core.config import apply_overrides, from_flat_dict, preset, to_flat_dict
-from dcl_core.data import EvalTransform, load_dataset, normalization_for, resolve_data_root
+from dcl_core.data import EvalTransform, load_dataset, normalization_for
 from dcl_core.export import main
 from dcl_core.training import train
 from dcl_core.training.backbone_export import describe, export
 from dcl_core.training.builders import build_model
 from dcl_core.training.checkpoint import load_checkpoint, save_checkpoint
 
-needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
-                                reason="embedded CIFAR-10 not present")
+needs_data = pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present")
 
 
 def _trained(tmp_path: Path, width: float) -> Path:

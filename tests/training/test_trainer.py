@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from cifar10_present import cifar10_present
 
 import dcl_core.training
 from dcl_core.config import ConfigError, apply_overrides, preset
-from dcl_core.data import resolve_data_root
 from dcl_core.training import NonFiniteLossError, epoch, train, trainer
 from dcl_core.training import runtime as runtime_module
 from dcl_core.training.checkpoint import load_checkpoint
@@ -23,15 +23,7 @@ from dcl_core.training.run import build_run
 from dcl_core.training.runtime import Runtime
 from dcl_core.training.schedule import cosine_lr, steps_per_epoch
 
-
-def _embedded_available() -> bool:
-    try:
-        return (resolve_data_root("cifar10", None) / "train").is_dir()
-    except Exception:
-        return False
-
-
-needs_cifar = pytest.mark.skipif(not _embedded_available(), reason="embedded CIFAR-10 not present")
+needs_cifar = pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present")
 
 
 def smoke(tmp_path, **overrides):
