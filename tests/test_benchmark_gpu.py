@@ -19,25 +19,32 @@ from dcl_core.data import resolve_data_root
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # benchmarks/ (its --summarize is called in this process)
-# Run the script with Ray, Optuna and MLflow unimportable: the GPU machine has none of them.
-WITHOUT = """
-import runpy, sys
-class Block:
+# Every process a GPU script starts (pytest, gpu.py's sharing processes, gpu_runs.py and its training runs) without
+# Ray, Optuna and MLflow, as on the GPU machine: a sitecustomize on PYTHONPATH, which every Python imports at start.
+BLOCK_EVERYWHERE = """
+import sys
+class _NotOnTheGpuMachine:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('ray', 'mlflow', 'optuna'):
             raise ImportError('not on the GPU machine: ' + name)
-sys.meta_path.insert(0, Block())
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name='__main__')
+sys.meta_path.insert(0, _NotOnTheGpuMachine())
 """
+
+
+def _as_on_the_gpu_machine(tmp_path: Path) -> dict[str, str]:
+    """An environment in which no process can import Ray, Optuna or MLflow."""
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "sitecustomize.py").write_text(BLOCK_EVERYWHERE)
+    return os.environ | {"PYTHONPATH": str(block), "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.mark.slow  # ~1 minute: every part, sharing processes and a 2-epoch smoke run included
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present")
 def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_path: Path) -> None:
     out = tmp_path / "gpu"
-    proc = subprocess.run([sys.executable, "-c", WITHOUT, "benchmarks/gpu.py", "--tiny", "--out", str(out),
-                           "--device", "cpu"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "benchmarks/gpu.py", "--tiny", "--out", str(out), "--device", "cpu"],
+                          cwd=REPO, capture_output=True, text=True, timeout=900, env=_as_on_the_gpu_machine(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "gpu.json").read_text())
     names = [r["name"] for r in report["rows"]]
@@ -52,30 +59,15 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
 
 
-# Every process the one GPU command starts (pytest, gpu.py, gpu_runs.py and its training runs) without Ray, Optuna
-# and MLflow: a sitecustomize on PYTHONPATH, which every Python imports at its start.
-BLOCK_EVERYWHERE = """
-import sys
-class _NotOnTheGpuMachine:
-    def find_spec(self, name, path=None, target=None):
-        if name.split('.')[0] in ('ray', 'mlflow', 'optuna'):
-            raise ImportError('not on the GPU machine: ' + name)
-sys.meta_path.insert(0, _NotOnTheGpuMachine())
-"""
-
-
 @pytest.mark.slow  # ~2 minutes: the tests step, gpu.py's start and 4 toy runs of 2 epochs
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present")
 def test_the_one_gpu_command_reports_every_step_in_at_most_seven_files(tmp_path: Path) -> None:
     """``benchmarks/gpu_check.py --tiny``: the command a lent GPU machine runs, rehearsed on the CPU."""
-    block = tmp_path / "block"
-    block.mkdir()
-    (block / "sitecustomize.py").write_text(BLOCK_EVERYWHERE)
     out = tmp_path / "out"
     cmd = [sys.executable, "benchmarks/gpu_check.py", "--tiny", "--out", str(out), "--budget-s", "420",
            "--tests-s", "150", "--gpu-s", "0", "--epochs", "2", "--tests", "tests/training/test_mixed_precision.py"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env=os.environ | {"PYTHONPATH": str(block), "PYTHONUNBUFFERED": "1"})
+                          env=_as_on_the_gpu_machine(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [  # the lending machine returns 8 files at most
         "answer.md", "check.log", "gpu.json", "gpu.md", "runs.jsonl", "runs_logs.txt", "tests.txt"]
