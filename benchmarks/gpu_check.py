@@ -5,15 +5,16 @@
 
 A lent GPU machine runs one command of at most 10 minutes, returns at most 8 files from its output folder, and
 has torch and torchvision but no Ray, Optuna or MLflow. So three steps run in order, each within its share of
-``--budget-s``, each result put into OUT the moment it exists (7 files; a command cut short still reports):
+``--budget-s``, each result put into OUT the moment it exists (8 files; a command cut short still reports):
 
 1. ``tests.txt``: pytest over the losses, data, training, evaluation, frameworks and models, ``tests/test_cuda.py``
    first (what only a GPU can check), stopped after ``--tests-s``;
 2. ``gpu.json`` and ``gpu.md``: ``benchmarks/gpu.py`` with ``--gpu-s`` (autocast against fp32, the device's
    peak rates, the trainer against a bare loop at batch 512 and 32, processes sharing the device);
-3. ``runs.jsonl``, ``answer.md`` and ``runs_logs.txt``: ``benchmarks/gpu_runs.py`` with what is left (DCL vs
-   InfoNCE, ResNet-18, full CIFAR-10, batch 32, ``--seeds`` each, kNN every epoch): every run's metrics merged
-   as they are written, the per-epoch table with the paired verdict, and each run's last log lines.
+3. ``runs.jsonl``, ``answer.md``, ``curves.png`` and ``runs_logs.txt``: ``benchmarks/gpu_runs.py`` with what is
+   left (DCL vs InfoNCE, ResNet-18, full CIFAR-10, batch 32, ``--seeds`` each, kNN every epoch): every run's
+   metrics merged as they are written, the per-epoch table with the paired verdict, kNN against the epoch per
+   run, and each run's last log lines.
 
 ``check.log`` says when each step started and ended and why it stopped. ``--tiny`` runs the same steps at toy
 sizes (``gpu.py --tiny``, the runs shrunk by ``--set``), so the command is rehearsed on a CPU before a GPU's
@@ -37,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import MAX_METRICS_BYTES  # noqa: E402 - the repository root is on the path from here
-from dcl_core.files import open_append, open_fd, read_bounded, write_text  # noqa: E402
+from dcl_core import metric_names as M  # noqa: E402
+from dcl_core.files import open_append, open_fd, read_bounded, write_text, write_with  # noqa: E402
 
 # What only a GPU checks comes first, so a step cut short has run it.
 TESTS = ("tests/test_cuda.py", "tests/losses", "tests/data", "tests/training", "tests/eval", "tests/frameworks",
@@ -126,6 +128,33 @@ def merge_runs(runs: Path, out: Path) -> None:
     write_text(out, "".join(x + "\n" for x in lines))
 
 
+def plot_curves(merged: Path, out: Path) -> None:
+    """The kNN top-1 against the epoch of each run in ``merged`` (``runs.jsonl``): DCL solid, InfoNCE dashed, a
+    colour a seed; the curves docs/results.md shows beside the table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for line in read_bounded(merged, 64 * MAX_METRICS_BYTES).decode(errors="replace").splitlines():
+        record = json.loads(line)
+        if isinstance(record.get(M.KNN_TOP1), int | float) and isinstance(record.get(M.EPOCH), int):
+            curves.setdefault(str(record["run"]), []).append((record[M.EPOCH], float(record[M.KNN_TOP1])))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in sorted(curves.items()):
+        loss, _, seed = name.partition("_s")
+        ax.plot(*zip(*sorted(points), strict=True), "-" if loss == "dcl" else "--", marker=".",
+                color=f"C{int(seed) if seed.isdigit() else 0}", label=name)
+    ax.set(xlabel="epoch", ylabel="kNN top-1 (%)", title="DCL (solid) vs InfoNCE (dashed), one colour a seed")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    write_with(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
 def log_tails(runs: Path, out: Path) -> None:
     """The last :data:`LOG_TAIL` lines of each run's log, one after the other."""
     parts = []
@@ -139,7 +168,7 @@ def log_tails(runs: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The three steps within the budget; exit 1 if a step failed or was stopped."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="the folder every result goes to (at most 7 files)")
+    p.add_argument("--out", type=Path, required=True, help="the folder every result goes to (8 files)")
     p.add_argument("--data-root", default=None, help="CIFAR-10: a pack (python -m dcl_core.pack) or an ImageFolder")
     p.add_argument("--budget-s", type=float, default=540.0, help="the whole check's seconds")
     p.add_argument("--tests-s", type=float, default=75.0, help="the tests' share")
@@ -172,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                      "--seeds", str(args.seeds), "--epochs", str(args.epochs), "--budget-s", f"{budget:.0f}", *sets],
             check.left, runs / "driver.log", every=lambda: merge_runs(runs, args.out / "runs.jsonl"))
         merge_runs(runs, args.out / "runs.jsonl")
+        try:
+            plot_curves(args.out / "runs.jsonl", args.out / "curves.png")
+        except Exception as exc:  # the numbers are in runs.jsonl: a figure that fails is a line, not a lost check
+            check.log(f"curves.png: not drawn ({type(exc).__name__}: {exc})")
         log_tails(runs, args.out / "runs_logs.txt")
         if not (runs / "answer.md").is_file():  # stopped before its summary: make it from what the runs wrote
             subprocess.run([sys.executable, "benchmarks/gpu_runs.py", "--summarize", str(runs)], cwd=REPO,

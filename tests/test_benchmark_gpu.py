@@ -61,7 +61,7 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
 
 @pytest.mark.slow  # ~2 minutes: the tests step, gpu.py's start and 4 toy runs of 2 epochs
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="embedded CIFAR-10 not present")
-def test_the_one_gpu_command_reports_every_step_in_at_most_seven_files(tmp_path: Path) -> None:
+def test_the_one_gpu_command_reports_every_step_in_eight_files(tmp_path: Path) -> None:
     """``benchmarks/gpu_check.py --tiny``: the command a lent GPU machine runs, rehearsed on the CPU."""
     out = tmp_path / "out"
     cmd = [sys.executable, "benchmarks/gpu_check.py", "--tiny", "--out", str(out), "--budget-s", "420",
@@ -70,7 +70,8 @@ def test_the_one_gpu_command_reports_every_step_in_at_most_seven_files(tmp_path:
                           env=_as_on_the_gpu_machine(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [  # the lending machine returns 8 files at most
-        "answer.md", "check.log", "gpu.json", "gpu.md", "runs.jsonl", "runs_logs.txt", "tests.txt"]
+        "answer.md", "check.log", "curves.png", "gpu.json", "gpu.md", "runs.jsonl", "runs_logs.txt", "tests.txt"]
+    assert (out / "curves.png").read_bytes().startswith(b"\x89PNG")
     assert "6 passed" in (out / "tests.txt").read_text()
     assert "every step exit 0" in (out / "check.log").read_text()
     runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
