@@ -154,10 +154,10 @@ def autocast_rows(device: torch.device, n: int, dim: int) -> Iterator[Row]:
                 loss_fn = build_loss(cfg, derive(cfg, 1)).to(device)
                 for p1, p2 in pairs:
                     a1, a2 = p1.to(device, dtype), p2.to(device, dtype)  # what a head under autocast hands the loss
-                    ref_loss, ref_grad, _ = _loss_and_grad(a1.float(), a2.float(), loss_fn, device, None, None)
+                    ref_loss, ref_grad, _ = trainer_gradient(a1.float(), a2.float(), loss_fn, device, None, None)
                     scaler = grad_scaler(device, dtype)  # the trainer's
-                    low_loss, low_grad, skips = _loss_and_grad(a1, a2, loss_fn, device, dtype, scaler)
-                    _, unscaled, _ = _loss_and_grad(a1, a2, loss_fn, device, dtype, None)
+                    low_loss, low_grad, skips = trainer_gradient(a1, a2, loss_fn, device, dtype, scaler)
+                    _, unscaled, _ = trainer_gradient(a1, a2, loss_fn, device, dtype, None)
                     finite &= bool(torch.isfinite(low_loss) and torch.isfinite(low_grad).all())
                     skipped += skips
                     loss_worst = max(loss_worst, _relative(low_loss, ref_loss))
@@ -182,7 +182,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def _loss_and_grad(z1: torch.Tensor, z2: torch.Tensor, loss_fn: torch.nn.Module, device: torch.device,
+def trainer_gradient(z1: torch.Tensor, z2: torch.Tensor, loss_fn: torch.nn.Module, device: torch.device,
                    dtype: torch.dtype | None,
                    scaler: torch.amp.GradScaler | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The loss of ``(z1, z2)`` under ``dtype`` autocast (None: none) and its gradient in ``z1`` as the trainer's

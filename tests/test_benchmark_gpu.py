@@ -79,7 +79,8 @@ def test_the_one_gpu_command_reports_every_step_in_eight_files(tmp_path: Path) -
     assert all(math.isfinite(r["train/loss"]) and "eval/knn_top1" in r for r in runs)
     answer = (out / "answer.md").read_text()
     assert "compared at epoch 2" in answer and "DCL − InfoNCE kNN top-1 at epoch 2" in answer
-    assert "not on the GPU machine" not in (out / "runs_logs.txt").read_text()
+    logs = (out / "runs_logs.txt").read_text()
+    assert "==> dcl_s0.log <==" in logs and "==> driver.log <==" in logs and "not on the GPU machine" not in logs
 
 
 @pytest.mark.slow  # ~5 s

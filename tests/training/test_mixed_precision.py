@@ -9,6 +9,9 @@ below fp16's smallest normal (6.1e-5), some round to zero. GradScaler's loss sca
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,10 @@ from dcl_core.config import apply_overrides, derive, preset
 from dcl_core.training.builders import build_loss
 from dcl_core.training.run import grad_scaler
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the GPU check measures the same way
+from benchmarks.gpu import trainer_gradient
+
+CPU = torch.device("cpu")
 FP16_SMALLEST_NORMAL = 2.0**-14  # 6.1e-5
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 
@@ -29,17 +36,13 @@ def nearly_saturated_pair(n: int = 256, dim: int = 128) -> tuple[torch.Tensor, t
     return z1, z2
 
 
-def gradient(loss_fn: torch.nn.Module, z1: torch.Tensor, z2: torch.Tensor,
+def gradient(loss_fn: torch.nn.Module, z1: torch.Tensor, z2: torch.Tensor, dtype: torch.dtype | None,
              scaler: torch.amp.GradScaler | None = None) -> tuple[float, torch.Tensor]:
-    """The loss and its gradient in ``z1`` as the trainer's step computes it: backward through the scaled loss,
-    then unscaled (``scaler`` None: no scaling); the gradient has ``z1``'s dtype, returned as fp32."""
-    x = z1.detach().clone().requires_grad_(True)
-    torch.manual_seed(1)  # EqCo samples its negatives: the same ones every time
-    loss = loss_fn(x, z2).loss
-    scaled = loss if scaler is None else scaler.scale(loss)
-    (grad,) = torch.autograd.grad(scaled, x)
-    scale = 1.0 if scaler is None else scaler.get_scale()
-    return loss.item(), grad.float() / scale
+    """The loss and the gradient in ``z1`` the trainer's step hands its optimizer (``benchmarks/gpu.py``'s
+    measurement): ``z1`` a head's output in its dtype, the backward through ``scaler``'s scaled loss (None: none)."""
+    loss, grad, skipped = trainer_gradient(z1, z2, loss_fn, CPU, dtype, scaler)
+    assert skipped == 0  # no overflow at these sizes: the gradient of the first step
+    return loss.item(), grad
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -51,12 +54,12 @@ def test_fp16_gradients_of_a_nearly_saturated_loss_underflow_unless_the_trainer_
     cfg = apply_overrides(preset("smoke"), {"loss.name": name, "loss.temperature": 0.07})
     loss_fn = build_loss(cfg, derive(cfg, 1))
     z1, z2 = (z.half() for z in nearly_saturated_pair())  # what a head under fp16 autocast hands the loss
-    loss, exact = gradient(loss_fn, z1.float(), z2.float())  # fp32 on the same embeddings
+    loss, exact = gradient(loss_fn, z1.float(), z2.float(), None)  # fp32 on the same embeddings
     assert loss < 0.01 and exact.abs().max() < FP16_SMALLEST_NORMAL  # saturated: every entry an fp16 subnormal
-    _, unscaled = gradient(loss_fn, z1, z2)
+    _, unscaled = gradient(loss_fn, z1, z2, torch.float16)
     assert relative(unscaled, exact) > 5e-3  # the H100's observation: fp16 underflow, not a defect of the loss
-    scaler = grad_scaler(torch.device("cpu"), torch.float16)
-    _, scaled = gradient(loss_fn, z1, z2, scaler)
+    scaler = grad_scaler(CPU, torch.float16)
+    _, scaled = gradient(loss_fn, z1, z2, torch.float16, scaler)
     assert relative(scaled, exact) <= UNIT_ROUNDOFF[torch.float16]  # fp16's own rounding, nothing more
     assert scaler.get_scale() >= 2.0**16
 
@@ -66,8 +69,8 @@ def test_bf16_gradients_need_no_loss_scaling(name: str) -> None:
     cfg = apply_overrides(preset("smoke"), {"loss.name": name, "loss.temperature": 0.07})
     loss_fn = build_loss(cfg, derive(cfg, 1))
     z1, z2 = (z.bfloat16() for z in nearly_saturated_pair())
-    _, exact = gradient(loss_fn, z1.float(), z2.float())
-    scaler = grad_scaler(torch.device("cpu"), torch.bfloat16)
-    assert not scaler.is_enabled() and grad_scaler(torch.device("cpu"), None).is_enabled() is False
-    _, low = gradient(loss_fn, z1, z2, scaler)
+    _, exact = gradient(loss_fn, z1.float(), z2.float(), None)
+    scaler = grad_scaler(CPU, torch.bfloat16)
+    assert not scaler.is_enabled() and grad_scaler(CPU, None).is_enabled() is False
+    _, low = gradient(loss_fn, z1, z2, torch.bfloat16, scaler)
     assert relative(low, exact) <= UNIT_ROUNDOFF[torch.bfloat16]  # fp32's exponent range: only bf16's rounding
