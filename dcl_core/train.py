@@ -27,6 +27,7 @@ from dcl_core.config import (
     PRESETS,
     Config,
     ConfigError,
+    absolute_reference,
     apply_overrides,
     check_device,
     field_specs,
@@ -110,14 +111,18 @@ def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Preset, then explicit options, then ``--set``; raises ConfigError on any bad key or value."""
+    """Preset, then explicit options, then ``--set``; a user loss's ``file.py:Class`` with the file's absolute
+    path, as the run records it (:func:`dcl_core.config.absolute_reference`, as a study does). Raises ConfigError on
+    any bad key or value."""
     cfg = preset(args.preset)
     given = vars(args)
     overrides = {k: given[k] for k in CONFIG_KEYS if given.get(k) is not None}
     if args.download:
         overrides["data.download"] = True
     overrides |= parse_overrides(args.set)
-    return apply_overrides(cfg, overrides)
+    cfg = apply_overrides(cfg, overrides)
+    name = absolute_reference(cfg.loss.name)
+    return cfg if name == cfg.loss.name else apply_overrides(cfg, {"loss.name": name})
 
 
 def main(argv: list[str] | None = None) -> int:

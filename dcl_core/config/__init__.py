@@ -48,7 +48,14 @@ from dcl_core.config.schema import (
     field_specs,
     value_at,
 )
-from dcl_core.config.user_loss import REFERENCE_FORMS, LossReference, loss_label, loss_params, loss_reference
+from dcl_core.config.user_loss import (
+    REFERENCE_FORMS,
+    LossReference,
+    absolute_reference,
+    loss_label,
+    loss_params,
+    loss_reference,
+)
 from dcl_core.config.validation import check_device, validate
 
 __all__ = [
@@ -56,7 +63,7 @@ __all__ = [
     "LOSS_NAMES", "NEGATIVES", "PRESETS", "REFERENCE_FORMS", "STEM_NAMES", "Config", "ConfigError", "DataConfig",
     "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "ModelConfig",
     "Negatives", "OptimConfig", "Range", "RunFailedError",
-    "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "loss_label", "loss_params",
-    "loss_reference", "parse_overrides", "preset",
+    "absolute_reference", "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "loss_label",
+    "loss_params", "loss_reference", "parse_overrides", "preset",
     "to_flat_dict", "validate", "value_at",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import keyword
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,17 @@ def loss_reference(name: str, key: str = "loss.name") -> LossReference | None:
         return LossReference(attr=attr, module=where)
     raise ConfigError(f"{key}={name!r}: before the ':' must come an importable module or a .py file "
                       f"({REFERENCE_FORMS})")
+
+
+def absolute_reference(name: str) -> str:
+    """A user loss's ``file.py:Class`` with the file's absolute path (``~`` expanded), as a run and a study record
+    it: their records, and the trials Tune runs in folders of their own, find the same file. Other names as given:
+    a built-in's, a module's, and a malformed one (refused later, with the config's message)."""
+    try:
+        ref = loss_reference(name)
+    except ConfigError:
+        return name
+    return f"{os.path.abspath(os.path.expanduser(ref.file))}:{ref.attr}" if ref is not None and ref.file else name
 
 
 def loss_label(name: str) -> str:

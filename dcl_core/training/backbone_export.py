@@ -2,10 +2,12 @@
 
 :func:`export` writes the backbone's weights (no projection head, no optimizer) as a plain state dict in a
 weights-only torch file, and beside it ``backbone.json``: what it is (architecture, width, stem, data, image size,
-epochs, loss, τ, the last kNN top-1) and whether torchvision's own model loads it (``torchvision_compatible``: a
-ResNet-18/50 at width 1). docs/evaluation.md gives the two loading recipes, torchvision's model at width 1 and
-:func:`dcl_core.models.build_backbone` at any width; ``tests/training/test_export.py`` runs both as written. Inputs
-are normalized with the dataset's mean and std, also in the JSON.
+epochs, loss, τ, the last kNN top-1; ``loss`` a built-in's name or a user loss's reference as the run recorded it,
+``loss_params`` its ``loss.params`` as an object, ``{}`` for a built-in) and whether torchvision's own model loads
+it (``torchvision_compatible``: a ResNet-18/50 at width 1). docs/evaluation.md gives the two loading recipes,
+torchvision's model at width 1 and :func:`dcl_core.models.build_backbone` at any width;
+``tests/training/test_export.py`` runs both as written. Inputs are normalized with the dataset's mean and std, also
+in the JSON.
 
 Where the two files go is checked before the checkpoint is read (:func:`check_destination`): each a new path or a
 regular file, never a link, a device, a FIFO or the checkpoint itself, and the weights never named ``.json`` (their
@@ -19,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import ConfigError, RunFailedError, from_flat_dict
+from dcl_core.config import ConfigError, RunFailedError, from_flat_dict, loss_params
 from dcl_core.files import check_output_file, disk_full, no_space, write_with
 
 
@@ -86,7 +88,7 @@ def export(checkpoint: Path, out: Path) -> dict[str, Any]:
         "torchvision_compatible": arch in ("resnet18", "resnet50") and width == 1.0,
         "dataset": cfg.data.dataset, "image_size": cfg.data.image_size, "mean": list(mean), "std": list(std),
         "epochs": int(state["epoch"]), "framework": cfg.framework.name, "loss": cfg.loss.name,
-        "temperature": cfg.loss.temperature, "seed": cfg.seed,
+        "loss_params": loss_params(cfg.loss.params), "temperature": cfg.loss.temperature, "seed": cfg.seed,
         "knn_top1": knn if isinstance(knn, float) and math.isfinite(knn) else None,
         "source": str(checkpoint),
     }

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from dcl_core import files
 from dcl_core import metric_names as M
-from dcl_core.config import Config, RunFailedError, to_flat_dict
+from dcl_core.config import Config, RunFailedError, loss_label, to_flat_dict
 from dcl_core.training.checkpoint import (
     check_resumable,
     framework_state,
@@ -101,14 +101,22 @@ def train(cfg: Config, callbacks: Sequence[EpochCallback] = (), resume: bool = F
             dist.destroy_process_group()
 
 
+def _method(cfg: Config) -> str:
+    """The framework and its loss as the run's first line names them: ``simclr/dcl``, and a user loss by its class
+    and where it comes from, ``simclr/PositiveWeighted (/abs/my_losses.py:PositiveWeighted)``."""
+    label = loss_label(cfg.loss.name)
+    loss = label if label == cfg.loss.name else f"{label} ({cfg.loss.name})"
+    return f"{cfg.framework.name}/{loss}"
+
+
 def _train(cfg: Config, runtime: Runtime, callbacks: Sequence[EpochCallback], resume: bool,
            progress: bool = False) -> TrainResult:
     """Build the run, restore it, train the remaining epochs, then the linear probe if configured."""
     run = build_run(cfg, runtime)
     start_epoch, history = _restore(run, resume)
     log.info(
-        "training %s/%s on %s x%d: %d epochs x %d steps, batch %d, peak lr %.4g, K=%d",
-        cfg.framework.name, cfg.loss.name, runtime.device, runtime.world_size, cfg.optim.epochs,
+        "training %s on %s x%d: %d epochs x %d steps, batch %d, peak lr %.4g, K=%d",
+        _method(cfg), runtime.device, runtime.world_size, cfg.optim.epochs,
         run.steps_per_epoch, cfg.optim.batch_size, run.derived.lr, run.derived.num_negatives,
     )
     for epoch in range(start_epoch, cfg.optim.epochs):

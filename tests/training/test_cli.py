@@ -82,6 +82,22 @@ def test_print_config_resolves_preset_and_aliases():
     assert '"model.width": 0.25' in out.stdout
 
 
+def test_a_user_loss_file_is_recorded_by_its_absolute_path(monkeypatch, capsys):
+    """``--loss docs/examples/my_losses.py:PositiveWeighted`` was recorded as given (config.json, the checkpoint, an
+    export's JSON), relative to a folder no record keeps; as a study does, the run makes the file absolute. A
+    built-in's name and a module's reference stay as given."""
+    from dcl_core.train import main
+
+    monkeypatch.chdir(REPO)
+    given = {"docs/examples/my_losses.py:PositiveWeighted": f"{REPO}/docs/examples/my_losses.py:PositiveWeighted",
+             "dcl": "dcl", "my_losses:PositiveWeighted": "my_losses:PositiveWeighted"}
+    for name, recorded in given.items():
+        assert main(["--preset", "smoke", "--loss", name, "--set", 'loss.params={"positive_weight": 0.5}',
+                     "--print-config"]) == 0
+        config = json.loads(capsys.readouterr().out)
+        assert config["loss.name"] == recorded and config["loss.params"] == '{"positive_weight": 0.5}'
+
+
 def _has_cifar():
     return cifar10_present()
 

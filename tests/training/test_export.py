@@ -113,9 +113,9 @@ def test_a_missing_or_foreign_checkpoint_exits_2_in_one_line(tmp_path: Path, cap
 # ---- where the export goes (issue 46, items 2 and 10): checked before the checkpoint is read, one line each
 
 
-def _checkpoint(tmp_path: Path) -> Path:
+def _checkpoint(tmp_path: Path, **overrides: object) -> Path:
     """A real checkpoint of the smoke preset's model at width 0.125 (untrained: nothing here needs training)."""
-    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125})
+    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125, **overrides})
     state = {"epoch": 1, "model": build_model(cfg).state_dict(), "optimizer": {}, "scaler": {},
              "config": to_flat_dict(cfg), "history": [{"eval/knn_top1": 12.5}]}
     return save_checkpoint(state, tmp_path / "run" / "checkpoint.pt")
@@ -167,3 +167,16 @@ def test_export_never_overwrites_its_own_weights_a_link_s_target_or_the_checkpoi
     assert main([str(checkpoint), "-o", str(tmp_path / "old.pt")]) == 0
     assert json.loads((tmp_path / "old.json").read_text())["width"] == 0.125
     assert "conv1.weight" in torch.load(tmp_path / "old.pt", weights_only=True)
+
+
+def test_the_json_names_a_user_loss_by_its_absolute_file_and_carries_its_params(tmp_path: Path) -> None:
+    """A run of docs/examples/my_losses.py:PositiveWeighted with positive_weight 0.5: its JSON had the loss's name
+    and no ``loss.params``, so the weights did not say which loss trained them. A built-in's params are ``{}``."""
+    reference = f"{REPO / 'docs' / 'examples' / 'my_losses.py'}:PositiveWeighted"
+    checkpoint = _checkpoint(tmp_path, **{"loss.name": reference, "loss.params": '{"positive_weight": 0.5}'})
+    assert main([str(checkpoint), "-o", str(tmp_path / "mine.pt")]) == 0
+    meta = json.loads((tmp_path / "mine.json").read_text())
+    assert meta["loss"] == reference and meta["loss_params"] == {"positive_weight": 0.5}
+    assert main([str(_checkpoint(tmp_path / "builtin")), "-o", str(tmp_path / "dcl.pt")]) == 0
+    meta = json.loads((tmp_path / "dcl.json").read_text())
+    assert meta["loss"] == "dcl" and meta["loss_params"] == {}

@@ -3,6 +3,7 @@ CIFAR-10 (smoke preset): metrics, determinism, resume, failures."""
 
 import ast
 import json
+import logging
 import math
 import os
 import subprocess
@@ -272,3 +273,25 @@ def test_the_loss_watch_names_the_first_non_finite_step_when_it_is_read_back():
     with pytest.raises(NonFiniteLossError, match=r"at epoch 4, step 2 \(this rank's: nan; loss=dcl, tau=0.1, "
                                                  r"lr=0.2\)"):
         watch.stop_if_not_finite(run, epoch=3)
+
+
+@needs_cifar
+def test_the_training_line_names_a_user_loss_by_its_class_and_its_reference(tmp_path, monkeypatch, caplog):
+    """The run's first line glued framework and reference with a slash (``simclr//abs/.../my_losses.py:
+    PositiveWeighted``); it names the class, then where it comes from. A built-in's stays ``simclr/dcl``."""
+    reference = f"{Path(__file__).resolve().parents[2]}/docs/examples/my_losses.py:PositiveWeighted"
+
+    class StopError(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise StopError
+
+    monkeypatch.setattr(trainer, "_train_one_epoch", stop)  # the line comes before the first epoch
+    for name, shown in ((reference, f"training simclr/PositiveWeighted ({reference}) on cpu"),
+                        ("dcl", "training simclr/dcl on cpu")):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dcl_core.training.trainer"), pytest.raises(StopError):
+            train(smoke(tmp_path / name.rpartition(":")[2], **{"loss.name": name, "device": "cpu"}))
+        (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
+        assert line.startswith(shown), line

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import cli
-from dcl_core.config import ConfigError, loss_reference
+from dcl_core.config import ConfigError, absolute_reference
 from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.execution import rounds
 from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
@@ -221,18 +221,8 @@ def args_of(ns: argparse.Namespace) -> StudyArgs:
     given: dict[str, Any] = {f.name: getattr(ns, f.name) for f in dataclasses.fields(StudyArgs) if hasattr(ns, f.name)}
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
     if values.get("losses"):
-        values["losses"] = ",".join(_absolute(x.strip()) for x in values["losses"].split(","))
+        values["losses"] = ",".join(absolute_reference(x.strip()) for x in values["losses"].split(","))
     return StudyArgs(**values)
-
-
-def _absolute(name: str) -> str:
-    """A user loss's ``file.py:Class`` with the file's absolute path; other names as given (a malformed one is
-    refused later, with the config's message)."""
-    try:
-        ref = loss_reference(name)
-    except ConfigError:
-        return name
-    return f"{os.path.abspath(os.path.expanduser(ref.file))}:{ref.attr}" if ref is not None and ref.file else name
 
 
 def check_bounds(args: StudyArgs) -> None:
