@@ -55,7 +55,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("dcl_core.config", "dcl_core.metric_names", "dcl_core.distributed", "search_spaces"),
     ("dcl_core.files", "dcl_core.losses", "dcl_core.models", "dcl_core.eval"),
     ("dcl_core.data", "dcl_core.frameworks"),
-    ("dcl_core.training",),
+    ("dcl_core.training", "dcl_core.losscheck"),
     ("dcl_core.cli",),
     ("dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack", "dcl_core.losses.__main__"),
     ("dcl_core.study.analysis",),

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from dcl_core import metric_names as M
 from dcl_core.distributed import distributed_world, gather_with_grad
-from dcl_core.losses.base import ContrastiveLoss, LossOutput, two_view_similarities
+from dcl_core.losses.base import ContrastiveLoss, LossOutput, at_least_fp32, two_view_similarities
 
 
 def uniformity(z: Tensor, t: float) -> Tensor:
@@ -65,8 +65,8 @@ class AlignUniformLoss(ContrastiveLoss):
         sims = two_view_similarities(z1, z2, self.gather_distributed)  # validates shapes first
         _, world = distributed_world() if self.gather_distributed else (0, 1)
         with torch.autocast(device_type=z1.device.type, enabled=False):
-            a = F.normalize(z1.float(), dim=1)
-            b = F.normalize(z2.float(), dim=1)
+            a = F.normalize(at_least_fp32(z1), dim=1)
+            b = F.normalize(at_least_fp32(z2), dim=1)
             if world > 1:
                 a, b = gather_with_grad(a), gather_with_grad(b)  # (N, D) each, global batch
             align = (a - b).pow(2).sum(dim=1).mean()

@@ -176,6 +176,12 @@ class LossOutput:
         return cls(loss=loss, diagnostics=diagnostics, npc=npc_multiplier(pos_logit, log_u))
 
 
+def at_least_fp32(z: Tensor) -> Tensor:
+    """``z`` in fp32, or kept in fp64 if it is fp64: the precision similarities are computed in (bf16 and fp16 are
+    raised to fp32; fp64 inputs, as the loss checker's, stay fp64)."""
+    return z.to(torch.promote_types(z.dtype, torch.float32))
+
+
 def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = False) -> PairSimilarities:
     """SimCLR's construction: 2n anchors (both views), positive = the other view, 2N−2 negatives each.
 
@@ -197,8 +203,8 @@ def two_view_similarities(z1: Tensor, z2: Tensor, gather_distributed: bool = Fal
         raise ValueError("a contrastive loss needs at least 2 samples in the batch")
     # Similarities in fp32 even under autocast: logits reach 1/τ = 200 at τ = 0.005.
     with torch.autocast(device_type=z1.device.type, enabled=False):
-        z1 = F.normalize(z1.float(), dim=1)
-        z2 = F.normalize(z2.float(), dim=1)
+        z1 = F.normalize(at_least_fp32(z1), dim=1)
+        z2 = F.normalize(at_least_fp32(z2), dim=1)
         z1_all = gather_with_grad(z1) if world > 1 else z1  # (N, D)
         z2_all = gather_with_grad(z2) if world > 1 else z2  # (N, D)
         big_n = z1_all.shape[0]
@@ -272,9 +278,11 @@ class ContrastiveLoss(nn.Module):
         """The loss of SimCLR's two views ``z1``, ``z2`` (each (N, D)), through :meth:`from_similarities`."""
         return self.from_similarities(two_view_similarities(z1, z2, self.gather_distributed))
 
-    def from_similarities(self, sims: PairSimilarities) -> LossOutput:  # pragma: no cover - abstract
-        """The loss's equation on precomputed similarities; each subclass implements it."""
-        raise NotImplementedError
+    def from_similarities(self, sims: PairSimilarities) -> LossOutput:
+        """The loss's equation on precomputed similarities; each subclass implements it, or computes from
+        ``(z1, z2)`` in :meth:`forward` instead (then only SimCLR can use it)."""
+        raise NotImplementedError(f"{type(self).__name__} computes from (z1, z2) in forward and has no "
+                                  "from_similarities: it runs with framework.name=simclr only")
 
     def extra_repr(self) -> str:
         """τ and distributed gathering for ``repr(module)``."""

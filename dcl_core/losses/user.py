@@ -26,6 +26,7 @@ from typing import Any
 
 from dcl_core.config import REFERENCE_FORMS, InputError, LossReference, loss_params, loss_reference
 from dcl_core.losses.base import ContrastiveLoss
+from dcl_core.losses.foreign import ForeignLoss, adapt, is_foreign, takes_gather
 
 MAX_SOURCE_BYTES = 1 << 20  # a loss's source file; the hash reads no more (a larger one is refused)
 
@@ -97,16 +98,22 @@ def _load(name: str, key: str) -> tuple[LossReference, Any]:
 
 
 def load_loss_class(name: str) -> type[ContrastiveLoss]:
-    """The class ``loss.name`` names (``module:Class`` or ``file.py:Class``), imported and checked.
+    """The class ``loss.name`` names (``module:Class`` or ``file.py:Class``), imported and checked: a
+    ContrastiveLoss subclass, or another library's loss (an ``nn.Module`` whose constructor takes ``temperature``,
+    :mod:`~dcl_core.losses.foreign`), adapted.
 
     Raises:
         InputError: one line naming the reference: it cannot be imported (the error's own line), the class is
-            missing, or it is not a ContrastiveLoss subclass with its own ``from_similarities`` or ``forward``.
+            missing, or it is neither a ContrastiveLoss subclass with its own ``from_similarities`` or ``forward``
+            nor an ``nn.Module`` taking ``temperature``.
     """
     ref, cls = _load(name, "loss.name")
+    if is_foreign(cls):
+        return adapt(cls)
     if not (inspect.isclass(cls) and issubclass(cls, ContrastiveLoss)):
-        raise InputError(f"loss.name={ref}: {ref.attr} must be a subclass of dcl_core.losses.ContrastiveLoss, "
-                         f"got {type(cls).__name__} {cls!r}"[:300])
+        raise InputError(f"loss.name={ref}: {ref.attr} must be a subclass of dcl_core.losses.ContrastiveLoss, or an "
+                         f"nn.Module whose constructor takes temperature (another library's loss); got "
+                         f"{type(cls).__name__} {cls!r}"[:300])
     if cls.from_similarities is ContrastiveLoss.from_similarities and cls.forward is ContrastiveLoss.forward:
         raise InputError(f"loss.name={ref}: {ref.attr} implements neither from_similarities(sims) nor "
                          "forward(z1, z2); the loss's equation goes in from_similarities")
@@ -132,15 +139,20 @@ def build_user_loss(name: str, params: str, temperature: float, gather_distribut
     """
     cls = load_loss_class(name)
     kwargs = loss_params(params)
+    if issubclass(cls, ForeignLoss):  # another library's constructor: τ, its own keywords and maybe the gathering
+        built, given = cls.wrapped, {"temperature": temperature, **kwargs}
+        if takes_gather(built):
+            given["gather_distributed"] = gather_distributed
+    else:
+        built, given = cls, {"temperature": temperature, "gather_distributed": gather_distributed, **kwargs}
     try:
-        inspect.signature(cls).bind(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
+        inspect.signature(built).bind(**given)
     except TypeError as err:
         takes = ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}"
-                          for p in inspect.signature(cls).parameters.values())
-        raise InputError(f"loss.name={name}: {cls.__name__}({takes}) does not take "
-                         f"temperature, gather_distributed{''.join(f', {k}' for k in kwargs)} "
-                         f"(loss.params): {err}") from None
+                          for p in inspect.signature(built).parameters.values())
+        raise InputError(f"loss.name={name}: {built.__name__}({takes}) does not take "
+                         f"{', '.join(given)} (loss.params): {err}") from None
     try:
         return cls(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
     except Exception as err:
-        raise InputError(f"loss.name={name}: {cls.__name__}(...) failed: {type(err).__name__}: {err}"[:500]) from None
+        raise InputError(f"loss.name={name}: {built.__name__}(...) failed: {type(err).__name__}: {err}"[:500]) from None

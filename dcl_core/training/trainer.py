@@ -321,14 +321,14 @@ def _writing(path: Path) -> Iterator[None]:
 
 
 def _log_epoch(epoch: int, epochs: int, metrics: dict[str, float]) -> None:
+    q_mean, q_cv = metrics.get(M.Q_MEAN, math.nan), metrics.get(M.Q_CV, math.nan)
     log.info(
-        "epoch %d/%d  loss %.4f  knn %s  q_B %.3f (Cv %.3f)  lr %.4g  %.0f img/s",
+        "epoch %d/%d  loss %.4f  knn %s  q_B %s  lr %.4g  %.0f img/s",
         epoch,
         epochs,
         metrics[M.TRAIN_LOSS],
         f"{metrics[M.KNN_TOP1]:.2f}%" if M.KNN_TOP1 in metrics else "-",
-        metrics.get(M.Q_MEAN, math.nan),
-        metrics.get(M.Q_CV, math.nan),
+        "- (the loss reports none)" if math.isnan(q_mean) else f"{q_mean:.3f} (Cv {q_cv:.3f})",
         metrics[M.LR],
         metrics[M.IMAGES_PER_S],
     )

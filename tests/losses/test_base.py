@@ -56,7 +56,7 @@ def test_two_view_similarities_matches_loop_construction(n, d):
     assert sims.neg_exclude is not None and sims.neg_exclude.shape == (2 * n, 2)
     assert sims.num_negatives == 2 * n - 2
     assert sims.pos_batch.shape == (n,)
-    assert sims.pos.dtype == sims.neg.dtype == torch.float32  # float64 inputs are computed in float32
+    assert sims.pos.dtype == sims.neg.dtype == torch.float64  # float64 inputs stay float64 (the loss checker's)
     compact = sims.compact()
     assert compact.neg.shape == (2 * n, 2 * n - 2) and compact.neg_exclude is None
     assert compact.num_negatives == 2 * n - 2
@@ -328,13 +328,15 @@ def test_gradient_is_tangent_to_each_input_row(name):
         assert g.abs().max() > 0
 
 
-def test_float64_inputs_give_float32_loss_and_float64_grads():
+@pytest.mark.parametrize(("dtype", "computed"), [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                                  (torch.bfloat16, torch.float32), (torch.float16, torch.float32)])
+def test_similarities_are_computed_in_fp32_or_in_the_input_s_higher_precision(dtype, computed):
     z1, z2 = random_pair(4, 3, seed=9)
-    a = z1.clone().requires_grad_(True)
-    out = InfoNCELoss(0.1)(a, z2)
+    a = z1.to(dtype).requires_grad_(True)
+    out = InfoNCELoss(0.1)(a, z2.to(dtype))
     out.loss.backward()
-    assert out.loss.dtype == torch.float32
-    assert a.grad.dtype == torch.float64
+    assert out.loss.dtype == computed
+    assert a.grad.dtype == dtype
 
 
 # --- numerics

@@ -107,7 +107,8 @@ def test_two_files_of_one_name_do_not_shadow_each_other(tmp_path):
     ("import no_such_dependency_xyz\n", "L", "failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
     ("def broken(:\n", "L", "failed: SyntaxError"),
     ("x = 1\n", "L", "has no L"),
-    ("L = 3\n", "L", "L must be a subclass of dcl_core.losses.ContrastiveLoss, got int 3"),
+    ("L = 3\n", "L", "L must be a subclass of dcl_core.losses.ContrastiveLoss, or an nn.Module whose constructor "
+                    "takes temperature (another library's loss); got int 3"),
     ("class L:\n    pass\n", "L", "must be a subclass of dcl_core.losses.ContrastiveLoss"),
     ("from dcl_core.losses import ContrastiveLoss\nclass L(ContrastiveLoss):\n    pass\n", "L",
      "implements neither from_similarities(sims) nor forward(z1, z2)"),

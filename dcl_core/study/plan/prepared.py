@@ -86,8 +86,8 @@ def check_user_losses(spec: StudySpec) -> tuple[tuple[str, str, str], ...]:
     if not users:
         return ()
     # torch and the user's code: only for a study that names a user loss
+    from dcl_core.losscheck.properties import check_contract
     from dcl_core.losses import ContrastiveLoss
-    from dcl_core.losses.check import check_contract
     from dcl_core.losses.user import build_user_loss, loss_source_file, source_sha256
 
     for name in users:
