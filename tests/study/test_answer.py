@@ -8,8 +8,15 @@ import statistics
 
 import pytest
 
+from dcl_core.study.analysis import sequential
 from dcl_core.study.analysis.answer import Question, build_answer, gap_points, regime_line
-from dcl_core.study.analysis.answer_output import answer_metrics, answer_tags, figure_note, format_answer
+from dcl_core.study.analysis.answer_output import (
+    answer_metrics,
+    answer_tags,
+    figure_note,
+    format_answer,
+    verdict_tags,
+)
 from dcl_core.study.analysis.intervals import collect
 from dcl_core.study.analysis.measures import BEST_MARGIN, GAP_AT, GAP_AT_SMALLEST, STD_DIFFERENCE
 from dcl_core.study.analysis.paper import paper_claim
@@ -97,11 +104,38 @@ def test_a_group_sequential_look_rules_out_by_its_futility_bound_and_says_which_
     a = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep", design=design)
     (v,) = a.verdicts
     assert v.words is VerdictWord.RULES_OUT and v.estimate.hi > delta
-    assert f"at this scale (the design's futility bound {look.futility[1]:+.2f}): Δstd " in v.line()
+    level = f"{100 - 100 * look.futility_tail:.1f}"
+    deciding = (f"the design's futility bound Δstd < {look.futility[1]:+.2f} (one-sided {level}% at this look) "
+                f"excludes {delta:+.2f}")
+    # the 95% interval holds δ, so the line, the figure and MLflow name the bound that decided, with its level
+    assert f"95% CI [{v.estimate.lo:+.2f}, {v.estimate.hi:+.2f}]; {deciding} (paper: " in v.line()
+    assert figure_note(v).endswith(f"; {deciding}, rules out the paper's size")
+    assert verdict_tags(a.verdicts)["verdict_0_line"] == v.line()
+    assert 0 < look.futility_tail < sequential.FUTILITY_ERROR
     assert answer_metrics(a)["verdict/std_difference_0/futility_hi"] == pytest.approx(look.futility[1])
     assert "against the effect of interest by the design's futility bound" in format_answer(a)
     (w,) = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep").verdicts
     assert (w.words is VerdictWord.RULES_OUT) == (w.estimate.hi < delta) and "futility" not in w.line()
+
+
+def test_in_simulated_looks_every_verdict_prints_a_bound_that_agrees_with_it():
+    """Simulated group-sequential looks (3 of 12 seeds per cell, truth: no effect, δ given near the looks' upper
+    bounds): a 'rules out' whose 95% interval still holds δ (most of them) prints the futility bound that decided
+    it, on the near side of δ; a verdict decided by its 95% interval prints no other bound."""
+    design, printed, plain = GroupSequential(3, 12), 0, 0
+    bound = re.compile(r"the design's futility bound Δstd < ([-+]\d+\.\d\d) \(one-sided \d+\.\d+% at this look\)")
+    for seed in range(40):
+        data = rows(effect=0.0, noise=0.3, seeds=3, rng_seed=seed)
+        given = Question(**{**FLATTER.__dict__, "effect_of_interest": 1.0})
+        (v,) = build_answer(data, "temperature", "tau", [given], paper="temperature_sweep", design=design).verdicts
+        found = bound.search(v.line())
+        if v.words is VerdictWord.RULES_OUT:
+            assert found is not None and float(found[1]) < 1.0 and found[0] in figure_note(v), v.line()
+            printed += v.estimate.hi >= 1.0
+        else:
+            assert found is None and "futility bound" not in figure_note(v), v.line()
+            plain += 1
+    assert printed >= 5 and plain >= 1  # both kinds occurred: the property was exercised
 
 
 def test_a_paper_value_over_the_papers_own_x_is_no_effect_of_interest():

@@ -204,23 +204,41 @@ class Verdict:
         """The verdict in one line, e.g. ``DCL flatter across τ than InfoNCE: not resolved — Δstd +0.60, 95% CI
         [−0.90, +2.10] (paper: +1.38 over tau 0.07, 0.2, 0.5, 1; ...)``; a verdict that rules out δ says so:
         ``…: rules out the paper's size — no effect as large as the paper's +1.38 at this scale: Δstd …``."""
-        e, value = self.estimate, self.value_text()
+        value = self.value_text()
         if self.words is VerdictWord.RULES_OUT and self.delta is not None:
             whose = "the effect of interest" if self.delta_given else "the paper's"
-            bound = ""
-            if e.futility is not None:  # a group-sequential look rules δ out by its futility bound
-                b = e.futility[1] if self.delta > 0 else e.futility[0]
-                bound = f" (the design's futility bound {b:+.2f})"
-            value = f"no effect as large as {whose} {self.delta:+.2f} at this scale{bound}: {value}"
+            value = f"no effect as large as {whose} {self.delta:+.2f} at this scale: {value}"
         scope = f" [{self.question.range_note}]" if self.question.range_note else ""
         given = (f"; effect of interest {self.delta:+.2f} (--effect-of-interest)"
                  if self.delta_given and self.delta is not None else "")
         source = self.paper.text if self.question.own else f"paper: {self.paper.text}"
         return f"{self.question.claim}{scope}: {self.phrase()} — {value} ({source}{given})"
 
+    def deciding_bound(self) -> str | None:
+        """Where a bound other than the 95% interval's decided the verdict (a group-sequential look rules δ out by
+        its futility bound, which the 95% interval may not), that bound with its level:
+        ``the design's futility bound Δstd < +0.45 (one-sided 98.9% at this look) excludes +0.51``; else None."""
+        e = self.estimate
+        if self.words is not VerdictWord.RULES_OUT or self.delta is None or e.futility is None:
+            return None
+        bound, side = (e.futility[1], "<") if self.delta > 0 else (e.futility[0], ">")
+        level = ""
+        if math.isfinite(e.futility_tail) and 0 < e.futility_tail < 1:
+            pct = 100 * e.futility_tail
+            digits = 1 if pct >= 0.1 else math.ceil(-math.log10(pct)) + 1  # 98.9%, 99.95%: the tail shows
+            level = f" (one-sided {100 - 100 * e.futility_tail:.{digits}f}% at this look)"
+        return (f"the design's futility bound {self.question.label} {side} {bound:+.2f}{level} excludes "
+                f"{self.delta:+.2f}")
+
     def value_text(self) -> str:
         """The statistic, its estimate and interval as every place that states the verdict writes them (its line,
-        the study's figure, MLflow), e.g. ``Δstd -0.05, 95% CI [-1.30, +1.21]``: one rounding everywhere."""
+        the study's figure, MLflow), e.g. ``Δstd -0.05, 95% CI [-1.30, +1.21]``: one rounding everywhere; followed
+        by the bound that decided the verdict where that is not the 95% interval (:meth:`deciding_bound`)."""
+        value = self._interval_text()
+        deciding = self.deciding_bound()
+        return f"{value}; {deciding}" if deciding else value
+
+    def _interval_text(self) -> str:
         e = self.estimate
         if e.has_interval:
             value = f"{self.question.label} {e.estimate:+.2f}, 95% CI [{e.lo:+.2f}, {e.hi:+.2f}]"

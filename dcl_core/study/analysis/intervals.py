@@ -55,6 +55,7 @@ class Estimate:
     # A group-sequential look (:class:`.sequential.GroupSequential`): the interval at the design's futility level,
     # whose bound on δ's side rules δ out; None: the interval's own bounds do.
     futility: tuple[float, float] | None = None
+    futility_tail: float = nan  # that interval's nominal one-sided tail at this look (its bound's level: 1 − it)
     # The statistic's per-seed SD where the bounds are not symmetric about the estimate (a group-sequential look);
     # nan: read from the half-width (:func:`per_seed_sd`).
     spread: float = nan

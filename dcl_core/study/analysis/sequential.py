@@ -264,7 +264,8 @@ def group_look(estimate: Callable[[Boundary], Estimate], design: GroupSequential
     other = estimate(design.side(other_error, seeds))
     futility = estimate(design.side(futility_error, seeds))
     lo, hi = (paper.lo, other.hi) if paper_sign > 0 else (other.lo, paper.hi)
-    return replace(paper, lo=lo, hi=hi, futility=(futility.lo, futility.hi), spread=per_seed_sd(paper))
+    return replace(paper, lo=lo, hi=hi, futility=(futility.lo, futility.hi), futility_tail=futility.tail,
+                   spread=per_seed_sd(paper))
 
 
 def fixed_design_seeds(effect_sd: float, power: float = 0.8, level: float = 0.95, most: int = 10_000) -> int | None:
