@@ -51,6 +51,7 @@ from dcl_core.config.schema import (
 from dcl_core.config.user_loss import (
     REFERENCE_FORMS,
     LossReference,
+    LossSource,
     absolute_reference,
     loss_label,
     loss_params,
@@ -61,8 +62,8 @@ from dcl_core.config.validation import check_device, validate
 __all__ = [
     "ARCH_NAMES", "AUGMENTATIONS", "CONFIG_KEYS", "DATASET_NAMES", "DATA_LOADERS", "DEVICES", "FRAMEWORK_NAMES",
     "LOSS_NAMES", "NEGATIVES", "PRESETS", "REFERENCE_FORMS", "STEM_NAMES", "Config", "ConfigError", "DataConfig",
-    "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "ModelConfig",
-    "Negatives", "OptimConfig", "Range", "RunFailedError",
+    "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "LossSource",
+    "ModelConfig", "Negatives", "OptimConfig", "Range", "RunFailedError",
     "absolute_reference", "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "loss_label",
     "loss_params", "loss_reference", "parse_overrides", "preset",
     "to_flat_dict", "validate", "value_at",

@@ -35,6 +35,19 @@ class LossReference:
         return f"{self.file or self.module}:{self.attr}"
 
 
+@dataclass(frozen=True)
+class LossSource:
+    """What a user loss is made of, as a study records it: the loss's own ``file``, the folder ``root`` of Python
+    sources it is hashed with, each of those ``files`` (path relative to ``root``, SHA-256) and their ``digest``
+    (the SHA-256 of that list): a resume whose loss's digest changed is refused, naming the files that changed."""
+
+    name: str
+    file: str
+    digest: str
+    root: str = ""
+    files: tuple[tuple[str, str], ...] = ()
+
+
 def loss_reference(name: str, key: str = "loss.name") -> LossReference | None:
     """The user loss ``name`` names, or None for a name without ``:`` (a built-in's, checked by its choices);
     ``key`` is the option messages name.

@@ -19,16 +19,20 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import REFERENCE_FORMS, InputError, LossReference, loss_params, loss_reference
+from dcl_core.config import REFERENCE_FORMS, InputError, LossReference, LossSource, loss_params, loss_reference
 from dcl_core.losses.base import ContrastiveLoss
 from dcl_core.losses.foreign import ForeignLoss, adapt, is_foreign, takes_gather
 
 MAX_SOURCE_BYTES = 1 << 20  # a loss's source file; the hash reads no more (a larger one is refused)
+MAX_SOURCE_FILES = 2000  # the Python files of a loss's folder or package (lightly's: 152)
+MAX_SOURCES_BYTES = 32 << 20  # and their bytes together
 
 
 def loss_source_file(ref: LossReference) -> Path:
@@ -49,12 +53,81 @@ def loss_source_file(ref: LossReference) -> Path:
     return Path(spec.origin).resolve()
 
 
-def source_sha256(path: Path) -> str:
-    """The SHA-256 of a loss's source file, what a study records to notice a loss changed between rounds."""
-    data = path.read_bytes()[: MAX_SOURCE_BYTES + 1]
+def _read_source(path: Path) -> bytes:
+    """A source file's bytes, reading no more than :data:`MAX_SOURCE_BYTES` + 1 (a larger one is refused)."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_SOURCE_BYTES + 1)
     if len(data) > MAX_SOURCE_BYTES:
         raise InputError(f"{path}: a loss's source file is over {MAX_SOURCE_BYTES >> 20} MiB")
-    return hashlib.sha256(data).hexdigest()
+    return data
+
+
+def source_sha256(path: Path) -> str:
+    """The SHA-256 of one source file (bounded read)."""
+    return hashlib.sha256(_read_source(path)).hexdigest()
+
+
+def source_root(ref: LossReference, file: Path) -> tuple[Path, bool]:
+    """The folder a loss's file is hashed with, and whether it is walked whole: a module inside a package (or a
+    package) → its top-level package's folder, whole (every Python file the package may import); a file, or a
+    top-level module → the file's folder: its own ``.py`` files and the packages (folders with ``__init__.py``)
+    below it, which are what it can import beside itself."""
+    top = ref.module.partition(".")[0] if ref.module else ""
+    if top:
+        spec = importlib.util.find_spec(top)
+        if spec is not None and spec.submodule_search_locations:
+            return Path(next(iter(spec.submodule_search_locations))).resolve(), True
+    return file.parent, False
+
+
+def _python_files(root: Path, whole: bool) -> list[Path]:
+    """The regular ``.py`` files below ``root`` (see :func:`source_root`), sorted; hidden folders and caches left
+    out; more than :data:`MAX_SOURCE_FILES` refused."""
+    found: list[Path] = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__"
+                         and (whole or (here / d / "__init__.py").is_file()))
+        for name in names:
+            path = here / name
+            if name.endswith(".py") and not name.startswith(".") and stat.S_ISREG(_stat_mode(path)):
+                found.append(path)
+        if len(found) > MAX_SOURCE_FILES:
+            raise InputError(f"{root}: the folder a loss is hashed with holds over {MAX_SOURCE_FILES} Python files; "
+                             "put the loss in a folder or package of its own")
+    return sorted(found)
+
+
+def _stat_mode(path: Path) -> int:
+    try:
+        return path.stat().st_mode  # through a link: what it points to (a FIFO or device there is left out)
+    except OSError:
+        return 0
+
+
+def loss_sources(name: str) -> LossSource:
+    """What user loss ``name`` is made of (:class:`~dcl_core.config.LossSource`): its file, and every Python
+    source of its folder or package (:func:`source_root`) with its SHA-256, in at most :data:`MAX_SOURCES_BYTES`.
+
+    Raises:
+        InputError: the loss's file cannot be found, or its folder is over the bounds (one line).
+    """
+    ref = loss_reference(name)
+    if ref is None:
+        raise InputError(f"loss.name={name}: not a user loss ({REFERENCE_FORMS})")
+    file = loss_source_file(ref)
+    root, whole = source_root(ref, file)
+    files, total = [], 0
+    for path in {*_python_files(root, whole), file}:
+        data = _read_source(path)
+        total += len(data)
+        if total > MAX_SOURCES_BYTES:
+            raise InputError(f"{root}: the Python sources a loss is hashed with are over {MAX_SOURCES_BYTES >> 20} "
+                             "MiB; put the loss in a folder or package of its own")
+        files.append((path.relative_to(root).as_posix(), hashlib.sha256(data).hexdigest()))
+    files.sort()
+    digest = hashlib.sha256("".join(f"{rel}\0{sha}\n" for rel, sha in files).encode()).hexdigest()
+    return LossSource(name=name, file=str(file), digest=digest, root=str(root), files=tuple(files))
 
 
 def _import(ref: LossReference) -> Any:

@@ -4,6 +4,7 @@ arguments in ``loss.params``, refused in one line when its name, its params, its
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -141,29 +142,119 @@ def test_arguments_the_class_does_not_take_are_one_line_with_its_signature():
         build_user_loss(SOUND, '{"positive_weight": 1}', -1.0, False)
 
 
-def test_a_study_records_each_user_loss_source_and_refuses_a_resume_after_it_changed(tmp_path):
-    """prepare() finds each user loss's file and hash before Ray; the record holds the hashes; a resume with a
-    changed file is refused, one with the same file is not."""
+def _study(name):
     from dcl_core.study import StudySpec
+    from search_spaces import Grid
+
+    return StudySpec(name="tau", base=config(), grid={"loss.name": Grid(("dcl", name))}, x_key="loss.temperature",
+                     x_label="tau")
+
+
+def test_a_study_records_each_user_loss_source_and_refuses_a_resume_after_it_changed(tmp_path):
+    """prepare() finds each user loss's file, its folder's sources and their hashes before Ray; the record holds
+    them; a resume with a changed file is refused, one with the same file is not."""
     from dcl_core.study.plan.prepared import check_user_losses
     from dcl_core.study.plan.record import check_same_study, spec_fingerprint
-    from search_spaces import Grid
 
     file = tmp_path / "my_losses.py"
     file.write_text(PLANTED.read_text())
     name = f"{file}:PositiveWeighted"
-    spec = StudySpec(name="tau", base=config(), grid={"loss.name": Grid(("dcl", name))}, x_key="loss.temperature",
-                     x_label="tau")
-    sources = check_user_losses(spec)
-    assert [(n, p) for n, p, _ in sources] == [(name, str(file.resolve()))]
-    ran = spec_fingerprint(dataclasses.replace(spec, loss_sources=sources))
-    assert ran["loss_sources"] == {name: source_sha256(file)}
+    spec = _study(name)
+    (source,) = check_user_losses(spec)
+    assert (source.name, source.file, source.root) == (name, str(file.resolve()), str(tmp_path.resolve()))
+    assert source.files == (("my_losses.py", source_sha256(file)),)
+    ran = spec_fingerprint(dataclasses.replace(spec, loss_sources=(source,)))
+    assert ran["loss_sources"] == {name: source.digest}
+    assert ran["loss_source_files"][name]["files"] == {"my_losses.py": source_sha256(file)}
     assert "loss_sources" not in spec_fingerprint(spec)  # a built-in study's record is as before
     check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
     file.write_text(PLANTED.read_text() + "\n# changed\n")
     changed = dataclasses.replace(spec, loss_sources=check_user_losses(spec))
-    with pytest.raises(ConfigError, match=r"the source of .*PositiveWeighted changed since it ran"):
+    with pytest.raises(ConfigError, match=r"the source of .*PositiveWeighted changed since it ran \(my_losses\.py in"):
         check_same_study(changed, ran)
+
+
+IMPL = """from dcl_core.losses import DCLLoss, LossOutput
+
+
+class Scaled(DCLLoss):
+    def from_similarities(self, sims):
+        out = super().from_similarities(sims)
+        return LossOutput(loss=SCALE * out.loss)
+
+
+SCALE = {scale}
+"""
+
+
+@pytest.mark.parametrize("form", ["module", "file"])
+def test_a_helper_module_that_changed_between_rounds_refuses_the_resume(tmp_path, monkeypatch, form):
+    """Issue: the hash covered one file, so editing the package's impl.py between rounds was accepted and seed 1's
+    trials trained another loss (loss 4520 beside 4.8) under the same name. Now the loss's package (a module
+    reference) or its file's folder and packages (a file reference) are hashed, and the record names the file."""
+    from dcl_core.study.plan.prepared import check_user_losses
+    from dcl_core.study.plan.record import check_same_study, spec_fingerprint
+
+    package = tmp_path / "mypkg"
+    (package / "parts").mkdir(parents=True)
+    (package / "__init__.py").write_text("from mypkg.impl import Scaled\n")
+    (package / "impl.py").write_text(IMPL.format(scale=1.0))
+    (package / "parts" / "__init__.py").write_text("")
+    (tmp_path / "loss_file.py").write_text("from mypkg import Scaled\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "scratch.py").write_text("x = 1\n")  # not a package: nothing a loss file imports
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "mypkg:Scaled" if form == "module" else f"{tmp_path / 'loss_file.py'}:Scaled"
+    spec = _study(name)
+    (source,) = check_user_losses(spec)
+    expected = {"__init__.py", "impl.py", "parts/__init__.py"}
+    if form == "file":
+        expected = {"loss_file.py", *(f"mypkg/{f}" for f in expected)}
+    assert {f for f, _ in source.files} == expected
+    ran = spec_fingerprint(dataclasses.replace(spec, loss_sources=(source,)))
+    (package / "parts" / "__init__.py").write_text("")  # rewritten, the same: the same study
+    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+    (package / "impl.py").write_text(IMPL.format(scale=1000.0))
+    with pytest.raises(ConfigError, match=r"the source of .*Scaled changed since it ran \((mypkg/)?impl\.py in "):
+        check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+    for module in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        monkeypatch.delitem(sys.modules, module)
+
+
+def test_a_record_from_before_folder_hashing_resumes_while_the_loss_s_own_file_is_unchanged(tmp_path):
+    from dcl_core.study.plan.prepared import check_user_losses
+    from dcl_core.study.plan.record import check_same_study, spec_fingerprint
+
+    file = tmp_path / "my_losses.py"
+    file.write_text(PLANTED.read_text())
+    name = f"{file}:PositiveWeighted"
+    spec = _study(name)
+    old = spec_fingerprint(dataclasses.replace(spec, loss_sources=check_user_losses(spec)))
+    old["loss_sources"] = {name: source_sha256(file)}  # as such a record holds it: the file's own hash
+    del old["loss_source_files"]
+    (tmp_path / "helper.py").write_text("y = 2\n")  # a file the old record knew nothing of
+    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), old)
+    file.write_text(PLANTED.read_text() + "\n# changed\n")
+    with pytest.raises(ConfigError, match=r"changed since it ran \(my_losses\.py in"):
+        check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), old)
+
+
+def test_the_sources_a_loss_is_hashed_with_are_bounded(tmp_path, monkeypatch):
+    from dcl_core.losses import user
+
+    file = tmp_path / "my_losses.py"
+    file.write_text(PLANTED.read_text())
+    os.mkfifo(tmp_path / "pipe.py")  # never opened: not a regular file
+    (tmp_path / "link.py").symlink_to("/dev/zero")
+    assert {f for f, _ in user.loss_sources(f"{file}:PositiveWeighted").files} == {"my_losses.py"}
+    monkeypatch.setattr(user, "MAX_SOURCES_BYTES", 100)
+    with pytest.raises(InputError, match="the Python sources a loss is hashed with are over"):
+        user.loss_sources(f"{file}:PositiveWeighted")
+    monkeypatch.setattr(user, "MAX_SOURCE_FILES", 2)
+    for i in range(3):
+        (tmp_path / f"m{i}.py").write_text("")
+    with pytest.raises(InputError, match="holds over 2 Python files; put the loss in a folder or package of its own"):
+        user.loss_sources(f"{file}:PositiveWeighted")
 
 
 @pytest.mark.parametrize(("source", "message"), [

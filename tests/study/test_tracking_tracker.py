@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
-from dcl_core.config import preset
+from dcl_core.config import LossSource, preset
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.colours import SUMMARY_COLOUR, series_colour
 from dcl_core.study.plan.spec import trial_tags
@@ -200,12 +200,14 @@ def test_a_user_loss_trial_carries_its_source_file_and_hash(tmp_path, fake_trial
     name = f"{source}:MyLoss"
     uri = default_tracking_uri(tmp_path)
     tracker = StudyTracker(uri, "tau", tmp_path / "mlartifacts").open()
-    callback = MLflowTrialCallback(tracker, {"loss": "loss.name"}, loss_sources=((name, str(source), "ab" * 32),))
+    sources = (LossSource(name, str(source), "ab" * 32, str(tmp_path), (("my_losses.py", "cd" * 32),)),)
+    callback = MLflowTrialCallback(tracker, {"loss": "loss.name"}, loss_sources=sources)
     callback.on_trial_start(0, [], fake_trial("t0", {"loss.name": name}))
     callback.on_trial_start(0, [], fake_trial("t1", {"loss.name": "dcl"}))
     client = MlflowClient(uri)
     user, built_in = (client.get_run(callback.runs[t]) for t in ("t0", "t1"))
     assert user.data.tags["dcl.loss.source"] == str(source) and user.data.tags["dcl.loss.source_sha256"] == "ab" * 32
+    assert user.data.tags["dcl.loss.source_files"] == "1"
     assert user.data.tags["mlflow.runColor"] == series_colour("MyLoss")  # its series: the class's name
     kept = client.download_artifacts(user.info.run_id, "loss_source/my_losses.py", str(tmp_path / "dl"))
     assert Path(kept).read_text() == "# my loss\n"

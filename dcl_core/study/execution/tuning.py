@@ -177,7 +177,7 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
         console.starting(spec.name, sum(_trials_of(spec, e) for e in exps), options.verbosity, options.resume)
         if local:  # what a driver killed by kill -9 or the OOM killer left of this study's own Ray
             ray_session.end_dead_session(options.output_dir, spec.name)
-        modules = ray_env.user_modules([name for name, _, _ in spec.loss_sources])
+        modules = ray_env.user_modules([s.name for s in spec.loss_sources])
         session = init_ray(options.address, options.num_cpus, quiet=options.verbosity < console.VERBOSE,
                            py_modules=modules)
         if session is not None:

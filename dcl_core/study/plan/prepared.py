@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dcl_core.config import ConfigError, InputError, loss_reference
+from dcl_core.config import ConfigError, InputError, LossSource, loss_reference
 from dcl_core.study.plan.spec import (
     DDP_TRIAL_CPU,
     Resources,
@@ -75,8 +75,9 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     return PreparedStudy(spec, options, experiments, local)
 
 
-def check_user_losses(spec: StudySpec) -> tuple[tuple[str, str, str], ...]:
-    """Each user loss the study names (``--losses my_losses:MyLoss``) as ``(name, source file, sha256)``; an
+def check_user_losses(spec: StudySpec) -> tuple[LossSource, ...]:
+    """Each user loss the study names (``--losses my_losses:MyLoss``) and what it is made of (its sources and their
+    hashes, :func:`~dcl_core.losses.user.loss_sources`); an
     InputError (one line) unless it imports, takes its arguments and gives a finite loss and gradient on a small
     batch: found before Ray starts, not in every trial. ``python -m dcl_core.losses check`` checks the rest of
     what the built-in losses are tested for."""
@@ -88,7 +89,7 @@ def check_user_losses(spec: StudySpec) -> tuple[tuple[str, str, str], ...]:
     # torch and the user's code: only for a study that names a user loss
     from dcl_core.losscheck.properties import check_contract
     from dcl_core.losses import ContrastiveLoss
-    from dcl_core.losses.user import build_user_loss, loss_source_file, source_sha256
+    from dcl_core.losses.user import build_user_loss, loss_sources
 
     for name in users:
         def make(tau: float, gather: bool, name: str = name) -> ContrastiveLoss:
@@ -104,11 +105,7 @@ def check_user_losses(spec: StudySpec) -> tuple[tuple[str, str, str], ...]:
         if not contract.ok:
             raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
                              "every check)")
-    sources = []
-    for name in users:
-        path = loss_source_file(loss_reference(name))  # type: ignore[arg-type]  # a reference: not None
-        sources.append((name, str(path), source_sha256(path)))
-    return tuple(sources)
+    return tuple(loss_sources(name) for name in users)
 
 
 def check_fits(resources: Resources, cpus: float) -> None:

@@ -33,7 +33,9 @@ def spec_fingerprint(spec: StudySpec) -> dict[str, Any]:
     """What a resumed study must still run: the base config, the grids and the search space (and, for a grid
     study, its seeds and the grids without them, so that a resume may add seeds and change nothing else)."""
     seeds = grid_seeds(spec)
-    sources = {"loss_sources": {name: sha for name, _, sha in spec.loss_sources}} if spec.loss_sources else {}
+    sources = {"loss_sources": {s.name: s.digest for s in spec.loss_sources},
+               "loss_source_files": {s.name: {"file": s.file, "root": s.root, "files": dict(s.files)}
+                                     for s in spec.loss_sources}} if spec.loss_sources else {}
     return {"base": to_flat_dict(spec.base), "grids": repr(spec.grids), "search": repr(spec.search),
             "num_samples": spec.num_samples, "seeds": list(seeds) if seeds else None, "unseeded": unseeded(spec),
             **sources}
@@ -65,16 +67,31 @@ def study_changes(before: dict[str, Any], now: dict[str, Any], exempt: Collectio
     return changes
 
 
-def check_same_sources(before: dict[str, Any], now: dict[str, str]) -> None:
-    """A user loss whose source file changed since the study ran would mix two losses under one name: refused."""
-    if not isinstance(before, dict):
+def check_same_sources(before: dict[str, Any], now: dict[str, Any]) -> None:
+    """A user loss whose sources changed since the study ran would mix two losses under one name: refused, naming
+    the files that changed. ``before`` and ``now`` are fingerprints (:func:`spec_fingerprint`); a record from
+    before the sources were hashed as a folder holds the hash of the loss's own file, which is compared with it."""
+    digests, manifests = before.get("loss_sources") or {}, before.get("loss_source_files") or {}
+    if not (isinstance(digests, dict) and isinstance(manifests, dict)):
         raise ConfigError("--resume: the record's loss_sources is damaged; run the study again with --overwrite")
-    for name, sha in now.items():
-        old = before.get(name)
-        if old is not None and old != sha:
-            raise ConfigError(f"--resume must run the study it continues: the source of {name} changed since it ran "
-                              f"(sha256 {str(old)[:12]}... now {sha[:12]}...); restore it, or run the changed loss as "
-                              "a new study (--name or another --output-dir)")
+    for name, digest in (now.get("loss_sources") or {}).items():
+        old, manifest = digests.get(name), now["loss_source_files"][name]
+        if old is None or old == digest:
+            continue
+        files: dict[str, str] = manifest["files"]
+        own = Path(manifest["file"]).relative_to(manifest["root"]).as_posix()
+        recorded = manifests.get(name)
+        if recorded is None and files.get(own) == old:  # an older record: the loss's own file, unchanged
+            continue
+        if isinstance(recorded, dict) and isinstance(recorded.get("files"), dict):
+            was = recorded["files"]
+            changed = sorted(f for f in set(was) | set(files) if was.get(f) != files.get(f))
+        else:
+            changed = [own]
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(f"--resume must run the study it continues: the source of {name} changed since it ran "
+                          f"({shown} in {manifest['root']}); restore it, or run the changed loss as a new study "
+                          "(--name or another --output-dir)")
 
 
 def check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]:
@@ -82,7 +99,7 @@ def check_same_study(spec: StudySpec, before: dict[str, Any]) -> tuple[int, ...]
     silently ignored, so it is refused; the one change allowed is more seeds of a grid study, which are returned
     (``()`` when there are none to add)."""
     now = spec_fingerprint(spec)
-    check_same_sources(before.get("loss_sources") or {}, now.get("loss_sources") or {})
+    check_same_sources(before, now)
     added: tuple[int, ...] = ()
     for change in study_changes(before, now):
         if change.part == "base":

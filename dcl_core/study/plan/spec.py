@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import CONFIG_KEYS, Config, ConfigError, apply_overrides, to_flat_dict
+from dcl_core.config import CONFIG_KEYS, Config, ConfigError, LossSource, apply_overrides, to_flat_dict
 from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.sequential import Design
 from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
@@ -160,7 +160,8 @@ class StudySpec:
             with ``--name``; its paper cannot).
         design: the sequential design its seeds are added under (``--until-resolved``), which widens every
             verdict's interval so that looking after each round keeps the null rate at 5%; ``None``: one look.
-        loss_sources: each user loss the study runs as ``(loss.name, source file, sha256 of it)``, set by
+        loss_sources: what each user loss the study runs is made of (:class:`~dcl_core.config.LossSource`: its
+            file, and the Python sources of its folder or package with their hashes), set by
             :func:`~dcl_core.study.plan.prepared.prepare` (logged with each trial; a resume must find them
             unchanged). Empty for the built-in losses, and in a re-analysis, which imports no user code.
     """
@@ -181,7 +182,7 @@ class StudySpec:
     paper: str | None = None
     description: str = ""  # the MLflow experiment's description (the study's question and paper table)
     design: Design | None = None
-    loss_sources: tuple[tuple[str, str, str], ...] = ()
+    loss_sources: tuple[LossSource, ...] = ()
 
     @property
     def grids(self) -> list[Space]:

@@ -12,7 +12,7 @@ import pyarrow.fs
 from ray import tune
 
 from dcl_core import metric_names as M
-from dcl_core.config import loss_label
+from dcl_core.config import LossSource, loss_label
 from dcl_core.study.analysis.report import q_hist_edges, q_hist_epochs_figure
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
@@ -23,7 +23,8 @@ from dcl_core.study.tracking.tracker import StudyTracker
 
 METRIC_PREFIXES = ("train/", "eval/", "time/")
 LOSS_SOURCE_TAG = "dcl.loss.source"  # a user loss's source file, as the study found it
-LOSS_SHA_TAG = "dcl.loss.source_sha256"  # and the SHA-256 of its contents
+LOSS_SHA_TAG = "dcl.loss.source_sha256"  # the SHA-256 of its sources (its folder's or package's Python files)
+LOSS_FILES_TAG = "dcl.loss.source_files"  # how many files that hash covers (the study's record lists them)
 
 
 def trial_values(config: Mapping[str, Any], tag_keys: Mapping[str, str],
@@ -54,18 +55,18 @@ class MLflowTrialCallback(tune.Callback):
             (:func:`~dcl_core.study.tracking.mlflow_view.trial_look`; a plain mapping: coloured by the loss, no cell).
         save_checkpoint: log the trial's final checkpoint as an artifact, read from the study's Ray
             ``storage`` (a DDP trial's checkpoint lives in its Ray Train run there).
-        loss_sources: ``(loss.name, source file, sha256)`` of each user loss
-            (:attr:`~dcl_core.study.plan.spec.StudySpec.loss_sources`): a trial of one carries the file, as the
+        loss_sources: what each user loss is made of
+            (:attr:`~dcl_core.study.plan.spec.StudySpec.loss_sources`): a trial of one carries its file, as the
             artifact ``loss_source/<file>``, and its hash and path as tags.
     """
 
     # Defaults for a callback pickled before these existed (Tune restores its callbacks on --resume).
     cell: tuple[str, ...] = ()
     series: tuple[str, ...] = ("loss",)
-    loss_sources: tuple[tuple[str, str, str], ...] = ()
+    loss_sources: tuple[LossSource, ...] = ()
 
     def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
-                 storage: str | None = None, loss_sources: tuple[tuple[str, str, str], ...] = ()) -> None:
+                 storage: str | None = None, loss_sources: tuple[LossSource, ...] = ()) -> None:
         self.tracker = tracker
         self.tag_keys = dict(tag_keys)
         self.cell = tag_keys.cell if isinstance(tag_keys, TrialTags) else ()
@@ -81,12 +82,13 @@ class MLflowTrialCallback(tune.Callback):
         if trial.trial_id not in self.runs:
             tags = run_tags(trial.config, self.tag_keys, self.cell, self.series)
             tags["trial_name"] = str(trial)
-            source = next((s for s in self.loss_sources if s[0] == trial.config.get("loss.name")), None)
+            source = next((s for s in self.loss_sources if s.name == trial.config.get("loss.name")), None)
             if source is not None:
-                tags |= {LOSS_SOURCE_TAG: source[1], LOSS_SHA_TAG: source[2]}
+                tags |= {LOSS_SOURCE_TAG: source.file, LOSS_SHA_TAG: source.digest,
+                         LOSS_FILES_TAG: str(len(source.files))}
             run_id = self.tracker.trial_run(trial.trial_id, str(trial), tags, trial.config)
             if source is not None:
-                self.tracker.log_artifact(run_id, Path(source[1]), "loss_source")
+                self.tracker.log_artifact(run_id, Path(source.file), "loss_source")
             self.runs[trial.trial_id] = run_id
             self.logged[trial.trial_id] = self.tracker.last_step(run_id, M.TRAIN_LOSS)
         return self.runs[trial.trial_id]
