@@ -7,7 +7,8 @@ It needs torch and torchvision only (no Ray, Optuna or MLflow: a bare GPU machin
 ``--data-root`` says (a pack from ``python -m dcl_core.pack`` travels as one 57 MB file). Each measurement is
 written to ``OUT/gpu.json`` the moment it is taken (a run cut short still reports) and printed as a line; the
 Markdown table in docs/performance.md's format goes to ``OUT/gpu.md`` at the end. Both are written atomically and
-never through a link planted at their names (:func:`dcl_core.files.write_text`). Parts, in order, each skipped
+never through a link planted at their names (:func:`dcl_core.files.write_text`); a FIFO, a device or a folder at
+either is refused in one line, exit 2, before any part runs. Parts, in order, each skipped
 with a row saying so once the budget is spent:
 
 1. ``autocast``: every contrastive loss at τ 0.005, 0.07, 0.2 and 1.0 under bf16 and fp16 autocast against
@@ -50,8 +51,8 @@ sys.path.insert(0, str(REPO))
 from benchmarks.common import MAX_METRICS_BYTES, Row, markdown_table  # noqa: E402 - the repo root is on the path
 from benchmarks.trainer import BareLoop, trainer_and_bare  # noqa: E402
 from dcl_core import metric_names as M  # noqa: E402
-from dcl_core.config import Config, apply_overrides, derive, preset  # noqa: E402
-from dcl_core.files import read_bounded, write_text  # noqa: E402
+from dcl_core.config import Config, ConfigError, apply_overrides, derive, preset  # noqa: E402
+from dcl_core.files import check_replaceable, read_bounded, write_text  # noqa: E402
 from dcl_core.study.plan.flops import default_flops_of, train_flops_per_image  # noqa: E402
 from dcl_core.training.builders import InMemoryData, build_data, build_loss  # noqa: E402
 from dcl_core.training.run import amp_dtype, grad_scaler  # noqa: E402
@@ -75,6 +76,7 @@ class Report:
     def __init__(self, out: Path, meta: dict[str, object]) -> None:
         self.out, self.meta, self.rows = out, meta, []  # type: list[Row]
         out.mkdir(parents=True, exist_ok=True)
+        check_replaceable(out / "gpu.md")  # before any part: a FIFO there was refused only after all of them
         self._write()
 
     def add(self, row: Row) -> None:
@@ -367,7 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__, "cuda": torch.version.cuda, "tiny": args.tiny,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "autocast": str(amp_dtype(device)),
     }
-    report = Report(args.out, meta)
+    try:
+        report = Report(args.out, meta)
+    except (ConfigError, OSError) as err:  # a FIFO, a device or a folder at a report's name; --out not a folder
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"# GPU check on {meta['device']} (torch {meta['torch']}, CUDA {meta['cuda']}), budget {args.budget_s:g} s",
           flush=True)
     conv_rate: float | None = None

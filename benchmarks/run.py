@@ -15,7 +15,8 @@ Sections (each ``benchmarks/<section>.py`` with ``run(quick) -> list[Row]``):
 Every comparison interleaves its two sides (A B A B …) and reports each side's median and their ratio; ratios
 are what to compare across machines. ``--quick`` (CI) runs smaller sizes with fewer repetitions and asserts no
 speed: it checks that every row can be measured. A section that raises becomes an error row and the script exits
-with status 1 after printing the table.
+with status 1 after printing the table. ``--json`` names a new path or a regular file: a link (never followed), a
+folder, a FIFO or a device there is refused in one line, exit 2, before any section runs.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ if str(REPO) not in sys.path:  # `python benchmarks/run.py` puts benchmarks/ on 
     sys.path.insert(0, str(REPO))
 
 from benchmarks.common import Row, markdown_table, write_json  # noqa: E402 - needs the path set above
+from dcl_core.config import ConfigError  # noqa: E402
+from dcl_core.files import check_output_file  # noqa: E402
 
 SECTIONS: tuple[str, ...] = ("losses", "augmentation", "roofline", "levers", "trainer", "studies")
 
@@ -119,7 +122,12 @@ def run_sections(selected: list[str], quick: bool, work_dir: Path | None) -> tup
 def main(argv: list[str] | None = None) -> int:
     """Run the chosen benchmark sections, print their rows and write them as JSON; the exit status."""
     args, selected = parse_args(argv)
-    json_path = args.json.expanduser().resolve()
+    json_path = Path(os.path.abspath(args.json.expanduser()))  # not resolved: a link there is refused, not followed
+    try:  # before any section runs: a link, a FIFO or a device there, or a folder that takes no file
+        check_output_file(json_path)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
     import torch  # after argument parsing: --help and bad arguments need no torch import
 

@@ -17,7 +17,7 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, BinaryIO
@@ -52,9 +52,10 @@ def no_space(err: BaseException | str | None) -> bool:
     return isinstance(err, str) and bool(_FULL_TEXT.search(err))
 
 
-def disk_full(where: Path | str, resume: bool = False) -> DiskFullError:
-    """The one line for a full disk under ``where``; ``resume``: a study that stopped and can go on."""
-    then = ", then run the same command with --resume (finished trials are kept)" if resume else ""
+def disk_full(where: Path | str, resume: bool = False, then: str = "") -> DiskFullError:
+    """The one line for a full disk under ``where``; ``resume``: a study that stopped and can go on; ``then``: what
+    to do once space is freed, where it is something else (``, then run ...``)."""
+    then = then or (", then run the same command with --resume (finished trials are kept)" if resume else "")
     return DiskFullError(f"no space left on the device holding {where}: free some space{then}")
 
 
@@ -68,6 +69,31 @@ def _node_kind(mode: int) -> str | None:
     kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
              (stat.S_ISSOCK, "a socket"))
     return next((name for test, name in kinds if test(mode)), None)
+
+
+def file_kind(path: Path | str) -> str:
+    """What is at ``path`` itself, never followed or opened: "a regular file", "a symbolic link", "a folder", "a
+    FIFO", "a character device", "a block device", "a socket", or "nothing"."""
+    try:
+        return _described(os.lstat(path).st_mode)
+    except OSError:
+        return "nothing"
+
+
+def _described(mode: int) -> str:
+    """A file of ``mode`` (``st_mode``) in words (:func:`file_kind`)."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+            else _node_kind(mode) or "not a file")
+
+
+def check_replaceable(path: Path | str) -> Path:
+    """``path``, where a command will write a whole file later (:func:`write_with`: a link there is replaced, never
+    followed), checked before the work that makes the file: UnsafePathError (one line) for a folder, a device, a
+    FIFO or a socket there, which the write would refuse only after all that work."""
+    _refuse_node(path)
+    return Path(path)
 
 
 def _refuse_node(path: Path | str, doing: str = "replace it") -> None:
@@ -153,6 +179,30 @@ def write_with(path: Path | str, write: Callable[[BinaryIO], object], mode: int 
     return path
 
 
+def write_files(files: Mapping[Path, bytes], mode: int = 0o666) -> None:
+    """Write several whole files as one (path -> bytes): each to a fresh temporary name beside it first, as
+    :func:`write_with` does, and only then all renamed into place, so a write that fails part-way (a full disk)
+    leaves every previous file as it was, never a new file beside an old one. A link at a name is replaced, never
+    written through; a folder, a device, a FIFO or a socket there is refused (UnsafePathError)."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, data in files.items():
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _refuse_node(path)
+            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        for tmp, path in staged:
+            _refuse_node(path)
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
 def write_text(path: Path | str, text: str, mode: int = 0o666) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically without following links (:func:`write_with`)."""
     return write_with(path, lambda f: f.write(text.encode()), mode)
@@ -183,9 +233,7 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
     if fd < 0 or not stat.S_ISREG(mode := os.fstat(fd).st_mode):
         if fd >= 0:
             os.close(fd)
-        kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
-                else _node_kind(mode) or "not a file")
-        raise ConfigError(f"{path} is {kind}, not a regular file: not read")
+        raise ConfigError(f"{path} is {_described(mode)}, not a regular file: not read")
     with os.fdopen(fd, "rb") as f:
         size = os.fstat(fd).st_size
         data = f.read(size + 1) if size <= max_bytes else b""  # not max_bytes + 1: read allocates what it is asked

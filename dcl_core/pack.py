@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from dcl_core.cli import run_command, setup_logging
+from dcl_core.config import ConfigError
 from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 
 
@@ -23,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     """Pack the ImageFolder named on the command line; the exit status."""
     parser = argparse.ArgumentParser(prog="python -m dcl_core.pack", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
-    parser.add_argument("-o", "--out-dir", type=Path, required=True,
+    parser.add_argument("-o", "--out-dir", required=True,
                         help=f"the folder to write {PACKED_FILE} into (then --data-root OUT_DIR)")
     parser.add_argument("--follow-links", action="store_true",
                         help="also take images that links in ROOT point to outside it (a subset such as ImageNet-100 "
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
 
     def body() -> int:
-        target = pack(args.root, args.out_dir, follow_links=args.follow_links)
+        if not args.out_dir.strip():  # Path("") is the folder the command runs in
+            raise ConfigError(f"-o is empty: name the folder to write {PACKED_FILE} into (-o . for this one)")
+        target = pack(args.root, Path(args.out_dir), follow_links=args.follow_links)
         print(f"{target}: {target.stat().st_size / 1e6:.1f} MB, splits {', '.join(sorted(splits_of(target)))}")
         return 0
 

@@ -30,6 +30,7 @@ from dcl_core.config import (
     absolute_reference,
     apply_overrides,
     check_device,
+    check_params_used,
     field_specs,
     parse_overrides,
     preset,
@@ -121,6 +122,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         overrides["data.download"] = True
     overrides |= parse_overrides(args.set)
     cfg = apply_overrides(cfg, overrides)
+    check_params_used(cfg.loss.params, [cfg.loss.name])  # a built-in loss would ignore them
     name = absolute_reference(cfg.loss.name)
     return cfg if name == cfg.loss.name else apply_overrides(cfg, {"loss.name": name})
 

@@ -229,3 +229,25 @@ def test_the_gpu_check_writes_its_report_never_through_a_planted_link(tmp_path: 
     assert all(target.read_text() == "keep me" for target in precious.values())
     assert json.loads((out / "gpu.json").read_text())["rows"][0]["ours"] == 1.5
     assert (out / "gpu.md").read_text().startswith("cpu, torch 2, today") and not (out / "gpu.md").is_symlink()
+
+
+@pytest.mark.parametrize("name", ["gpu.md", "gpu.json"])
+def test_the_gpu_check_refuses_a_fifo_at_its_report_before_any_work(tmp_path: Path, monkeypatch, capsys,
+                                                                    name: str) -> None:
+    """Issue 61, item 11: a FIFO at ``OUT/gpu.md`` was refused only after every part had run (minutes of a GPU's
+    budget), in a traceback. Now one line, exit 2, before any part runs; the FIFO as it was."""
+    from benchmarks import gpu
+
+    ran: list[str] = []
+    for part in ("autocast_rows", "peak_rows", "step_rows", "sharing_rows", "paper_run_rows"):
+        monkeypatch.setattr(gpu, part, lambda *args, part=part: ran.append(part) or iter([]))
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / name)
+    code = gpu.main(["--tiny", "--device", "cpu", "--out", str(out)])
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0] == (f"error: {out / name} is a FIFO, not a regular file: refusing "
+                                                      "to replace it (name a regular file or a new path)"), err
+    assert ran == [] and "Traceback" not in captured.err
+    assert stat.S_ISFIFO(os.lstat(out / name).st_mode) and sorted(p.name for p in out.iterdir()) == [name]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -101,3 +103,29 @@ def test_a_study_benchmark_never_writes_its_log_through_a_planted_link(tmp_path)
     with pytest.raises(UnsafePathError, match="symbolic link"):
         launch("temperature_sweep.py", ["--dry-run"], tmp_path / "out")
     assert precious.read_text() == "keep"
+
+
+@pytest.mark.parametrize("planted", ["link", "default link", "fifo"])
+def test_run_refuses_a_link_or_fifo_at_its_json_in_one_line_before_any_work(tmp_path, monkeypatch, capsys, planted):
+    """Issue 61, item 6: ``run.py --json LINK`` (its default ``outputs/benchmarks.json`` included) wrote the rows
+    through the link into its target, and a FIFO there was a 56-line traceback after every section had run. Now one
+    line, exit 2, before any section runs, the target and the FIFO as they were."""
+    from benchmarks import run
+
+    ran: list[object] = []
+    monkeypatch.setattr(run, "run_sections", lambda *args: ran.append(args) or ([], []))
+    precious = tmp_path / "precious.json"
+    precious.write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / ("outputs/benchmarks.json" if planted == "default link" else "rows.json")
+    path.parent.mkdir(exist_ok=True)
+    if planted == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(precious)
+    argv = ["--sections", "losses"] + ([] if planted == "default link" else ["--json", str(path)])
+    code = run.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"error: {path} is a "), err
+    assert ran == [] and precious.read_text() == "keep me"
+    assert (path.is_symlink() if planted != "fifo" else stat.S_ISFIFO(os.lstat(path).st_mode))

@@ -180,3 +180,28 @@ def test_validate_checks_a_config_built_without_apply_overrides():
     for name in PRESETS:
         validate(preset(name))  # every preset is in range
     validate(Config())
+
+
+def test_a_key_given_twice_in_loss_params_is_refused_in_one_line():
+    """Issue 61, item 11: ``loss.params='{"a": 1, "a": 2}'`` kept the last value silently."""
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(Config(), {"loss.name": "my_losses:MyLoss", "loss.params": '{"w": 1, "b": 0, "w": 2}'})
+    assert str(err.value) == "loss.params: w is given twice ('{\"w\": 1, \"b\": 0, \"w\": 2}'); give each keyword once"
+
+
+def test_loss_params_with_only_built_in_losses_is_refused(capsys):
+    """Issue 61, item 11: ``loss.params`` reaches a user loss only; given while a run or a study names only built-in
+    losses, it was ignored silently. Refused in one line (a study with a user loss among built-ins keeps it)."""
+    from dcl_core.study.plan.spec import StudySpec, validate_spec
+    from dcl_core.train import main as train_main
+    from search_spaces import Grid
+
+    assert train_main(["--preset", "smoke", "--loss", "dcl", "--set", 'loss.params={"w": 1}', "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: loss.params is given but loss.name=dcl is a built-in loss, which takes its own keys "
+                   "(loss.sigma, loss.alpha, ...), not loss.params: drop loss.params, or name your own loss "
+                   "(loss.name=module:Class or path/to/file.py:Class)"], err
+    base = apply_overrides(preset("smoke"), {"loss.params": '{"w": 1}'})
+    with pytest.raises(ConfigError, match=r"loss\.params is given but loss\.name=dcl, infonce are built-in losses"):
+        validate_spec(StudySpec("s", base, {"loss.name": Grid(("dcl", "infonce"))}, "loss.temperature", "tau"))
+    validate_spec(StudySpec("s", base, {"loss.name": Grid(("dcl", "my_losses:MyLoss"))}, "loss.temperature", "tau"))

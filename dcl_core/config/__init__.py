@@ -53,6 +53,7 @@ from dcl_core.config.user_loss import (
     LossReference,
     LossSource,
     absolute_reference,
+    check_params_used,
     loss_label,
     loss_params,
     loss_reference,
@@ -64,7 +65,7 @@ __all__ = [
     "LOSS_NAMES", "NEGATIVES", "PRESETS", "REFERENCE_FORMS", "STEM_NAMES", "Config", "ConfigError", "DataConfig",
     "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "LossSource",
     "ModelConfig", "Negatives", "OptimConfig", "Range", "RunFailedError",
-    "absolute_reference", "apply_overrides", "check_device", "derive", "field_specs", "from_flat_dict", "loss_label",
-    "loss_params", "loss_reference", "parse_overrides", "preset",
+    "absolute_reference", "apply_overrides", "check_device", "check_params_used", "derive", "field_specs",
+    "from_flat_dict", "loss_label", "loss_params", "loss_reference", "parse_overrides", "preset",
     "to_flat_dict", "validate", "value_at",
 ]

@@ -11,6 +11,7 @@ import keyword
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,12 +90,22 @@ def loss_params(text: str) -> dict[str, Any]:
     """``loss.params`` as keyword arguments: a JSON object of names to numbers, strings, booleans or null.
 
     Raises:
-        ConfigError: not JSON, not an object, a name that is no identifier, a nested or non-finite value.
+        ConfigError: not JSON, not an object, a name given twice or that is no identifier, a nested or non-finite
+            value.
     """
     if len(text) > MAX_PARAMS_CHARS:
         raise ConfigError(f"loss.params is {len(text)} characters; at most {MAX_PARAMS_CHARS}")
+
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:  # JSON keeps the last of a key given twice
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ConfigError(f"loss.params: {key} is given twice ({text!r}); give each keyword once")
+            seen.add(key)
+        return dict(pairs)
+
     try:
-        params = json.loads(text)
+        params = json.loads(text, object_pairs_hook=once)
     except json.JSONDecodeError as err:
         raise ConfigError(f"loss.params must be a JSON object such as '{{\"weight\": 0.5}}': {err.msg} at "
                           f"character {err.pos}") from None
@@ -110,3 +121,17 @@ def loss_params(text: str) -> dict[str, Any]:
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"loss.params: {key} must be finite, got {value}")
     return params
+
+
+def check_params_used(params: str, names: Iterable[str]) -> None:
+    """ConfigError (one line) when ``loss.params`` holds keyword arguments but none of the losses ``names`` (a run's
+    one, or every loss a study names) is a user loss: only a user loss receives them (a built-in takes its own keys,
+    ``loss.sigma``, ``loss.alpha``), so they would be ignored silently. A study comparing a user loss with built-in
+    ones sets them for the user loss: accepted."""
+    names = sorted(set(names))
+    if not loss_params(params) or any(loss_reference(n) is not None for n in names):
+        return
+    which = (f"loss.name={names[0]} is a built-in loss, which takes its" if len(names) == 1 else
+             f"loss.name={', '.join(names)} are built-in losses, which take their")
+    raise ConfigError(f"loss.params is given but {which} own keys (loss.sigma, loss.alpha, ...), not loss.params: "
+                      f"drop loss.params, or name your own loss (loss.name={REFERENCE_FORMS})")

@@ -9,7 +9,15 @@ import argparse
 import sys
 
 from dcl_core.cli import EXIT_FAILED, run_command
-from dcl_core.config import REFERENCE_FORMS, Config, InputError, apply_overrides, loss_reference
+from dcl_core.config import (
+    LOSS_NAMES,
+    REFERENCE_FORMS,
+    Config,
+    InputError,
+    apply_overrides,
+    loss_params,
+    loss_reference,
+)
 from dcl_core.losscheck.isolation import STEP_TIMEOUT_S, run_isolated
 from dcl_core.losscheck.rows import format_checks
 
@@ -48,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         apply_overrides(Config(), {"loss.name": args.loss, "loss.params": args.params})  # the form, torch-free
+        if args.loss in LOSS_NAMES and loss_params(args.params):
+            raise InputError(f"--params: the built-in loss {args.loss} is checked at its defaults and takes none "
+                             "here (its own keys, such as loss.sigma, are a run's)")
         if args.reference is not None and loss_reference(args.reference, "--reference") is None:
             raise InputError(f"--reference={args.reference}: expected {REFERENCE_FORMS}")
         checks = run_isolated(args.loss, args.params, args.reference, ddp=not args.no_ddp, timeout=args.timeout)

@@ -40,8 +40,15 @@ def loss_source_file(ref: LossReference) -> Path:
     (its parent packages are imported to find it, as Python does)."""
     if ref.file:
         path = Path(ref.file).expanduser().resolve()
-        if not path.is_file():
-            raise InputError(f"loss.name={ref}: no such file {path}")
+        try:
+            mode = path.stat().st_mode  # never opened here: a FIFO would block
+        except OSError:
+            raise InputError(f"loss.name={ref}: no such file {path}") from None
+        if not stat.S_ISREG(mode):
+            kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket"
+                    if stat.S_ISSOCK(mode) else "a device")
+            raise InputError(f"loss.name={ref}: {path} is {kind}, not a Python file: name the .py file that defines "
+                             "the loss")
         return path
     try:
         spec = importlib.util.find_spec(ref.module)

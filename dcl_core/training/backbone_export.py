@@ -30,11 +30,19 @@ def description_path(out: Path) -> Path:
     return out.with_suffix(".json")
 
 
+def check_weights_name(out: Path) -> None:
+    """ConfigError (one line) when ``-o`` names no file (``''``, ``.``, ``/``, ``..``): the weights need a file's
+    name, beside which their description goes (``with_suffix`` raised a traceback on an empty one)."""
+    if out.name in ("", ".", ".."):
+        raise ConfigError(f"-o {out} names a folder, not a file: name the weights file (e.g. -o encoder.pt)")
+
+
 def check_destination(checkpoint: Path, out: Path) -> Path:
     """The description's path, once both files' places are checked (before any work): ConfigError (one line) for
-    weights named ``.json`` (the description would overwrite them) or a path that is the checkpoint itself;
-    :func:`dcl_core.files.check_output_file` for a link, a folder, a device, a FIFO or a socket there, or a folder
-    that takes no file."""
+    a path that names no file (:func:`check_weights_name`), weights named ``.json`` (the description would overwrite
+    them) or a path that is the checkpoint itself; :func:`dcl_core.files.check_output_file` for a link, a folder, a
+    device, a FIFO or a socket there, or a folder that takes no file."""
+    check_weights_name(out)
     description = description_path(out)
     if out.suffix.lower() == ".json":
         raise ConfigError(f"{out}: the weights cannot go to a .json file, where their description is written "

@@ -93,6 +93,20 @@ def _refused(capsys: pytest.CaptureFixture[str], root: Path, out: Path, needle: 
     return lines[0]
 
 
+def test_an_empty_output_folder_is_one_line_and_nothing_is_written_here(tmp_path: Path, monkeypatch,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 61, item 11: ``python -m dcl_core.pack ROOT -o ''`` wrote the pack into the folder it ran from. Now one
+    line, exit 2, nothing written (``-o .`` still names this folder)."""
+    root = _folder(tmp_path / "root")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert pack_main([str(root), "-o", ""]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: -o is empty: name the folder to write {PACKED_FILE} into (-o . for this one)"], err
+    assert list(here.iterdir()) == []
+
+
 def _char_device(path: Path) -> Path:
     """A character device with /dev/zero's numbers (1, 5), made here."""
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 5))

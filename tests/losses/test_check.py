@@ -192,6 +192,7 @@ def test_lightly_losses_pass_through_the_adapter_and_equal_this_project_s_equati
     (["check", "nope"], "loss.name must be one of"),
     (["check", "dcl", "--reference", "no/such.txt:f"], "--reference"),
     (["check", planted("PositiveWeighted"), "--params", "[1]"], "loss.params must be a JSON object"),
+    (["check", "dclw", "--params", '{"sigma": 2}'], "--params: the built-in loss dclw is checked at its defaults"),
 ])
 def test_a_malformed_name_is_refused_in_one_line_before_any_process_starts(capsys, argv, message):
     assert main(argv) == 2

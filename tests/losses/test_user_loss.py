@@ -132,6 +132,21 @@ def test_a_missing_file_or_module_is_one_line(tmp_path):
         loss_source_file(loss_reference("no_such_module_xyz:L"))
 
 
+def test_a_loss_path_that_is_a_fifo_or_a_folder_says_what_it_is(tmp_path):
+    """Issue 61, item 11: a loss path that is a FIFO or a folder said "no such file"; it says what is there, and the
+    FIFO is never opened."""
+    os.mkfifo(tmp_path / "fifo.py")
+    (tmp_path / "folder.py").mkdir()
+    with pytest.raises(InputError) as err:
+        load_loss_class(f"{tmp_path}/fifo.py:L")
+    assert str(err.value) == (f"loss.name={tmp_path}/fifo.py:L: {tmp_path}/fifo.py is a FIFO, not a Python file: "
+                              "name the .py file that defines the loss")
+    with pytest.raises(InputError) as err:
+        load_loss_class(f"{tmp_path}/folder.py:L")
+    assert str(err.value) == (f"loss.name={tmp_path}/folder.py:L: {tmp_path}/folder.py is a folder, not a Python "
+                              "file: name the .py file that defines the loss")
+
+
 def test_arguments_the_class_does_not_take_are_one_line_with_its_signature():
     with pytest.raises(InputError) as err:
         build_user_loss(SOUND, '{"weight": 1}', 0.1, False)

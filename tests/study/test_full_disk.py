@@ -17,6 +17,7 @@ import pyrun
 import pytest
 
 from dcl_core.data import resolve_data_root
+from dcl_core.files import no_space
 from dcl_core.study import summary_dir
 from dcl_core.study.analysis.report import read_table
 
@@ -112,3 +113,38 @@ def test_a_study_on_a_full_disk_stops_in_one_line_and_resumes(disk):
                             text=True, timeout=300, cwd=REPO)
     assert answer.returncode == 1 and "Traceback" not in answer.stderr, answer.stderr[-3000:]
     assert "no space left on the device holding" in answer.stderr
+
+
+def test_a_disk_full_from_the_start_prints_a_command_that_then_works(disk):
+    """Issue 61, item 7: with 1 MB left at the start, the disk filled before Tune's state or the study's copy of it
+    could be saved whole (the copy held the searcher's state without the experiment's), yet the study printed its
+    ``--resume``, which then failed ("Tune's saved state ... is damaged"). The line it prints now is the command that
+    works once space is freed, and that command finishes the study."""
+    out = disk / "out"
+    filler = fill(disk, leave=1_000_000)
+    proc = study(out)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: no space left on the device holding {out}: free some space, then run the same "
+                           "command with --"), line
+    filler.unlink()
+    again = study(out, "--resume" if "with --resume" in line else "--overwrite")
+    assert again.returncode == 0, line + "\n" + again.stdout[-2000:] + again.stderr[-3000:]
+    rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
+    assert len(rows) == 8 and all(r["status"] == "ok" and r["epochs"] == 1 for r in rows)
+
+
+def test_files_written_as_one_leave_the_previous_ones_whole_when_the_disk_fills(disk):
+    """What keeps the study's copy of Tune's state whole (:func:`dcl_core.files.write_files`): the disk fills while
+    the second file is written, and both files are still the previous ones, no temporary file left."""
+    from dcl_core.files import write_files
+
+    small, large = disk / "basic-variant-state.json", disk / "experiment_state.json"
+    small.write_bytes(b"old searcher")
+    large.write_bytes(b"old experiment")
+    fill(disk, leave=64 << 10)
+    with pytest.raises(OSError) as err:
+        write_files({small: b"new searcher", large: b"x" * (1 << 20)})
+    assert no_space(err.value)
+    assert small.read_bytes() == b"old searcher" and large.read_bytes() == b"old experiment"
+    assert sorted(p.name for p in disk.iterdir()) == ["basic-variant-state.json", "experiment_state.json", "filler"]

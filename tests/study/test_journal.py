@@ -253,3 +253,31 @@ def test_sync_says_what_mlflow_refused_instead_of_calling_it_pushed(store, caplo
     line = next(r.getMessage() for r in caplog.records if "is reachable" in r.getMessage())
     assert "1 journaled operations pushed, 3 refused by MLflow, 0 not replayed, 0 left" in line
     assert "1 operations pushed" in capsys.readouterr().out
+
+
+def test_a_fifo_at_the_journal_or_its_id_map_never_blocks(tmp_path):
+    """A FIFO planted at pending_mlflow.jsonl is refused by the append (never opened to read its last byte), and
+    one at the id map reads as no ids: neither blocks the study."""
+    import os
+    import threading
+
+    from dcl_core.files import UnsafePathError
+    from dcl_core.study.tracking.journal import IDS_FILE, Journal
+
+    journal = Journal(tmp_path / "summary" / "tau", "tau")
+    journal.folder.mkdir(parents=True)
+    os.mkfifo(journal.path)
+    os.mkfifo(journal.folder / IDS_FILE)
+    outcome = []
+
+    def work():
+        try:
+            journal.append({"op": "x"})
+        except (UnsafePathError, OSError) as err:
+            outcome.append(type(err).__name__)
+        outcome.append(journal.known_ids())
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive() and outcome[-1] == {}, outcome

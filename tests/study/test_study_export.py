@@ -118,6 +118,20 @@ def _export_line(study: Path, out: Path, capsys: pytest.CaptureFixture[str], cod
     return err[0]
 
 
+@pytest.mark.parametrize("given", ["", ".", "/", "..", "sub/.."])
+def test_an_output_that_names_no_file_is_one_line_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], given: str) -> None:
+    """Issue 61, item 11: ``study export OUT --best -o ''`` (``-o .``, ``-o /``) was 27 lines of traceback; a path
+    that names a folder, not a file, is one line, exit 2, and nothing is written where the command ran."""
+    study = _finished_study(tmp_path / "out")
+    here = tmp_path / "here"
+    (here / "sub").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    line = _export_line(study, Path(given), capsys, 2)
+    assert line == f"error: -o {Path(given)} names a folder, not a file: name the weights file (e.g. -o encoder.pt)"
+    assert sorted(p.name for p in here.iterdir()) == ["sub"] and not list((here / "sub").iterdir())
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
 def test_export_never_replaces_a_device_a_fifo_or_a_link(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 46, item 2: ``study export OUT --best -o /dev/null`` as root made the device a 742 KB file (and wrote

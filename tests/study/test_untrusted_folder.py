@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import resource
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import pyrun
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dcl_core.data import resolve_data_root
 from dcl_core.study.cli.answer_command import answer_main as answer
 from dcl_core.study.cli.sync_command import sync_main as sync
 from dcl_core.study.plan.storage import default_tracking_uri
@@ -430,3 +435,79 @@ def test_export_to_mlflow_naming_the_folders_own_store_still_checks_where_it_wri
         err = capsys.readouterr().err
         assert code == 2 and "Traceback" not in err and "outside" in err, err
         assert not (tmp_path / "best.pt").exists() and list(elsewhere.iterdir()) == []
+
+
+needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                                reason="embedded CIFAR-10 not present")
+
+
+@pytest.fixture(scope="module")
+def finished_study(tmp_path_factory, ray_head):
+    """One finished smoke study (DCL at 2 τ), run on the suite's Ray head: its output folder and the head."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    proc = pyrun.run([sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
+                      "--output-dir", str(out), "--address", ray_head.address], capture_output=True, text=True,
+                     timeout=600, cwd=REPO, env=ray_head.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, ray_head
+
+
+@pytest.mark.slow  # one smoke study on the suite's Ray head, then a command per case as a subprocess
+@needs_data
+@pytest.mark.parametrize(("planted", "command"), [
+    (f"summary/{STUDY}/study_options.json", "answer"),
+    ("mlflow.db", "answer"),
+    ("mlflow.db", "resume"),
+    (f"ray_results/{STUDY}/experiment_state-*.json", "resume"),
+])
+def test_a_fifo_planted_in_a_studys_folder_is_refused_in_seconds(finished_study, planted, command):
+    """Issue 61, item 5: a FIFO at ``study_options.json`` hung ``answer``; at ``mlflow.db``, ``answer`` and
+    ``--resume``; at Tune's ``experiment_state-*.json``, ``--resume``. Now one line, exit 2, within seconds, and the
+    FIFO is neither opened nor replaced."""
+    out, head = finished_study
+    (path,) = out.glob(planted)
+    kept = path.with_name(path.name + ".kept")
+    path.rename(kept)
+    os.mkfifo(path)
+    cmd = ([sys.executable, "-m", "dcl_core.study", "answer", str(out)] if command == "answer" else
+           [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
+            "--output-dir", str(out), "--address", head.address, "--resume"])
+    started = time.monotonic()
+    try:
+        proc = pyrun.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO, env=head.env)  # before: hung
+        assert os.path.exists(path) and not path.is_file()  # still the FIFO: neither opened for writing nor replaced
+    finally:
+        path.unlink()
+        kept.rename(path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{path} is a FIFO" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 60
+
+
+def _limited_memory() -> None:
+    """The command's data (heap and anonymous maps) under 2 GiB: a file read whole fails the test, not the machine."""
+    resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))
+
+
+@pytest.mark.slow  # answer and sync as subprocesses (a memory limit of their own)
+@pytest.mark.parametrize(("name", "size", "command"), [
+    ("study_options.json", 2_000_000_000, "answer"),
+    (JOURNAL_FILE, 3_000_000_000, "sync"),
+])
+def test_an_options_file_or_journal_past_its_bound_is_refused_unread(tmp_path, name, size, command):
+    """Issue 61, item 11: a 2 GB ``study_options.json`` (``answer``) or a 3 GB ``pending_mlflow.jsonl`` (``sync``)
+    was read whole (MemoryError). Now refused by its size in one line, exit 2, before a byte of it is read (the files
+    are sparse: nothing is written to the disk)."""
+    out = _study(tmp_path)
+    path = out / "summary" / STUDY / name
+    if name == JOURNAL_FILE:
+        path.write_text(json.dumps({"op": "summarize", "experiment": STUDY}) + "\n")
+    os.truncate(path, size)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "dcl_core.study", command, str(out)], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, preexec_fn=_limited_memory)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"{path} holds more than" in errors[0] and "not read" in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and time.monotonic() - started < 60

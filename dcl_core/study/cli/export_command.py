@@ -11,6 +11,7 @@ from dcl_core.cli import setup_logging
 from dcl_core.study.cli.answer_command import only_study
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import default_tracking_uri
+from dcl_core.training.backbone_export import check_weights_name
 
 EXPORT_DOC = """Export a finished study's trained encoder for another codebase: one trial's backbone as a plain state
 dict that torchvision's own ResNet-18/50 loads (width 1), with a JSON of what it is.
@@ -47,6 +48,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
 
     def body() -> int:
+        if args.out is not None:
+            check_weights_name(args.out)  # before a trial is chosen or anything read
         output_dir = args.output_dir.expanduser().resolve()
         study = args.name if args.name is not None else only_study(output_dir)
         check_name(study)

@@ -53,6 +53,7 @@ from dcl_core.study.plan.storage import (
     redact_args,
     storage_exists,
     storage_join,
+    study_began,
     summary_dir,
 )
 
@@ -141,6 +142,7 @@ def run_request(script: Script, request: StudyRequest) -> int:
     """Everything :func:`main` does after parsing: Ctrl-C and SIGTERM stop it at any moment
     (:mod:`~dcl_core.study.execution.stop_signals`), one exit path."""
     with stop_signals.stop_signals() as stop:
+        stop.last_words = lambda: _interrupted(request, KeyboardInterrupt(), terminated=stop.terminated)
         try:
             outcome = _execute(script, request)
         except InputError as err:  # ConfigError, DataError
@@ -154,7 +156,7 @@ def run_request(script: Script, request: StudyRequest) -> int:
             if not no_space(err):
                 raise
             where = request.options.output_dir.expanduser().resolve()
-            return cli.error(disk_full(where, resume=not request.args.reanalyze), cli.EXIT_FAILED)
+            return cli.error(disk_full(where, resume=not request.args.reanalyze and _began(request)), cli.EXIT_FAILED)
     if outcome is None:  # a dry run or a re-analysis: printed already
         return 0
     from dcl_core.study.execution.results import summary_lines  # imported with the study already
@@ -333,10 +335,11 @@ def _interrupted(request: StudyRequest, err: BaseException, terminated: bool) ->
     code = cli.EXIT_TERMINATED if terminated else cli.EXIT_INTERRUPTED
     why = "; ".join((["SIGTERM"] if terminated else []) + ([str(err)] if str(err) else []))
     why = f" ({why})" if why else ""
-    began = (request.options.output_dir.expanduser() / "summary" / request.args.name / OPTIONS_FILE).exists()
-    if not began:  # stopped before the study wrote anything: there is nothing to resume
-        sys.stderr.write(f"interrupted{why} before the study started: nothing was run or written; run the same "
-                         "command again\n")
+    if not _began(request):  # stopped before its Tune experiment began: there is nothing to resume
+        recorded = (request.options.output_dir.expanduser() / "summary" / request.args.name / OPTIONS_FILE).exists()
+        done = "nothing was run" if recorded else "nothing was run or written"
+        sys.stderr.write(f"interrupted{why} before the study started: {done}, so there is nothing to resume; run the "
+                         "same command again\n")
         return code
     line = resume_command(None if request.argv is None else list(request.argv))
     hint = ("\n  (credentials are shown as ***: give your --tracking-uri again, or set "
@@ -344,6 +347,15 @@ def _interrupted(request: StudyRequest, err: BaseException, terminated: bool) ->
     sys.stderr.write(f"interrupted{why}: finished trials and checkpoints are kept, nothing was summarized. "
                      f"Continue with:\n  {line}{hint}\n")
     return code
+
+
+def _began(request: StudyRequest) -> bool:
+    """Whether the study ran far enough for ``--resume`` to continue it: it recorded its options and its Tune
+    experiment exists (a stop while its Ray started, after the options were written, left nothing to resume)."""
+    options = request.options.resolved()
+    assert options.storage is not None
+    return ((options.output_dir / "summary" / request.args.name / OPTIONS_FILE).exists()
+            and study_began(options.storage, request.args.name))
 
 
 def resume_command(argv: list[str] | None) -> str:

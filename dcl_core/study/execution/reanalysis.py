@@ -5,7 +5,6 @@ exactly as the study does (``summary/<study>/table.txt``, the plots, the MLflow 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -24,6 +23,7 @@ from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     atomic_write_text,
     check_no_links,
+    read_options_file,
     study_entries,
     study_lock,
     summary_dir,
@@ -37,7 +37,9 @@ TOY_FILE = f"{TABLE_STEM}.parquet"  # the MI toy's rows
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object read from ``path``, or ConfigError (one line) when it cannot be read or is not an object."""
     try:
-        value = json.loads(path.read_text())
+        value = read_options_file(path)  # within its bound, a regular file only (a FIFO is never waited on)
+    except ConfigError:
+        raise
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}") from None
     if not isinstance(value, dict):

@@ -14,7 +14,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dcl_core.config import CONFIG_KEYS, Config, ConfigError, LossSource, apply_overrides, to_flat_dict
+from dcl_core.config import (
+    CONFIG_KEYS,
+    Config,
+    ConfigError,
+    LossSource,
+    apply_overrides,
+    check_params_used,
+    to_flat_dict,
+)
 from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.sequential import Design
 from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
@@ -276,6 +284,16 @@ def validate_spec(spec: StudySpec) -> None:
     if spec.search:
         for cfg in points:
             _validate_search(cfg, spec.search, sampled=keys_of(spec.search))
+    check_params_used(spec.base.loss.params, loss_names(spec))  # only a user loss takes them
+
+
+def loss_names(spec: StudySpec) -> set[str]:
+    """Every ``loss.name`` a trial of the study can have: its base config's where no grid or search sets it, each
+    grid's, and those its search chooses from."""
+    values = [grid.get("loss.name", spec.base.loss.name) for grid in spec.grids]
+    if spec.search and "loss.name" in spec.search:
+        values.append(spec.search["loss.name"])
+    return {str(n) for v in values for n in (v.values if isinstance(v, (Grid, Choice)) else (v,))}
 
 
 def _validate_search(cfg: Config, space: Space, sampled: set[str]) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
-from dcl_core.files import disk_full, no_space, open_fd, write_text
+from dcl_core.files import disk_full, file_kind, no_space, open_fd, read_bounded, write_text
 
 T = TypeVar("T")
 
@@ -134,12 +134,17 @@ OPTUNA_DB = "optuna.db"  # the Optuna searches' storage, in the output folder
 def check_no_links(output_dir: Path, entries: Iterable[str]) -> None:
     """ConfigError (one line) if one of ``entries`` (paths relative to ``output_dir`` where a study writes: its
     summary folder, Tune's, MLflow's store and artifacts) is a symbolic link: every file written there would land
-    wherever the link points. The output folder itself may be a link; what is planted inside it may not."""
+    wherever the link points. The output folder itself may be a link; what is planted inside it may not. A FIFO, a
+    device or a socket there is refused too: MLflow's SQLite store on a FIFO retried for minutes, a read of one
+    blocks forever."""
     for entry in entries:
         path = output_dir / entry
         if path.is_symlink():
             raise ConfigError(f"{path} is a symbolic link; a study writes only inside its output folder, never "
                               "through a link planted in it: remove the link (or pass the real folder as --output-dir)")
+        kind = file_kind(path)
+        if kind not in ("a regular file", "a folder", "nothing"):
+            raise ConfigError(f"{path} is {kind}, not a file or folder a study makes: not opened; remove it")
 
 
 def study_entries(study: str, experiments: Iterable[str] = ()) -> list[str]:
@@ -243,6 +248,31 @@ def atomic_write_text(path: Path, text: str) -> Path:
 
 
 OPTIONS_FILE = "study_options.json"  # a study's options and spec, written by the runner into its summary folder
+# A study's options file is ~10 KB (a user loss's list of sources: up to ~300 KB); a larger one is not the study's
+MAX_OPTIONS_BYTES = 16 << 20
+
+
+def read_options_file(path: Path) -> Any:
+    """The JSON a study's ``study_options.json`` at ``path`` holds, read within :data:`MAX_OPTIONS_BYTES` from a
+    regular file only (:func:`dcl_core.files.read_bounded`: a FIFO is never waited on). Raises ConfigError (one
+    line) for anything else there or a larger file, ValueError for a file that is not JSON."""
+    return json.loads(read_bounded(path, MAX_OPTIONS_BYTES))
+
+
+def study_began(storage: str, study: str) -> bool:
+    """Whether Tune's ``storage`` holds an experiment of ``study`` (its folder ``study``, or ``study+…``): whether
+    the study ran far enough for a ``--resume`` to continue it. A storage that cannot be listed counts as holding
+    one (its ``--resume`` then says what it finds)."""
+    try:
+        if "://" not in storage:
+            root = Path(storage).expanduser()
+            return (root / study).is_dir() or any(root.glob(f"{study}+*"))
+        fs, path = _filesystem(storage)
+        found = _bounded(lambda: fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)),
+                         f"storage {redact_uri(storage)}")
+    except (ConfigError, pyarrow.ArrowException, OSError):
+        return True
+    return any(i.base_name == study or i.base_name.startswith(f"{study}+") for i in found)
 
 
 def script_sha256(path: Path) -> str | None:

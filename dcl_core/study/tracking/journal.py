@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dcl_core.files import open_append, write_text
+from dcl_core.config import ConfigError
+from dcl_core.files import file_kind, is_regular_file, open_append, read_bounded, write_text
 
 try:
     import fcntl
@@ -41,6 +42,8 @@ FILES_DIR = "pending_mlflow_files"  # copies of temporary artifacts (a plot in a
 LOCK_FILE = ".pending_mlflow.lock"
 LOCAL_ID = "offline-"  # prefix of a placeholder run id
 _MAX_COPY = 1 << 30  # a temporary artifact larger than this is journaled by its path, not copied
+# A journal is ~1 KB an operation: a 1,000-trial study of 200 epochs with MLflow down throughout writes ~120 MB
+MAX_JOURNAL_BYTES = 256 << 20
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag name (mlflow.utils.mlflow_tags.MLFLOW_PARENT_RUN_ID)
 
 
@@ -159,20 +162,33 @@ class Journal:
 
     def _ends_with_newline(self) -> bool:
         """Whether the journal is empty or missing, or its last line is whole."""
+        if not is_regular_file(self.path):  # none yet; anything else is refused by open_append, never opened here
+            return True
         try:
             with self.path.open("rb") as f:
                 f.seek(-1, os.SEEK_END)
                 return f.read(1) == b"\n"
-        except OSError:  # no file, or an empty one (seeking before its start)
+        except OSError:  # an empty one (seeking before its start)
             return True
+
+    def check(self) -> None:
+        """ConfigError (one line) unless the journal is absent or a regular file within :data:`MAX_JOURNAL_BYTES`
+        (larger than any study writes): checked before a replay, which reads it whole."""
+        kind = file_kind(self.path)
+        if kind not in ("nothing", "a regular file"):
+            raise ConfigError(f"{self.path} is {kind}, not a regular file: not read")
+        if kind == "a regular file" and self.size() > MAX_JOURNAL_BYTES:
+            raise ConfigError(f"{self.path} holds more than {MAX_JOURNAL_BYTES:,} bytes ({self.size():,}), more than "
+                              "a study journals: not read")
 
     def read(self) -> list[dict[str, Any]]:
         """The operations in order; unreadable lines (cut short by a crash) and lines this study cannot have
-        written (:func:`journal_problem`) are skipped with a warning, and dropped at the next :meth:`rewrite`."""
+        written (:func:`journal_problem`) are skipped with a warning, and dropped at the next :meth:`rewrite`.
+        Read within :data:`MAX_JOURNAL_BYTES`, a regular file only (ConfigError otherwise)."""
         if not self.path.exists():
             return []
         records, ignored = [], []
-        for line in self.path.read_text().splitlines():
+        for line in read_bounded(self.path, MAX_JOURNAL_BYTES).decode(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:  # a line cut short by a crash while it was written
@@ -192,8 +208,8 @@ class Journal:
     def known_ids(self) -> dict[str, str]:
         """Placeholder run id -> MLflow run id, as replays (of any tracker of the study) recorded them."""
         ids_path = self.folder / IDS_FILE
-        with contextlib.suppress(OSError, ValueError):
-            known = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+        with contextlib.suppress(OSError, ValueError):  # ConfigError is a ValueError: a FIFO, a link, too large
+            known = json.loads(read_bounded(ids_path, MAX_JOURNAL_BYTES)) if ids_path.exists() else {}
             if _str_map(known):
                 return known
         return {}

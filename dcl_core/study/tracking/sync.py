@@ -9,7 +9,6 @@ what MLflow did not take."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +18,12 @@ from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     check_no_links,
     default_tracking_uri,
+    read_options_file,
     redact_uri,
     study_entries,
     summary_dir,
 )
-from dcl_core.study.tracking.journal import JOURNAL_FILE
+from dcl_core.study.tracking.journal import JOURNAL_FILE, Journal
 from dcl_core.study.tracking.preflight import check_store_in_folder, preflight
 from dcl_core.study.tracking.tracker import StudyTracker
 
@@ -55,8 +55,8 @@ def study_store(study_dir: Path, output_dir: Path, given: str | None) -> Store:
     """Where a re-analysis or sync of the study in ``study_dir`` logs (:class:`Store`)."""
     uri = given or default_tracking_uri(output_dir)
     try:
-        recorded = json.loads((study_dir / OPTIONS_FILE).read_text())
-    except (OSError, ValueError):
+        recorded = read_options_file(study_dir / OPTIONS_FILE)  # bounded, a regular file only
+    except (OSError, ValueError):  # ConfigError included: its reader says so
         return Store(uri)
     if not isinstance(recorded, dict) or not isinstance(recorded.get("tracking_uri"), str):
         return Store(uri)
@@ -109,6 +109,7 @@ def sync_journals(output_dir: Path, found: list[Path], tracking_uri: str | None)
         experiment = study_dir.name  # the folder names the study; the journal's own lines are not trusted for it
         try:
             check_no_links(output_dir, study_entries(experiment))  # summary/ -> ~ would sync (and rewrite) a journal
+            Journal(study_dir, experiment).check()  # one no study writes (3 GB was read whole): refused unread
             store = study_store(study_dir, output_dir, tracking_uri)
             if store.recorded is not None and tracking_uri is None:
                 raise ConfigError(f"its journal holds what MLflow at {store.recorded} did not take; a recorded URI "

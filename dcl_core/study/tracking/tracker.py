@@ -86,8 +86,8 @@ class StudyTracker(StudyRuns):
     ``cooldown`` seconds after a failure, and each call gives up after ``http_retries`` retries of
     ``http_timeout`` seconds (MLflow's defaults retry for minutes). The next call after the cool-down, and
     :meth:`sync`, replay the journal first, in order; a replayed run creation first looks the run up by its
-    trial id (or the summary tag), so runs are never duplicated, and the journal keeps only what MLflow did
-    not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study sync`` replay it too.
+    trial id (the summary run by the id the study recorded), so runs are never duplicated, and the journal keeps
+    only what MLflow did not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study sync`` replay it too.
     Without a ``journal_dir`` failed operations are logged and dropped.
 
     Picklable (Tune saves its callbacks with the experiment, and restores them on ``--resume``): the client is
@@ -153,6 +153,8 @@ class StudyTracker(StudyRuns):
         """Replay what an earlier run of the study journaled; get or create the experiment (local stores get an
         absolute artifact folder); with ``overwrite`` soft-delete its runs started before now; then find (a
         resumed study) or create the parent run. If MLflow is unreachable the parent run is a placeholder."""
+        if (journal := self._journal()) is not None:
+            journal.check()  # a journal no study writes (a 3 GB one was read whole): one line, before any replay
         rec = {"op": "open", "id": _local_id(), "experiment": self.experiment, "overwrite": overwrite,
                "tags": {SUMMARY_TAG: "true", RUN_COLOR_TAG: SUMMARY_COLOUR, **self.tags}, "time": _now_ms()}
         self.parent_run_id = self._real(self._apply_or_journal(rec))
@@ -273,6 +275,7 @@ class StudyTracker(StudyRuns):
         journal = self._journal()
         if journal is None or not journal.size():
             return 0
+        journal.check()
         with self._short_http():
             done, error = self._flush()
         if error is None:
