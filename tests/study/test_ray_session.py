@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dcl_core.study.execution import ray_session
+from dcl_core.study.plan import signing
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux's /proc")
 
@@ -113,7 +114,7 @@ def test_a_forged_record_naming_a_process_the_test_started_ends_nothing(tmp_path
                 {"pid": dead, "host": socket.gethostname(), "session_dir": session}))
         elif forgery == "signed with another key":
             note = _signed(out, dead, session)
-            ray_session.key_path().unlink()
+            signing.key_path().unlink()
             ray_session._key(create=True)  # a new key: the note's signature is no longer this user's
             ray_session.record_path(out, "s").write_text(json.dumps(note))
         elif forgery == "edited after signing":
@@ -128,7 +129,7 @@ def test_a_forged_record_naming_a_process_the_test_started_ends_nothing(tmp_path
             ray_session.record_path(out, "s").write_text(json.dumps(note))
         else:  # the key cannot be read privately (here: others may read it)
             _signed(out, dead, session)
-            ray_session.key_path().chmod(0o644)
+            signing.key_path().chmod(0o644)
         assert ray_session.end_dead_session(out, "s") == 0
         time.sleep(0.5)
         assert victim.poll() is None
@@ -175,7 +176,7 @@ def test_a_study_records_its_session_signed_and_a_link_is_replaced_not_followed(
     assert note["session_dir"].endswith("_481") and note["host"] == socket.gethostname()
     assert note["pid"] == os.getpid() and len(note["signature"]) == 64
     assert ray_session.record_path(out, "s").stat().st_mode & 0o077 == 0
-    key = ray_session.key_path()
+    key = signing.key_path()
     assert key.is_relative_to(own_cache) and key.stat().st_mode & 0o777 == 0o600
     assert key.parent.stat().st_mode & 0o077 == 0
 
@@ -183,10 +184,10 @@ def test_a_study_records_its_session_signed_and_a_link_is_replaced_not_followed(
 def test_a_key_that_is_a_link_is_not_used_and_nothing_is_recorded(tmp_path: Path) -> None:
     """A key planted as a link (to a file another user wrote) would let them sign notes: not used."""
     planted = tmp_path / "planted.key"
-    planted.write_bytes(b"k" * ray_session.KEY_BYTES)
+    planted.write_bytes(b"k" * signing.KEY_BYTES)
     planted.chmod(0o600)
-    ray_session.key_path().parent.mkdir(parents=True)
-    ray_session.key_path().symlink_to(planted)
+    signing.key_path().parent.mkdir(parents=True)
+    signing.key_path().symlink_to(planted)
     out = tmp_path / "out"
     out.mkdir()
     ray_session.record_session(out, "s", "/tmp/ray/session_2026-11-26_12-57-16_833392_481")
@@ -197,4 +198,4 @@ def test_studies_starting_together_agree_on_one_key(tmp_path: Path) -> None:
     code = "from dcl_core.study.execution import ray_session; print(ray_session._key(create=True).hex())"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(4)]
     keys = {p.communicate(timeout=60)[0].strip() for p in procs}
-    assert len(keys) == 1 and len(keys.pop()) == 2 * ray_session.KEY_BYTES
+    assert len(keys) == 1 and len(keys.pop()) == 2 * signing.KEY_BYTES

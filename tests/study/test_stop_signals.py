@@ -6,6 +6,7 @@ ignored", a third-party ``except:`` drops it) was lost."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from dcl_core.data import resolve_data_root
 from dcl_core.study.execution import stop_signals
+from dcl_core.study.execution.ray_session import _processes_of
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="Linux's /proc")
@@ -126,11 +128,13 @@ def test_a_ctrl_c_python_could_only_print_leaves_the_console_to_the_stop(tmp_pat
 # ---- a real study ------------------------------------------------------------------------------------------------
 
 
-def _study(out: Path) -> subprocess.Popen:
+def _study(out: Path, *args: str, group: bool = False) -> subprocess.Popen:
+    """The smoke study (DCL) into ``out``, as a background job of a script, or with ``group`` in a process group
+    of its own (as a terminal or a batch scheduler starts it: a signal to the group reaches Ray's processes too)."""
     cmd = [sys.executable, str(REPO / "studies" / "temperature_sweep.py"), "--smoke", "--losses", "dcl",
-           "--output-dir", str(out), "--num-cpus", "1"]
+           "--output-dir", str(out), "--num-cpus", "1", *args]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_as_a_background_job)
+                            preexec_fn=os.setpgrp if group else _as_a_background_job)
 
 
 def _maps_ray(pid: int) -> bool:
@@ -192,3 +196,38 @@ def test_a_sigterm_while_ray_starts_stops_the_study_and_its_ray(tmp_path: Path) 
     assert proc.returncode == 143, err[-3000:]
     assert "interrupted (SIGTERM)" in err and "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
     _wait_for(lambda: not Path(f"/proc/{gcs}").exists(), timeout=30)  # the study's Ray went with it
+
+
+def _ray_left_by(pid: int) -> list[int]:
+    """The processes still running of the local Ray sessions the driver ``pid`` started (named by its pid)."""
+    return [p for session in Path("/tmp/ray").glob(f"session_*_{pid}") for p in _processes_of(str(session))]
+
+
+@pytest.mark.slow  # a real study stopped while its Ray starts, then its printed advice followed
+@needs_data
+@pytest.mark.parametrize(("sig", "group", "code"), [(signal.SIGINT, False, 130), (signal.SIGTERM, True, 143)])
+def test_a_stop_while_ray_starts_says_there_is_nothing_to_resume_and_ends_its_ray(tmp_path: Path, sig: int,
+                                                                                 group: bool, code: int) -> None:
+    """Issue 61, item 8: a Ctrl-C while the study's Ray started (its raylet up, ``ray.init`` not returned) printed a
+    ``--resume`` command that then said "nothing to resume" (exit 2), and left Ray's dashboard and runtime-env agents
+    running for 30-70 s; a SIGTERM to the study's process group (a batch scheduler's, ``timeout``'s) there took 31 s
+    (``ray.init`` waits out its GCS, which the signal ended too). Now: the one line says nothing began, the same
+    command runs the study, the stop takes seconds and nothing of the study's Ray is left."""
+    out = tmp_path / "o"
+    proc = _study(out, group=group)
+    try:
+        assert _wait_for(lambda: _child_named(proc.pid, "raylet") or proc.poll() is not None) and proc.poll() is None
+        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=STOPPED_WITHIN_S)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("interrupted") and "nothing was run" in lines[0], err[-3000:]
+    assert "--resume" not in err and took < 15, (took, err[-3000:])
+    _wait_for(lambda: not _ray_left_by(proc.pid), timeout=10)  # before: the agents ran on for 30-70 s
+    again = _study(out)  # the command the line says to run again: the study, not "nothing to resume"
+    _, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err[-3000:]

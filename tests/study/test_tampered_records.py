@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from mlflow.tracking import MlflowClient
 
 from dcl_core.config import ConfigError, preset
 from dcl_core.study.analysis.answer import Question, build_answer
@@ -25,8 +27,10 @@ from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.sequential import GroupSequential
 from dcl_core.study.cli.answer_command import answer_main as answer
 from dcl_core.study.execution import rounds
+from dcl_core.study.plan import signing
+from dcl_core.study.plan.record import write_record
 from dcl_core.study.plan.spec import StudySpec
-from dcl_core.study.plan.storage import default_tracking_uri
+from dcl_core.study.plan.storage import default_tracking_uri, summary_dir
 from dcl_core.study.plan.writers import write_rows, write_table
 from search_spaces import Grid
 
@@ -54,6 +58,21 @@ def _study(root: Path) -> Path:
                "seed_rounds": SEED_ROUNDS}
     (d / "study_options.json").write_text(json.dumps(options, indent=1))
     return out
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own cache folder, where the signing key lives (never the user's)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
+
+
+def _signed(out: Path) -> Path:
+    """The study's record as a study writes it: signed with this user's key (study/plan/record.py)."""
+    path = out / "summary" / STUDY / "study_options.json"
+    write_record(path, json.loads(path.read_text()))
+    return path
 
 
 def _tamper(out: Path, **design: object) -> Path:
@@ -105,24 +124,177 @@ def test_a_design_without_its_seed_rounds_is_refused(tmp_path: Path, capsys: pyt
         _one_line(capsys, [str(out), "-q"])
 
 
-def test_resume_refuses_the_tampered_design_before_anything_runs(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def _resume_dry_run(out: Path) -> int:
+    """``studies/temperature_sweep.py --smoke --seeds 2 --until-resolved --max-seeds 4 --resume --dry-run`` on
+    ``out``, in this process: the exit code."""
     import importlib.util
 
     from dcl_core.study.cli.script import main
 
-    out = _study(tmp_path)
-    _tamper(out, first=4)
     path = Path(__file__).resolve().parents[2] / "studies" / "temperature_sweep.py"
     spec = importlib.util.spec_from_file_location("study_temperature_sweep", path)
     assert spec is not None and spec.loader is not None
     study = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(study)
-    code = main(study.__doc__, STUDY, study.build_spec, argv=[
+    return main(study.__doc__, STUDY, study.build_spec, argv=[
         "--smoke", "--seeds", "2", "--until-resolved", "--max-seeds", "4", "--output-dir", str(out), "--resume",
         "--dry-run"])
+
+
+def test_resume_refuses_the_tampered_design_before_anything_runs(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = _study(tmp_path)
+    _tamper(out, first=4)
+    code = _resume_dry_run(out)
     err = capsys.readouterr().err
     assert code == 2 and "is not the design its seed rounds ran under" in err and "Traceback" not in err
+
+
+# Issue 61, item 9: edits that keep the record consistent passed every check above and changed the answer (first
+# 2 -> 3 with the rounds merged to match; a design.shape within [0, 0.5]); a record the study signed is now read
+# only as it was signed.
+CONSISTENT_EDITS = {
+    "first look and rounds": lambda o: (o["command"]["design"].update(first=3), o.update(seed_rounds=[[0, 1, 2], [3]])),
+    "boundary shape": lambda o: o["command"]["design"].update(shape=0.5),
+    "signature removed": lambda o: (o.pop("signature"), o["command"]["design"].update(first=3),
+                                    o.update(seed_rounds=[[0, 1, 2], [3]])),
+    "signature of the edit with another key": lambda o: o.update(signing.signed_json(
+        {**o, "seed_rounds": [[0, 1, 2], [3]], "command": {**o["command"], "design": {**DESIGN, "first": 3}}},
+        "study record temperature_sweep")),
+}
+
+
+@pytest.mark.parametrize("edit", list(CONSISTENT_EDITS))
+def test_a_consistently_edited_record_the_study_signed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   edit: str) -> None:
+    """Before: answered exit 0 with intervals the study's looks never spent (first 3: 95% CI [-5.36, +5.03] for
+    [-5.59, +5.30]; shape 0.5: [-6.14, +7.08])."""
+    out = _study(tmp_path)
+    path = _signed(out)
+    assert answer([str(out), "-q"]) == 0, capsys.readouterr().err  # as the study signed it: answered
+    capsys.readouterr()
+    options = json.loads(path.read_text())
+    if edit == "signature of the edit with another key":
+        signing.key_path().rename(signing.key_path().with_name("mine"))  # the edit is signed with a key of its own
+        CONSISTENT_EDITS[edit](options)
+        signing.key_path().unlink()
+        signing.key_path().with_name("mine").rename(signing.key_path())
+    else:
+        CONSISTENT_EDITS[edit](options)
+    path.write_text(json.dumps(options, indent=1))
+    line = _one_line(capsys, [str(out), "-q"])
+    assert line.startswith(f"error: {STUDY}: {path} was changed since the study wrote it"), line
+    assert "put back the file the study wrote" in line
+
+
+def test_a_resume_refuses_a_changed_record_before_anything_runs(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = _study(tmp_path)
+    path = _signed(out)
+    options = json.loads(path.read_text())
+    CONSISTENT_EDITS["boundary shape"](options)
+    path.write_text(json.dumps(options, indent=1))
+    code = _resume_dry_run(out)
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {path} was changed since the study wrote it" in err and "Traceback" not in err
+
+
+@pytest.mark.slow  # a sequential design planned by simulation: ~5 s
+@pytest.mark.parametrize("why", ["from before records were signed", "no private key"])
+def test_a_record_no_key_of_this_user_signed_is_read_as_before(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                why: str) -> None:
+    """A record from before signing existed, from another user or machine, or read where no key can be kept: read
+    as before, every value checked (the tests above), and answered."""
+    out = _study(tmp_path)  # written by hand, unsigned
+    if why == "no private key":
+        signing.key(create=True)
+        signing.key_path().chmod(0o644)  # others may read it: not a key
+    assert answer([str(out), "-q"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("DCL flatter across τ than InfoNCE: not resolved — Δstd -2.21, 95% CI [-5.59, +5.30]")
+
+
+# ----------------------------------------------------------------------- the summary run, found by its record
+
+def _summary_and_trial(out: Path) -> tuple[MlflowClient, str, str]:
+    """The study answered once (its summary run, recorded), then a trial's run as a study's tracker makes one."""
+    from dcl_core.study.tracking import StudyTracker
+
+    uri = default_tracking_uri(out)
+    tracker = StudyTracker(uri, STUDY, artifact_root=out / "mlartifacts", journal_dir=summary_dir(out, STUDY)).open()
+    trial = tracker.trial_run("a75a2_00000", "dcl_t0.1_a75a2_00000", {}, {"loss.name": "dcl"})
+    tracker.end_run(trial)
+    assert tracker.parent_run_id is not None
+    return MlflowClient(uri), tracker.parent_run_id, trial
+
+
+def test_the_summary_run_is_found_by_the_record_the_study_signed_not_by_its_tag(tmp_path: Path) -> None:
+    from dcl_core.study.tracking import StudyTracker, summary_run
+
+    out = tmp_path / "out"
+    folder = summary_dir(out, STUDY)
+    uri = default_tracking_uri(out)
+    first = StudyTracker(uri, STUDY, artifact_root=out / "mlartifacts", journal_dir=folder).open()
+    trial = first.trial_run("t1", "trial", {}, {"a": "1"})
+    with sqlite3.connect(out / "mlflow.db") as db:  # the trial's run tagged as the summary run
+        db.execute("insert into tags(key,value,run_uuid) values('dcl.summary','true',?)", (trial,))
+    again = StudyTracker(uri, STUDY, artifact_root=out / "mlartifacts", journal_dir=folder).open()
+    assert again.parent_run_id == first.parent_run_id != trial
+    assert summary_run.recorded(folder) == [first.parent_run_id]
+    # A record naming another run as it was not signed, or another study's record, is not followed.
+    record = folder / summary_run.RECORD
+    data = json.loads(record.read_text())
+    record.write_text(json.dumps({**data, "runs": [trial]}))
+    assert summary_run.recorded(folder) == []
+    summary_run.record(summary_dir(out, "other"), trial)
+    record.write_text((summary_dir(out, "other") / summary_run.RECORD).read_text())
+    assert summary_run.recorded(folder) == []
+
+
+@pytest.mark.slow  # two answers of a sequential design planned by simulation: ~10 s
+@pytest.mark.parametrize("forgery", ["tag in the store", "record names the trial", "record removed"])
+def test_a_forged_summary_tag_or_record_never_puts_the_answer_on_a_trial(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str],
+                                                                        forgery: str) -> None:
+    """Issue 61, item 4: ``insert into tags(key,value,run_uuid) values('dcl.summary','true','<trial>')`` had the
+    next ``answer`` write the verdict, the description and every summary metric onto that trial."""
+    out = _study(tmp_path)
+    _signed(out)
+    assert answer([str(out), "-q"]) == 0, capsys.readouterr().err
+    client, summary, trial = _summary_and_trial(out)
+    record = summary_dir(out, STUDY) / "summary_run.json"
+    if forgery == "tag in the store":
+        with sqlite3.connect(out / "mlflow.db") as db:
+            db.execute("insert into tags(key,value,run_uuid) values('dcl.summary','true',?)", (trial,))
+    elif forgery == "record names the trial":
+        data = json.loads(record.read_text())
+        data["runs"] = [trial]
+        record.write_text(json.dumps(data))
+    else:
+        record.unlink()
+    assert answer([str(out), "-q"]) == 0, capsys.readouterr().err
+    tags, metrics = client.get_run(trial).data.tags, client.get_run(trial).data.metrics
+    assert "mlflow.note.content" not in tags and not metrics, (tags, metrics)
+    answered = client.get_run(summary) if forgery == "tag in the store" else None
+    if answered is None:  # a record not followed: the answer is on a new summary run, recorded
+        (new,) = json.loads(record.read_text())["runs"][-1:]
+        assert new not in (summary, trial)
+        answered = client.get_run(new)
+    assert answered.data.tags["mlflow.note.content"].startswith("Verdict: not resolved")
+
+
+@pytest.mark.slow  # two answers of a sequential design planned by simulation: ~10 s
+def test_a_forged_figure_tag_never_deletes_a_trial_s_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The answer replaces the study's figure run (tag ``dcl.figure``): the same tag written onto a trial's run in
+    the store must not have the next ``answer`` delete that trial's run."""
+    out = _study(tmp_path)
+    _signed(out)
+    assert answer([str(out), "-q"]) == 0, capsys.readouterr().err
+    client, _, trial = _summary_and_trial(out)
+    with sqlite3.connect(out / "mlflow.db") as db:
+        db.execute("insert into tags(key,value,run_uuid) values('dcl.figure','true',?)", (trial,))
+    assert answer([str(out), "-q"]) == 0, capsys.readouterr().err
+    assert client.get_run(trial).info.lifecycle_stage == "active"
 
 
 @pytest.mark.slow  # a sequential design planned by simulation: ~5 s

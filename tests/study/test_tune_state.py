@@ -3,23 +3,28 @@
 taken of a damaged state; no copy through a link. The end-to-end run on a real full tmpfs is test_full_disk.py."""
 
 import errno
+import hashlib
 import json
 
 import pytest
 
 from dcl_core.files import DiskFullError, disk_full, no_space
+from dcl_core.study.execution.state_signature import vouch
 from dcl_core.study.execution.tune_state import BACKUP_DIR, backup, readable_state, restore_backup
 
 STATE = {"trial_data": [["{}", "{}"]], "runner_data": {}}
 
 
 @pytest.fixture
-def exp_dir(tmp_path):
+def exp_dir(tmp_path, monkeypatch):
+    """An experiment's state as the study wrote it: signed (state_signature.py), with a key in this test's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     d = tmp_path / "exp"
     d.mkdir()
     (d / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps(STATE))
     (d / "basic-variant-state-2026-01-01_00-00-00.json").write_bytes(b"\x80\x05pickled")
     (d / "tuner.pkl").write_bytes(b"\x80\x05tuner")
+    assert vouch(str(d), {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in d.iterdir()})
     return d
 
 
@@ -47,6 +52,14 @@ def test_a_link_in_the_backup_folder_is_not_restored(exp_dir, tmp_path):
     (exp_dir / BACKUP_DIR).rename(elsewhere / BACKUP_DIR)
     (exp_dir / BACKUP_DIR).symlink_to(elsewhere / BACKUP_DIR)
     assert not restore_backup(exp_dir)
+
+
+def test_a_link_planted_at_the_backup_folder_is_never_written_through(exp_dir, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (exp_dir / BACKUP_DIR).symlink_to(elsewhere)
+    assert not backup(exp_dir)
+    assert list(elsewhere.iterdir()) == [] and (exp_dir / BACKUP_DIR).is_symlink()
 
 
 def test_what_counts_as_a_full_disk():

@@ -20,6 +20,7 @@ from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.mi_toy import TOY
 from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser, options_of
 from dcl_core.study.cli.script import Script, run_request
+from dcl_core.study.plan.record import check_signed
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import OPTIONS_FILE, script_origin, script_sha256
 
@@ -98,9 +99,11 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
         print(reanalyze_toy(output_dir, store.uri))
         return 0
     options_file = study_dir / OPTIONS_FILE
-    if not options_file.is_file():
+    if not options_file.exists() and not options_file.is_symlink():  # anything else there: read_json says what
         raise ConfigError(f"{study_dir} has no {OPTIONS_FILE}: not a study's summary folder")
-    command = read_json(options_file).get("command")
+    recorded = read_json(options_file)
+    check_signed(options_file, recorded)  # changed since the study signed it: one line, before a script is chosen
+    command = recorded.get("command")
     if not isinstance(command, dict) or not isinstance(command.get("script"), str):
         raise ConfigError(f"{options_file} records no command (a study run before re-analysis was recorded): run "
                           f"`python studies/<script>.py <the options it ran with> --output-dir {output_dir} "

@@ -16,6 +16,7 @@ from ray import tune
 
 from dcl_core import metric_names as M
 from dcl_core.study.analysis.columns import Status
+from dcl_core.study.execution import trial_failures
 from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE
 
 __all__ = ["PROGRESS", "QUIET", "VERBOSE", "ConsoleProgress"]
@@ -59,6 +60,7 @@ class ConsoleProgress(tune.Callback):
         self._peak = 0  # the most trials it saw running at once
         self._last_line = time.time()  # when it last printed a line
         self._first_start = True  # off a terminal, the first trial's start gets a status line at once
+        self._counted: set[str] = set()  # the trials counted finished: each once (Tune may tell of an end twice)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_bar": None, "running": set(), "_watching": None, "_started_at": {},
@@ -71,6 +73,7 @@ class ConsoleProgress(tune.Callback):
             return
         self._restored = False
         finished = [t for t in trials if t.status in ("TERMINATED", "ERROR")]
+        self._counted = {t.trial_id for t in finished}
         self.done = self.before + len(finished)
         self.failed = sum(t.status == "ERROR" or _failed(t) for t in finished)
 
@@ -144,6 +147,9 @@ class ConsoleProgress(tune.Callback):
     def _finished(self, trial: Any, failed: bool) -> None:
         now = time.time()
         self.running.discard(trial.trial_id)
+        if trial.trial_id in self._counted:  # told again: Tune reports an end a callback failed on as an error
+            return
+        self._counted.add(trial.trial_id)
         self.done += 1
         self.failed += failed
         if self._watching is None:
@@ -171,10 +177,11 @@ def _failed(trial: Any) -> bool:
 
 
 def trial_line(trial: Any, failed: bool) -> str:
-    """``dcl_t0.1_s0_…  kNN 35.2%  loss 4.123  41 s`` (or ``FAILED``/``diverged``)."""
+    """``dcl_t0.1_s0_…  kNN 35.2%  loss 4.123  41 s`` (or ``FAILED``/``diverged``; a failure's cause last)."""
     r = trial.last_result or {}
     knn, loss, secs = r.get(M.KNN_TOP1), r.get(M.TRAIN_LOSS), r.get("time_total_s")
     parts = [str(trial)]
+    cause = None if not failed or r.get(M.DIVERGED) else trial_failures.trial_cause(trial)
     if failed:
         parts.append(Status.DIVERGED if r.get(M.DIVERGED) else "FAILED")
     if isinstance(knn, float) and not math.isnan(knn):
@@ -183,4 +190,6 @@ def trial_line(trial: Any, failed: bool) -> str:
         parts.append(f"loss {loss:.3f}")
     if isinstance(secs, float | int):
         parts.append(f"{secs:.0f} s")
+    if cause:
+        parts.append(cause)
     return "  ".join(parts)

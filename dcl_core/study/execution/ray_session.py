@@ -9,39 +9,41 @@ lock, ends the processes of that session if its driver is dead.
 
 Only the study's own Ray is touched, never another's. The output folder may be shared or crafted, so a note counts
 only if the study itself wrote it: each note is signed (HMAC-SHA256 over the output folder, the study and the
-note's fields) with a key that never leaves this user's own cache folder (:func:`key_path`, ``~/.cache/dcl_core/
-ray_session.key``, mode 0600 in a folder of this user's), which whoever planted a note cannot read. A note forged,
-edited, or copied from another folder ends nothing; so does a note when the key cannot be kept (then nothing is
-recorded either). A signed note's session folder is the one ``ray.init`` reported, so its processes are those of
-this user whose command line or open files name it (Ray's agents rename themselves, which also overwrites the
-environment ``/proc`` shows, but keep their logs there open); it counts only if it names a dead driver of this
-host. Linux only (``/proc``); elsewhere this does nothing.
+note's fields) with a key that never leaves this user's own cache folder (:mod:`~dcl_core.study.plan.signing`:
+``~/.cache/dcl_core/ray_session.key``, mode 0600 in a folder of this user's), which whoever planted a note cannot
+read. A note forged, edited, or copied from another folder ends nothing; so does a note when the key cannot be
+kept (then nothing is recorded either). A signed note's session folder is the one ``ray.init`` reported, so its
+processes are those of this user whose command line or open files name it (Ray's agents rename themselves, which
+also overwrites the environment ``/proc`` shows, but keep their logs there open); it counts only if it names a dead
+driver of this host. Linux only (``/proc``); elsewhere this does nothing.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import hashlib
+import functools
 import hmac
 import json
 import logging
 import os
 import re
-import secrets
 import signal
 import socket
-import stat
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dcl_core.files import is_regular_file, write_with
+from dcl_core.study.plan import signing
+from dcl_core.study.plan.signing import key as _key
 
 log = logging.getLogger(__name__)
 
 # Ray's name for a session folder: session_2026-11-26_12-57-16_833392_481 (its last number: the starting pid)
 SESSION_NAME = re.compile(r"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_(\d+)")
 GRACE_S = 5.0  # after SIGTERM, before SIGKILL
-KEY_BYTES = 32  # the signing key: 256 random bits
 NOTE_MAX_BYTES = 4096  # a session note is ~300 bytes; a longer one is not read past this
 
 
@@ -50,44 +52,9 @@ def record_path(output_dir: Path, study: str) -> Path:
     return output_dir / f".{study}.ray_session"
 
 
-def key_path() -> Path:
-    """This user's key for signing session notes: in ``$XDG_CACHE_HOME`` (else ``~/.cache``) ``/dcl_core/``."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser() / "dcl_core" / "ray_session.key"
-
-
-def _key(create: bool) -> bytes | None:
-    """The signing key, made first when ``create`` (None when it cannot be kept privately: a link, another
-    owner, a file others may read, a read-only home). Two studies making it at once agree on one key: it is
-    written under a temporary name, then linked to its own, which only the first link gets."""
-    path = key_path()
-    with contextlib.suppress(OSError):
-        if create and not os.path.lexists(path):
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(secrets.token_bytes(KEY_BYTES))
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            key = f.read(KEY_BYTES + 1)
-        if (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
-                and len(key) == KEY_BYTES):
-            return key
-        log.debug("%s is not a private key of %d bytes: Ray sessions are neither recorded nor ended", path, KEY_BYTES)
-    return None
-
-
 def _signature(key: bytes, output_dir: Path, study: str, pid: int, host: str, session_dir: str) -> str:
     """The note's signature: it holds only for these fields, in this output folder, for this study."""
-    message = json.dumps([str(output_dir.resolve()), study, pid, host, session_dir]).encode()
-    return hmac.new(key, message, hashlib.sha256).hexdigest()
+    return signing.mac(key, "ray session", [str(output_dir.resolve()), study, pid, host, session_dir])
 
 
 def record_session(output_dir: Path, study: str, session_dir: str) -> None:
@@ -123,24 +90,54 @@ def end_dead_session(output_dir: Path, study: str) -> int:
     return ended
 
 
-def end_own_sessions(temp_root: Path) -> int:
+def end_own_sessions(temp_root: Path, grace: float = GRACE_S) -> int:
     """End the processes of the sessions under Ray's temp folder ``temp_root`` that this process started (their
-    folder's name ends in its pid): what a ``ray.init`` that failed half-way left running. The number ended."""
+    folder's name ends in its pid): what a ``ray.init`` that failed or was stopped half-way left running, and what
+    ``ray.shutdown`` leaves (the raylet's agents, which ran on for 30-70 s). The number ended (``grace``: seconds
+    between SIGTERM and SIGKILL)."""
     ended = 0
     for folder in sorted(temp_root.glob("session_*")):
         named = SESSION_NAME.fullmatch(folder.name)
         if named and int(named.group(1)) == os.getpid():
-            ended += _end(str(folder))
+            ended += _end(str(folder), grace)
     return ended
 
 
-def _end(session: str) -> int:
-    """SIGTERM, :data:`GRACE_S`, then SIGKILL to the session's processes; how many there were."""
+def temp_folders() -> list[Path]:
+    """Where a local ``ray.init`` may have put its session folder: ``ray`` under /tmp (Ray's default) or the
+    system's temp folder (``TMPDIR``)."""
+    roots = ["/tmp", os.environ.get("TMPDIR"), tempfile.gettempdir()]
+    return [Path(r) / "ray" for r in dict.fromkeys(r for r in roots if r)]
+
+
+def end_own(grace: float = GRACE_S) -> int:
+    """End what is left of the local Ray instances this process started (:func:`end_own_sessions` under each of
+    :func:`temp_folders`); how many processes."""
+    return sum(end_own_sessions(temp, grace) for temp in temp_folders())
+
+
+@functools.cache  # once a process
+def end_own_at_exit(shutdown: Callable[[], object]) -> None:
+    """At this driver's exit, ``shutdown`` (``ray.shutdown``), then :func:`end_own`: the raylet's dashboard and
+    runtime-env agents outlived ``ray.shutdown`` by 30-70 s, after a study and after one stopped while its Ray
+    started. Call it before ``ray.init``: exit handlers run last-registered first, so this one shuts Ray down
+    itself before ending what is left (Ray's own exit handler is then a no-op)."""
+
+    def at_exit() -> None:
+        with contextlib.suppress(Exception):
+            shutdown()
+        end_own()
+
+    atexit.register(at_exit)
+
+
+def _end(session: str, grace: float = GRACE_S) -> int:
+    """SIGTERM, ``grace`` seconds, then SIGKILL to the session's processes; how many there were."""
     left = _processes_of(session)
     if not left:
         return 0
     _signal(left, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    deadline = time.monotonic() + grace
     while time.monotonic() < deadline and _processes_of(session):
         time.sleep(0.1)
     _signal(_processes_of(session), signal.SIGKILL)

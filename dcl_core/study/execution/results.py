@@ -24,7 +24,7 @@ from dcl_core.study.analysis.columns import (
     x_column,
 )
 from dcl_core.study.analysis.rows import series_label, trial_row
-from dcl_core.study.execution import memory_loss
+from dcl_core.study.execution import memory_loss, trial_failures
 from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import atomic_write_text, redact_uri, summary_dir
@@ -64,7 +64,8 @@ def tune_rows(results: Any) -> list[Row]:
         history = [float(v) for v in df[M.KNN_TOP1]] if df is not None and M.KNN_TOP1 in df else []
         config = dict(result.config or configs.get(result.path, {}))
         rows.append(trial_row(config, result.metrics or {}, result.error, history))
-        lost = memory_loss.row_error(result.error)  # Tune kept only the text of Ray's memory report
+        # Tune kept only the text of Ray's memory report; a process that died: its fatal signal, where it struck
+        lost = memory_loss.row_error(result.error) or trial_failures.row_error(result.error, result.path)
         if lost:
             rows[-1][ERROR] = lost
     return rows

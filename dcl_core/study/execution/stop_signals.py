@@ -25,6 +25,12 @@ things used to swallow or mistranslate an early signal, each handled here:
 - Ray's core worker installs a C++ handler that answers SIGTERM with SIGABRT (exit 134, a stack dump) for the
   rest of the process: the same restore removes it. It is in place for the last few milliseconds of ``ray.init``
   only.
+- A signal to the study's whole process group (a batch scheduler's, ``timeout``'s) while ``ray.init`` waits for
+  its raylet ends Ray's GCS too, and ``ray.init`` then sits in a C call for Ray's 30 s before Python can run any
+  handler (a SIGTERM took 31 s). :func:`keep_stop_signals` watches for a stop through Python's wakeup fd, which its
+  C-level handler writes to at once: one that the main thread has not acted on within :data:`STUCK_S` ends the
+  study from the watching thread, as the main thread would have (its Ray's processes ended, the stop's one line,
+  exit 130 or 143).
 
 Only the main thread may set handlers: elsewhere (a study run from a thread) both are no-ops.
 """
@@ -38,11 +44,12 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 REDELIVER_S = 1.0  # a stop not yet caught (swallowed during an import) is raised again this often
+STUCK_S = 2.0  # a stop inside ray.init not acted on by then: the main thread is blocked in a C call
 
 
 def _main_thread() -> bool:
@@ -55,6 +62,8 @@ class Stop:
 
     def __init__(self) -> None:
         self.terminated = False
+        # the command line's one line for the stop and its exit status, for a stop ended from another thread
+        self.last_words: Callable[[], int] | None = None
         self._asked = threading.Event()  # a stop was asked for and raised as KeyboardInterrupt
         self._caught = threading.Event()  # ... and the command line caught it (or the block ended)
         self._watch: threading.Thread | None = None
@@ -133,15 +142,19 @@ def stop_signals() -> Iterator[Stop]:
 
 
 @contextlib.contextmanager
-def keep_stop_signals() -> Iterator[None]:
+def keep_stop_signals(cleanup: Callable[[], object] | None = None) -> Iterator[None]:
     """The study's SIGINT and SIGTERM handlers through ``ray.init`` (Ray replaces SIGTERM's with its own
     ``sys.exit(15)``, then its core worker's C++ handler aborts on SIGTERM): restored when the block ends, and a
     ``SystemExit`` raised inside it, which only Ray's SIGTERM handler raises there, is handed to the study's
-    SIGTERM handler (a ``KeyboardInterrupt`` counted as SIGTERM)."""
+    SIGTERM handler (a ``KeyboardInterrupt`` counted as SIGTERM). Inside a study's :func:`stop_signals`, a stop the
+    main thread has not acted on within :data:`STUCK_S` (``ray.init`` blocked in C) ends the process from a
+    watching thread: ``cleanup`` (what this process's Ray started), the stop's :attr:`Stop.last_words`, exit."""
     if not _main_thread():
         yield
         return
     before_int, before_term = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stop = getattr(before_term, "__self__", None)
+    watch = _StuckWatch(stop, cleanup) if isinstance(stop, Stop) else None
     try:
         yield
     except SystemExit:
@@ -151,7 +164,65 @@ def keep_stop_signals() -> Iterator[None]:
         before_term(signal.SIGTERM, None)  # the study's: counts it, raises KeyboardInterrupt
         raise KeyboardInterrupt from None  # ray.init did not finish: nothing goes on after it
     finally:
+        if watch is not None:
+            watch.close()
         _restore(before_int, before_term)
+
+
+class _StuckWatch:
+    """A thread that reads the signals Python's C-level handler notes in its wakeup fd (written even while the main
+    thread is blocked in C) and ends the study itself when a SIGINT or SIGTERM has not been acted on within
+    :data:`STUCK_S` (see :func:`keep_stop_signals`)."""
+
+    def __init__(self, stop: Stop, cleanup: Callable[[], object] | None) -> None:
+        self.stop, self.cleanup = stop, cleanup
+        self.read, self.write = os.pipe()
+        os.set_blocking(self.write, False)
+        self.previous = signal.set_wakeup_fd(self.write, warn_on_full_buffer=False)
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.acting = False
+        self.thread = threading.Thread(target=self._watch, name="stop-in-ray-init", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        seen: set[int] = set()
+        while not self.done.is_set():
+            seen |= set(os.read(self.read, 64)) & {signal.SIGINT, signal.SIGTERM}
+            if not seen or self.done.wait(STUCK_S):
+                continue
+            with self.lock:
+                if self.done.is_set():
+                    return
+                self.acting = True
+            self._end(terminated=signal.SIGTERM in seen)
+
+    def _end(self, terminated: bool) -> None:
+        """The study's end, from this thread: its Ray's processes, the stop's one line, the exit status."""
+        self.stop.terminated = self.stop.terminated or terminated
+        code = 128 + (signal.SIGTERM if self.stop.terminated else signal.SIGINT)  # a shell's status for the signal
+        try:
+            if self.cleanup is not None:
+                self.cleanup()
+            if self.stop.last_words is not None:
+                code = self.stop.last_words()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)  # the main thread is blocked in C: nothing else can end the process now
+
+    def close(self) -> None:
+        """The block ended: stop watching (unless the study is being ended from the watching thread already)."""
+        with self.lock:
+            self.done.set()
+            acting = self.acting
+        if acting:
+            self.thread.join()  # never returns: the watching thread ends the process
+        os.write(self.write, b"\0")  # wakes the watching thread's read (0 is no signal)
+        self.thread.join()
+        signal.set_wakeup_fd(self.previous)
+        os.close(self.read)
+        os.close(self.write)
 
 
 def _restore(before_int: Any, before_term: Any) -> None:

@@ -18,7 +18,7 @@ from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
 from dcl_core.files import no_space, open_append
 from dcl_core.study import tracking
 from dcl_core.study.analysis.rows import error_text
-from dcl_core.study.execution import memory_loss
+from dcl_core.study.execution import memory_loss, trial_failures
 from dcl_core.study.execution.ray_env import setup_worker
 from dcl_core.study.plan.spec import Resources
 
@@ -69,15 +69,23 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
         except Exception as err:
             _fail_or_retry(trial_dir, err, {})
         return
+    died = trial_failures.previous_death(trial_dir)  # the last attempt's process died of a fatal signal
+    if died is not None and _seen_before(trial_dir, died):
+        log.info("trial died twice with %s: not retried", died)  # the study's line for the trial names the cause
+        tracking.report_failed({}, died)
+        return
     cfg = _run_config(config, work_dir / "run", resources.threads)
     resume = tracking.restore_latest_checkpoint(Path(cfg.output_dir) / CHECKPOINT_NAME)
     last = _LastMetrics(crash_marker=trial_dir)
     try:
-        if os.environ.get(FAIL_ENV):
-            raise RuntimeError(f"injected failure at every attempt ({FAIL_ENV})")
-        _train_or_restart(cfg, [tracking.TuneReporter(), last], resume)
+        with trial_failures.noting_fatal_signals(trial_dir):
+            if os.environ.get(FAIL_ENV):
+                raise RuntimeError(f"injected failure at every attempt ({FAIL_ENV})")
+            _train_or_restart(cfg, [tracking.TuneReporter(), last], resume)
     except NonFiniteLossError as err:
         tracking.report_diverged(last.metrics, str(err))
+    except SystemExit as err:  # the trial's code called sys.exit: a failure like any other, named as such
+        _fail_or_retry(trial_dir, trial_failures.exit_error(err), last.metrics)
     except Exception as err:
         _fail_or_retry(trial_dir, err, last.metrics)
 
@@ -107,14 +115,20 @@ def _fail_or_retry(trial_dir: Path, err: Exception, metrics: dict[str, float]) -
         log.error("trial failed: %s", cause)
         tracking.report_failed(metrics, cause)
         return
+    if not _seen_before(trial_dir, cause):
+        raise err
+    log.info("trial failed twice with %s: not retried", cause)  # the study's line for the trial names the cause
+    tracking.report_failed(metrics, cause)
+
+
+def _seen_before(trial_dir: Path, cause: str) -> bool:
+    """Record a failed attempt's cause in the trial's :data:`FAILURES_FILE`; whether an earlier attempt had the
+    same one."""
     log_file = trial_dir / FAILURES_FILE
     seen = log_file.read_text().splitlines() if log_file.exists() else []
     with open_append(log_file) as f:
         f.write(cause.replace("\n", " ") + "\n")
-    if cause.replace("\n", " ") not in seen:
-        raise err
-    log.error("trial failed twice with %s: not retried", cause)
-    tracking.report_failed(metrics, cause)
+    return cause.replace("\n", " ") in seen
 
 
 def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str) -> None:

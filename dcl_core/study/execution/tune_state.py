@@ -7,7 +7,8 @@ restore the experiment. :class:`StateBackup` keeps a copy of the last state that
 (``<experiment>/.dcl_state_backup/``), taken as trials start and finish and once more after Tune's final save;
 :func:`restore_backup` puts it back when the state is damaged. A trial still running at the copy resumes from the
 last checkpoint the copy names (from its start if none); a study that ended before its state was damaged retrains
-nothing. Local storage only (a ``s3://`` store is not copied).
+nothing. Local storage only (a ``s3://`` store is not copied). Like the state itself, the copy holds pickles: only
+state the study signed is copied, and only a copy signed so is put back (:mod:`.state_signature`).
 
 :class:`DiskFullStop` sees each trial's end: at the first one that failed for a full disk every other trial would
 fail the same way, so it ends the experiment the way Ctrl-C does (a SIGINT to the driver, Tune's documented
@@ -17,7 +18,6 @@ one line that the disk is full (:data:`DISK_FULL`).
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -31,8 +31,10 @@ from typing import Any
 from ray import tune
 
 from dcl_core import metric_names as M
-from dcl_core.files import is_regular_file, no_space, write_with
-from dcl_core.study.execution import memory_loss
+from dcl_core.config import ConfigError
+from dcl_core.files import DiskFullError, disk_full, file_kind, is_regular_file, no_space, write_files
+from dcl_core.study.execution import memory_loss, state_signature
+from dcl_core.study.plan import signing
 
 log = logging.getLogger(__name__)
 
@@ -74,44 +76,105 @@ def _local_dir(path: Any) -> Path | None:
     return Path(fs_path)
 
 
-def _write_all(f: Any, data: bytes) -> None:
-    f.write(data)
+def state_reads_back(exp_dir: Path) -> bool:
+    """Whether the experiment's saved state reads back (:func:`readable_state`)."""
+    return readable_state(_state_files(exp_dir))
 
 
 def backup(exp_dir: Path) -> bool:
-    """Copy the experiment's state into ``<exp_dir>/.dcl_state_backup/`` if it reads back (atomically, file by
-    file; a failed copy, e.g. on a full disk, leaves the previous one). Returns whether it was copied."""
+    """Copy the experiment's state into ``<exp_dir>/.dcl_state_backup/`` if it reads back and is as the study signed
+    it (atomically, all its files or none, the copy signed on its own: :func:`.state_signature.sign_copy`; a failed
+    copy, e.g. on a full disk, leaves the previous one whole). Returns whether it was copied."""
     files = _state_files(exp_dir)
     if not readable_state(files):
         return False
     target = exp_dir / BACKUP_DIR
+    if target.is_symlink() or (target.exists() and not target.is_dir()):  # planted: never written through
+        log.debug("no copy of Tune's state: %s is not a folder the study made", target)
+        return False
     try:
         staged = [(p, p.read_bytes()) for p in files]
-        for p, data in staged:
-            write_with(target / p.name, functools.partial(_write_all, data=data))
-        keep = {p.name for p in files}
+        if not state_signature.sign_copy(exp_dir, target, {p.name: data for p, data in staged}):
+            return False  # a copy is only of what the study signed (and put back only as signed)
+        # as a whole: a disk that fills part-way leaves the previous copy, never a new searcher's state beside no
+        # (or an older) experiment state, which no resume can use
+        write_files({target / p.name: data for p, data in staged})
+        keep = {p.name for p in files} | {state_signature.MANIFEST}
         for old in target.iterdir():
             if old.name not in keep and is_regular_file(old):
                 old.unlink()
-    except OSError as err:
+    except (OSError, ConfigError) as err:  # a full disk; a folder or a FIFO planted at a name it writes
         log.debug("no copy of Tune's state in %s: %s", target, err)
         return False
     return True
 
 
 def restore_backup(exp_dir: Path) -> bool:
-    """Put the last copy of Tune's state back in place of a damaged one; returns whether there was one."""
+    """Put the last copy of Tune's state back in place of a damaged one, signed again in place; returns whether
+    there was one that reads back and is as the study signed it (:func:`.state_signature.signed_copy`)."""
     saved = exp_dir / BACKUP_DIR
     files = _state_files(saved) if saved.is_dir() and not saved.is_symlink() else []
     if not readable_state(files):
+        return False
+    vouched = state_signature.signed_copy(exp_dir, saved, [p.name for p in files])
+    if vouched is None:
         return False
     for damaged in _state_files(exp_dir):
         damaged.unlink()
     for p in files:
         shutil.copyfile(p, exp_dir / p.name)
+    state_signature.vouch(str(exp_dir), vouched)
     log.warning("Tune's saved state in %s was damaged (a full disk cuts its save short): put back its last "
                 "readable copy; trials unfinished in that copy resume from the last checkpoint it names", exp_dir)
     return True
+
+
+def check_signed(uri: str) -> None:
+    """ConfigError (one line), before anything of it is read, unless every file of Tune's saved state at ``uri`` that
+    a resume unpickles is as the study signed it (:mod:`.state_signature`): a pickle runs its code as it is read, and
+    the folder may be shared (a ``tuner.pkl`` planted there ran ``os.system`` as whoever resumed). A state cut short
+    (a full disk) is put back first from the study's signed copy (:func:`restore_backup`)."""
+    name = state_signature.unsigned(uri)
+    local = Path(uri) if "://" not in uri else None
+    if name is not None and local is not None and not state_reads_back(local) and restore_backup(local):
+        name = state_signature.unsigned(uri)
+    if name is None:
+        return
+    if local is not None and not state_reads_back(local):
+        raise ConfigError(f"cannot resume: Tune's saved state in {uri} is damaged ({name} does not read back); "
+                          "--overwrite starts the study afresh")
+    what = (f"there is no private key at {signing.key_path()} to check Tune's saved state in {uri} with (set "
+            "XDG_CACHE_HOME to a private folder of yours)" if signing.key_unusable() else
+            f"{name} in Tune's saved state in {uri} is not as this study wrote it (changed since, or put there)")
+    raise ConfigError(f"cannot resume: {what}; Tune's state is pickles, which run code as they are read, so none of "
+                      "it was read; --overwrite starts the study afresh")
+
+
+def check_only_files(exp_dir: Path) -> None:
+    """ConfigError (one line), before anything of the experiment at ``exp_dir`` is read, when a FIFO, a device or a
+    socket lies in it or in a trial's folder, or a state file Tune restores from (a ``.json`` or ``.pkl`` at its top)
+    is not a regular file: Tune opened a FIFO planted at ``experiment_state-*.json`` and waited forever (a SIGTERM
+    then took a minute), and a link there would be followed."""
+    folders = [exp_dir, *(p for p in exp_dir.iterdir() if p.is_dir() and not p.is_symlink())]
+    for folder in folders:
+        for path in folder.iterdir():
+            kind = file_kind(path)
+            state = folder == exp_dir and path.name.endswith((".json", ".pkl"))
+            if kind == "a regular file" or (not state and kind in ("a folder", "a symbolic link", "nothing")):
+                continue
+            raise ConfigError(f"cannot resume: {path} is {kind}, not a file Tune wrote: not read; remove it, or "
+                              "--overwrite starts the study afresh")
+
+
+def stopped_for_space(output_dir: Path, exp_uri: str) -> DiskFullError:
+    """The one line a study stopped by a full disk ends with: the same command with ``--resume`` where Tune's state
+    of the experiment at ``exp_uri``, or the study's copy of it, reads back; else (the disk filled before either
+    could be saved, so a resume would find the state damaged) with ``--overwrite``, which starts it afresh."""
+    local = Path(exp_uri) if "://" not in exp_uri else None
+    if local is None or state_reads_back(local) or state_reads_back(local / BACKUP_DIR):
+        return disk_full(output_dir, resume=True)
+    return disk_full(output_dir, then=", then run the same command with --overwrite (the disk filled before Tune's "
+                                      "state of the study could be saved, so --resume has nothing to continue)")
 
 
 def _not_for_this_study(record: logging.LogRecord) -> bool:

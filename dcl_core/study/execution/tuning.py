@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,22 +18,36 @@ import optuna
 import ray
 from optuna.samplers import TPESampler
 from ray import tune
-from ray.tune.experiment import Trial
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.optuna import OptunaSearch
 
 from dcl_core import metric_names as M
 from dcl_core.config import ConfigError, loss_label, to_flat_dict
-from dcl_core.files import disk_full
 from dcl_core.study import tracking
 from dcl_core.study.analysis.columns import Row, short_name
-from dcl_core.study.execution import console, memory_loss, ray_env, ray_session, stop_signals, tune_state
+from dcl_core.study.execution import (
+    console,
+    memory_loss,
+    ray_env,
+    ray_session,
+    state_signature,
+    stop_signals,
+    trial_failures,
+    tune_state,
+)
 from dcl_core.study.execution.results import StudyOutcome, summarize, tune_rows
 from dcl_core.study.execution.space_translation import to_optuna, to_tune
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.prepared import PreparedStudy
-from dcl_core.study.plan.record import check_same_study, read_options, recorded_rounds, span, spec_fingerprint
+from dcl_core.study.plan.record import (
+    check_same_study,
+    read_options,
+    recorded_rounds,
+    span,
+    spec_fingerprint,
+    write_record,
+)
 from dcl_core.study.plan.spec import (
     Resources,
     StudyInterruptedError,
@@ -52,7 +64,6 @@ from dcl_core.study.plan.spec import (
 from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     OPTUNA_DB,
-    atomic_write_text,
     check_no_links,
     script_origin,
     storage_delete,
@@ -87,7 +98,9 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
     setup: dict[str, Any] = {
         "log_to_driver": True, "runtime_env": {"worker_process_setup_hook": ray_env.HOOK}, **levels,
     }
-    with stop_signals.keep_stop_signals():
+    # a stop while ray.init is blocked in C (its GCS ended by a signal to the whole process group) ends the study
+    # from another thread: what this process's Ray started goes first (its processes have had their SIGTERM)
+    with stop_signals.keep_stop_signals(cleanup=functools.partial(ray_session.end_own, grace=1.0)):
         if address or os.environ.get("RAY_ADDRESS"):
             if py_modules:
                 setup["runtime_env"]["py_modules"] = py_modules
@@ -100,6 +113,7 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
         local = {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1, "num_gpus": num_gpus,
                  "include_dashboard": False, "_node_ip_address": "127.0.0.1", **setup}
+        ray_session.end_own_at_exit(ray.shutdown)  # the agents ray.shutdown leaves
         try:
             context = ray.init(**local)
         except Exception as e:  # Ray raises a bare Exception for it
@@ -110,8 +124,7 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
             log.warning("the local Ray instance did not start within Ray's 30 s (a busy machine?); trying once "
                         "more")
             ray.shutdown()
-            for temp in _ray_temp_folders():  # the failed start's GCS and raylet
-                ray_session.end_own_sessions(temp)
+            ray_session.end_own()  # the failed start's GCS and raylet
             context = ray.init(**local)
         ray_env.protect_token_file()  # the token a new local instance may just have written
     # ray.init's RayContext (typed as its base class) holds address_info, as Ray's ray.init documentation shows
@@ -136,11 +149,6 @@ def _attach_refused(address: str, err: BaseException) -> str:
     return f"could not attach to the Ray cluster at {address}: {first[0] if first else type(causes[0]).__name__}"
 
 
-def _ray_temp_folders() -> list[Path]:
-    """Where a local ``ray.init`` may have put its session folder: ``ray`` under /tmp (Ray's default) or the
-    system's temp folder (``TMPDIR``)."""
-    roots = ["/tmp", os.environ.get("TMPDIR"), tempfile.gettempdir()]
-    return [Path(r) / "ray" for r in dict.fromkeys(r for r in roots if r)]
 
 
 def ddp_concurrency(resources: Resources, cluster: dict[str, float]) -> int:
@@ -164,9 +172,12 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
     """
     spec, options, exps, local = study.spec, study.options, list(study.experiments), study.local
     storage, tracking_uri = study.storage, study.tracking_uri  # still set after the replace() below
+    state_signature.require_key()  # its state and record are signed: unsigned, no resume could read them
     if options.verbosity < console.VERBOSE:  # before the first read of Tune's state (a resume's checks)
         tune_state.quiet_tune_restore_advice()
-    with study_lock(options.output_dir, spec.name):
+        trial_failures.quiet_tune_failures()  # a failed trial: one line, not Tune's traceback
+    # Ray's own lines (its raylet's reports, its C++ log and crash lines) stay off the console (not with -v)
+    with study_lock(options.output_dir, spec.name), trial_failures.quiet_ray_lines(options.verbosity < console.VERBOSE):
         existing = [u for u in (storage_join(storage, e.name) for e in exps) if storage_exists(u)]
         rounds = _prepare_output(spec, options, exps, existing)
         exps = round_experiments(exps, rounds)
@@ -204,19 +215,23 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
             results = _run_tune_experiment(spec, experiment, options, tracker, progress)
             progress["done"] += _trials_of(spec, experiment)
             if tune_state.DISK_FULL.is_set():  # stopped as Ctrl-C stops it: every other trial would fail too
-                raise disk_full(options.output_dir, resume=True)
+                raise tune_state.stopped_for_space(options.output_dir, storage_join(storage, experiment.name))
             _raise_if_interrupted(storage_join(storage, experiment.name))
             rows.extend(tune_rows(results))
         return summarize(spec, rows, options.output_dir, tracker)
 
 
 def _check_restorable(exp_uris: list[str]) -> None:
-    """ConfigError (one line) unless Tune's saved state of each experiment reads back with every trial's config: a
-    damaged ``experiment_state-*.json`` otherwise restores as a trial with an empty config, which trains the
-    defaults (full CIFAR-10, 200 epochs) with a traceback first."""
+    """ConfigError (one line) unless Tune's saved state of each experiment is as the study signed it
+    (:func:`.tune_state.check_signed`) and reads back with every trial's config: a damaged ``experiment_state-*.json``
+    otherwise restores as a trial with an empty config, which trains the defaults (full CIFAR-10, 200 epochs) with a
+    traceback first."""
     for uri in exp_uris:
+        if "://" not in uri:  # a FIFO planted there would block Tune's first read forever
+            tune_state.check_only_files(Path(uri))
         if not tune.Tuner.can_restore(uri):
             continue
+        tune_state.check_signed(uri)
         damaged = f"cannot resume: Tune's saved state in {uri} is damaged ({{}}); --overwrite starts the study afresh"
         try:
             trials = tune.ExperimentAnalysis(uri).trials
@@ -236,9 +251,9 @@ def _check_restorable(exp_uris: list[str]) -> None:
 def _raise_if_interrupted(exp_uri: str) -> None:
     """Ctrl-C: Tune stops gracefully, saves its state and returns from ``fit`` as if done, and its results
     then count the interrupted trials as terminated. The saved state tells them apart (PENDING/RUNNING/PAUSED);
-    they must not be summarized as finished."""
-    done = (Trial.TERMINATED, Trial.ERROR)
-    unfinished = [t for t in tune.ExperimentAnalysis(exp_uri).trials if t.status not in done]
+    they must not be summarized as finished. A trial Tune gave up on is finished, whatever the saved state says
+    (:func:`.trial_failures.unfinished`: Tune may keep a trial whose process died ``RUNNING`` there)."""
+    unfinished = trial_failures.unfinished(tune.ExperimentAnalysis(exp_uri).trials)
     if unfinished:
         raise StudyInterruptedError(f"{len(unfinished)} trial(s) of {Path(exp_uri).name} did not finish")
 
@@ -288,8 +303,7 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
     if spec.search is not None and not options.resume:  # a new search, not one continued from an old Optuna study
         _delete_optuna_studies(options.output_dir, [e.name for e in exps])
     options_file.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(options_file, json.dumps({**options.to_json_dict(), "spec": spec_fingerprint(spec),
-                                                "seed_rounds": rounds}, indent=1))
+    write_record(options_file, {**options.to_json_dict(), "spec": spec_fingerprint(spec), "seed_rounds": rounds})
     return rounds
 
 
@@ -358,6 +372,7 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
         )
         # A study of several experiments may have been killed before its later ones started: those start afresh.
         if (options.resume or again) and tune.Tuner.can_restore(exp_uri):
+            tune_state.check_signed(exp_uri)  # as Tune reads it now (a resume checked it before Ray started)
             # after a memory kill, trials that failed for good stay failed (a --resume retries them once)
             tuner = tune.Tuner.restore(exp_uri, trainable=fn, resume_unfinished=True,
                                        resume_errored=options.resume and not again)
@@ -384,12 +399,12 @@ def _new_tuner(spec: StudySpec, experiment: TuneExperiment, options: StudyOption
                                   grace_period=max(1, spec.base.optim.epochs // 4), reduction_factor=2)
     callback = tracking.MLflowTrialCallback(tracker, tag_keys=trial_tags(spec),
                                             save_checkpoint=options.save_checkpoints, storage=storage,
-                                            loss_sources=spec.loss_sources)
+                                            loss_sources=spec.loss_sources, cause_of=trial_failures.trial_cause)
     progress = progress or {"total": _trials_of(spec, experiment), "done": 0, "started": time.time()}
     console_line = console.ConsoleProgress(spec.name, progress["total"], progress["done"], options.verbosity,
                                            progress["started"])
     name = functools.partial(_trial_name, keys=varied_keys(spec))
-    return tune.Tuner(
+    tuner = tune.Tuner(
         fn,
         param_space=param_space,
         tune_config=tune.TuneConfig(
@@ -410,11 +425,14 @@ def _new_tuner(spec: StudySpec, experiment: TuneExperiment, options: StudyOption
             # Tune's CSV and JSON loggers (its results, result.json and progress.csv, are read back), without
             # its TensorBoard logger, whose tensorboardX imports torch into the driver while the first trials
             # start (8 s of a smoke study's 70 on 2 cores); MLflow holds the same metrics.
-            callbacks=[callback, console_line, tune_state.StateBackup(), tune_state.DiskFullStop(),
-                       CSVLoggerCallback(), JsonLoggerCallback()],
+            callbacks=[callback, console_line, state_signature.SignState(), tune_state.StateBackup(),
+                       tune_state.DiskFullStop(),
+                       trial_failures.TrialFailures(), CSVLoggerCallback(), JsonLoggerCallback()],
             verbose=2 if options.verbosity >= console.VERBOSE else 0,
         ),
     )
+    state_signature.sign_tuner(storage_join(storage, experiment.name))  # written by tune.Tuner just now: a pickle
+    return tuner
 
 
 @contextlib.contextmanager

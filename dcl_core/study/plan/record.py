@@ -2,11 +2,20 @@
 spec's fingerprint (base config, grids, search, seeds), the seed rounds run so far, the sequential design
 ``--until-resolved`` recorded (checked against those rounds: each ended at one of its looks), and the one change a
 resume takes (more seeds of a grid study). No Ray: re-analysis reads the same record.
+
+The record decides a study's verdict (its design, its rounds, the seeds and options its answer is rebuilt from), and
+the output folder may be shared, so the study signs it as a whole with this user's key
+(:mod:`~dcl_core.study.plan.signing`) and every reader checks it as a whole (:func:`read_options`): a record
+changed since the study wrote it, even consistently, is refused in one line naming the file, and so is one whose
+signature was removed from where this user's study wrote it. A record no key of this user's signed (from before
+records were signed, copied from another user or machine, or written where no key could be kept) is read as
+before, each value checked.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -22,8 +31,17 @@ from dcl_core.study.analysis.sequential import (
     GroupSequential,
     Sequential,
 )
+from dcl_core.study.plan import signing
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, unseeded
-from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, summary_dir
+from dcl_core.study.plan.storage import (
+    OPTIONS_FILE,
+    atomic_write_text,
+    default_tracking_uri,
+    read_options_file,
+    summary_dir,
+)
+
+log = logging.getLogger(__name__)
 
 # A group-sequential record's boundary: its key, the design's field, and the value of records from before it
 RECORDED_BOUNDARY = {"shape": ("shape", POCOCK_SHAPE), "paper_side": ("paper_error", EARLIER_PAPER_SIDE_ERROR)}
@@ -177,19 +195,56 @@ def span(seeds: Sequence[int]) -> str:
     return f"{seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else str(seeds[0])
 
 
+class ChangedRecordError(ConfigError):
+    """A study's record changed since the study signed it: never read (one line, exit code 2)."""
+
+
+def _purpose(path: Path) -> str:
+    """What a record's signature is for: this study's record (another study's cannot stand in for it)."""
+    return f"study record {path.parent.name}"
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Write the study's record at ``path`` (``summary/<study>/study_options.json``) atomically, signed with this
+    user's key (:mod:`~dcl_core.study.plan.signing`) and remembered as signed there; unsigned where no key can be
+    kept."""
+    data = signing.signed_json(record, _purpose(path))
+    atomic_write_text(path, json.dumps(data, indent=1))
+    if signing.SIGNATURE in data:
+        signing.remember(path)
+
+
+def check_signed(path: Path, record: dict[str, Any]) -> None:
+    """ChangedRecordError (one line naming the file) when the record at ``path`` was changed since this user's
+    study signed it, or its signature removed from where it signed it. A record nothing vouches for (no key of this
+    user's signed it, or no key can be kept here) is read as before, its values checked by its readers."""
+    trust = signing.json_trust(record, _purpose(path))
+    if trust == signing.CHANGED or (trust == signing.UNSIGNED and signing.remembered(path)):
+        raise ChangedRecordError(
+            f"{path} was changed since the study wrote it (its signature no longer matches): a study's record "
+            "decides its verdict, so a changed one is not read; put back the file the study wrote, or --overwrite "
+            "starts the study afresh")
+    if trust != signing.SIGNED:
+        log.debug("%s is not signed by this user's key (%s): read as before, its values checked", path, trust)
+
+
 def read_options(path: Path) -> dict[str, Any]:
-    """A study's recorded options, or ConfigError (one line) when the file is not what the study wrote."""
+    """A study's recorded options, or ConfigError (one line) when the file is not what the study wrote: damaged,
+    or changed since the study signed it (:func:`check_signed`)."""
     damaged = (f"cannot resume: {path} is damaged ({{}}); --overwrite starts the study afresh, or restore the "
                "file")
     if path.is_symlink() or not path.is_file():
         raise ConfigError(damaged.format("not a regular file"))
     try:
-        before = json.loads(path.read_text())
+        before = read_options_file(path)  # within its bound, a regular file only
+    except ConfigError as err:
+        raise ConfigError(damaged.format(err)) from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ConfigError(damaged.format(f"not JSON: {str(err).splitlines()[0][:80]}")) from None
     spec = before.get("spec", {}) if isinstance(before, dict) else None
     if not isinstance(spec, dict) or not isinstance(spec.get("base", {}), dict):
         raise ConfigError(damaged.format("not the options of a study"))
+    check_signed(path, before)
     return before
 
 
@@ -204,7 +259,7 @@ def check_not_moved(output_dir: Path, study: str) -> None:
     if options_file.is_symlink() or not options_file.is_file():
         return
     try:
-        recorded = json.loads(options_file.read_text())
+        recorded = read_options_file(options_file)
         ran_in = recorded.get("output_dir")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError):
         return
@@ -226,12 +281,15 @@ def check_not_moved(output_dir: Path, study: str) -> None:
 def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
     """The options a study in ``output_dir`` last ran with (its recorded command: ``--seeds``, the sequential
     ``design``, …), so that a ``--resume`` or ``--reanalyze`` continues it. Empty when nothing readable is
-    recorded (the resume itself then says what is wrong)."""
+    recorded (the resume itself then says what is wrong); ChangedRecordError for a record changed since the study
+    signed it."""
     path = summary_dir(output_dir, study) / OPTIONS_FILE
     if not path.exists() and not path.is_symlink():
         return {}
     try:
         before = read_options(path)
+    except ChangedRecordError:  # a record the study signed, changed since: its verdict must not be recomputed
+        raise
     except ConfigError:
         return {}
     command = before.get("command")

@@ -4,7 +4,7 @@ experiment through the study's :class:`~dcl_core.study.tracking.tracker.StudyTra
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +58,19 @@ class MLflowTrialCallback(tune.Callback):
         loss_sources: what each user loss is made of
             (:attr:`~dcl_core.study.plan.spec.StudySpec.loss_sources`): a trial of one carries its file, as the
             artifact ``loss_source/<file>``, and its hash and path as tags.
+        cause_of: the cause of a trial Tune failed (one plain line), for its run's ``error`` tag; a trial that
+            reported its own failure carries its cause in its last result.
     """
 
     # Defaults for a callback pickled before these existed (Tune restores its callbacks on --resume).
     cell: tuple[str, ...] = ()
     series: tuple[str, ...] = ("loss",)
     loss_sources: tuple[LossSource, ...] = ()
+    cause_of: Callable[[Any], str | None] | None = None
 
     def __init__(self, tracker: StudyTracker, tag_keys: Mapping[str, str], save_checkpoint: bool = False,
-                 storage: str | None = None, loss_sources: tuple[LossSource, ...] = ()) -> None:
+                 storage: str | None = None, loss_sources: tuple[LossSource, ...] = (),
+                 cause_of: Callable[[Any], str | None] | None = None) -> None:
         self.tracker = tracker
         self.tag_keys = dict(tag_keys)
         self.cell = tag_keys.cell if isinstance(tag_keys, TrialTags) else ()
@@ -74,6 +78,7 @@ class MLflowTrialCallback(tune.Callback):
         self.save_checkpoint = save_checkpoint
         self.storage = storage
         self.loss_sources = loss_sources
+        self.cause_of = cause_of
         self.runs: dict[str, str] = {}  # trial id -> run id
         self.logged: dict[str, int] = {}  # trial id -> last epoch its run already holds (a resumed trial)
         self.q_hists: dict[str, dict[int, list[float]]] = {}
@@ -129,8 +134,9 @@ class MLflowTrialCallback(tune.Callback):
         run_id = self._run_of(trial)
         last = trial.last_result or {}
         diverged = bool(last.get(M.DIVERGED)) or bool(last.get(M.FAILED))
-        if last.get(M.ERROR):
-            self.tracker.set_tag(run_id, "error", str(last[M.ERROR])[:5000])
+        cause = last.get(M.ERROR) or (self.cause_of(trial) if failed and self.cause_of is not None else None)
+        if cause:
+            self.tracker.set_tag(run_id, "error", str(cause)[:5000])
         knn = last.get(M.KNN_TOP1)
         varied = ", ".join(f"{tag} {value}" for tag, value in trial_values(trial.config, self.tag_keys)[0].items())
         outcome = ("failed" if failed or diverged else

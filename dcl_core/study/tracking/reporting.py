@@ -122,6 +122,12 @@ def trial_context() -> tuple[str, Path, Path]:
     """
     ctx = tune.get_context()
     trial_dir = Path(ctx.get_trial_dir()).resolve()
+    # Tune gives a new actor's trial the driver-side staging folder (``…/driver_artifacts/<trial>``), an actor it
+    # reuses (reuse_actors) the trial's working directory (``…/working_dirs/<trial>``): a retried trial's attempts
+    # saw different folders (its failures file, the note of a fatal signal). The staging folder, where it exists.
+    staged = trial_dir.parent.parent / "driver_artifacts" / trial_dir.name
+    if trial_dir.parent.name == "working_dirs" and staged.is_dir() and not staged.is_symlink():
+        trial_dir = staged
     # Tune makes the trial's working directory the process's current one (documented on ``tune.Trainable``, also
     # for a reused actor) unless RAY_CHDIR_TO_TRIAL_DIR=0, which leaves the driver's folder: then the trial folder.
     chdir = os.environ.get("RAY_CHDIR_TO_TRIAL_DIR", "1") != "0"

@@ -1,7 +1,8 @@
 """A study's runs in MLflow, through one ``MlflowClient``: its experiment (found by name, else created with its
-kind, description and saved views), the parent run and each trial's child run (found again by their tags, so a
-resumed study never duplicates them), and one tracking operation applied to MLflow (live or replayed from the
-journal alike). What to do when MLflow is down is :class:`~dcl_core.study.tracking.tracker.StudyTracker`'s."""
+kind, description and saved views), the parent run (found again by the id its tracker recorded,
+:mod:`.summary_run`) and each trial's child run (found again by its tag), so a resumed study never duplicates them,
+and one tracking operation applied to MLflow (live or replayed from the journal alike). What to do when MLflow is
+down is :class:`~dcl_core.study.tracking.tracker.StudyTracker`'s."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from dcl_core.config import ConfigError
 from dcl_core.study.plan.storage import redact_uri
-from dcl_core.study.tracking import transport
+from dcl_core.study.tracking import summary_run, transport
 from dcl_core.study.tracking.journal import LOCAL_ID, SUMMARIZE
 from dcl_core.study.tracking.mlflow_view import CELL_TAG, FIGURE_GROUP, FIGURE_KEY, runs_view, runs_view_query
 
@@ -43,6 +44,7 @@ class StudyRuns:
     description: str
     experiment_tags: dict[str, str]
     artifact_root: Path | None
+    journal_dir: Path | None
     experiment_id: str | None
     parent_run_id: str | None
     _client: MlflowClient | None
@@ -122,11 +124,15 @@ class StudyRuns:
         """The study's figure as the one image of its own run, nested under the summary run ``parent``: the
         compare view's first chart, an MLflow image grid, shows the images of the runs the view lists, and the
         view leaves the summary run out (its hundred metrics would each get a chart). The previous figure's run is
-        deleted, so a resumed or re-analysed study shows its latest figure only."""
+        deleted (a figure run under ``parent``, never a trial's), so a resumed or re-analysed study shows its latest
+        figure only."""
         from PIL import Image  # Pillow (matplotlib's own dependency): only when a figure is logged
 
         for old in self._search(f"tags.`{FIGURE_TAG}` = 'true'"):
-            self.client.delete_run(old.info.run_id)
+            tags = old.data.tags
+            # only a figure run this summary run holds: a tag written onto a trial's or another run never deletes it
+            if tags.get(MLFLOW_PARENT_RUN_ID) == parent and TRIAL_TAG not in tags and tags.get(SUMMARY_TAG) != "true":
+                self.client.delete_run(old.info.run_id)
         run = self.client.create_run(self._experiment(), run_name=name, tags={
             # a group of its own in the compare view (cells unfold, "Additional runs" stays folded, and the image
             # grid shows only the runs of unfolded groups)
@@ -161,20 +167,40 @@ class StudyRuns:
         exp = self._experiment()
         if rec.get("overwrite"):  # only runs older than the study's start: a replay keeps what it made
             self.delete_runs(before_ms=rec["time"])
-        found = self._search(f"tags.`{SUMMARY_TAG}` = 'true'")
-        if found:
-            run_id = found[0].info.run_id
+        found = self._summary_run()
+        if found is not None:
+            run_id = found.info.run_id
             self.client.update_run(run_id, status="RUNNING")
-            self._add_missing_tags(found[0], rec["tags"])
+            self._add_missing_tags(found, rec["tags"])
         else:
             run_id = self.client.create_run(exp, start_time=rec["time"], run_name=rec.get("experiment"),
                                             tags=rec["tags"]).info.run_id
+            if self.journal_dir is not None:
+                summary_run.record(self.journal_dir, run_id)
         self._ids[rec["id"]] = run_id
         self._mine.add(run_id)
         self._summary_ids.add(run_id)
         if self.parent_run_id in (None, rec["id"]):
             self.parent_run_id = run_id
         return run_id
+
+    def _summary_run(self) -> Any:
+        """The study's summary run in this store, or None: a run its tracker recorded (:mod:`.summary_run`, never a
+        run found by its tag, which anyone who can write the store can set) that is a live run of the study's
+        experiment. A tracker with no folder to record in (a program's own, not a study's) finds it by its tag."""
+        if self.journal_dir is None:
+            found = self._search(f"tags.`{SUMMARY_TAG}` = 'true'")
+            return found[0] if found else None
+        for run_id in reversed(summary_run.recorded(self.journal_dir)):
+            try:
+                run = self.client.get_run(run_id)
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":  # MLflow down: journaled, tried again later
+                    raise
+                continue  # a run of another store (the study logs to one, `answer` may log to another)
+            if run.info.experiment_id == self._experiment() and run.info.lifecycle_stage == "active":
+                return run
+        return None
 
     def _apply_trial_run(self, rec: dict[str, Any]) -> str:
         exp = self._experiment()
