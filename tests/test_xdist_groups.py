@@ -32,7 +32,7 @@ def _workers(tmp_path: Path, with_conftest: bool) -> dict[str, set[str]]:
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     if with_conftest:
         shutil.copy(CONFTEST, tmp_path / "conftest.py")
-        shutil.copy(CONFTEST.with_name("ci_parts.py"), tmp_path / "ci_parts.py")  # the plugin conftest.py loads
+        shutil.copy(CONFTEST.with_name("ci_select.py"), tmp_path / "ci_select.py")  # the plugin conftest.py loads
     proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
                            "no:cacheprovider", "test_grouped.py"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
