@@ -49,11 +49,14 @@ def add_set_option(parser: Any, help: str) -> None:  # parser: an ArgumentParser
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help)
 
 
-def add_store_options(parser: Any, output_help: str,
-                      output_default: str | None = "outputs") -> None:
-    """Where a study's results are: ``--output-dir`` (its folder) and ``--tracking-uri`` (its MLflow store)."""
+def add_store_options(parser: Any, output_help: str, output_default: str | None = "outputs",
+                      default_text: str | None = None) -> None:
+    """Where a study's results are: ``--output-dir`` (its folder; positional when ``output_default`` is None; None
+    when not given and ``default_text`` says what the caller puts there) and ``--tracking-uri`` (its MLflow store)."""
     if output_default is None:
         parser.add_argument("output_dir", type=Path, help=output_help)
+    elif default_text is not None:
+        parser.add_argument("--output-dir", default=None, help=f"{output_help} (default: {default_text})")
     else:
         parser.add_argument("--output-dir", default=output_default, help=f"{output_help} (default: {output_default}/)")
     parser.add_argument("--tracking-uri", default=None,

@@ -110,5 +110,18 @@ def test_a_study_help_shows_where_it_writes_and_how_resume_extends():
     from dcl_core.study.cli.options import build_parser
 
     text = " ".join(build_parser("doc", "temperature_sweep").format_help().split())
-    assert "(default: outputs/)" in text
+    assert "(default: outputs/; outputs/smoke/ with --smoke, so that a smoke study and the real one live side by " \
+        "side)" in text
     assert "with a larger --seeds, extend a finished study by the new seeds only" in text
+
+
+def test_a_smoke_study_has_its_own_default_folder_beside_the_real_study_s():
+    """The README's quick start runs ``--smoke`` and then the real study: they must not meet in one folder."""
+    from dcl_core.study.cli.options import args_of, build_parser
+
+    parser = build_parser("doc", "temperature_sweep")
+    assert args_of(parser.parse_args(["--smoke"])).output_dir == "outputs/smoke"
+    assert args_of(parser.parse_args(["--preset", "smoke"])).output_dir == "outputs/smoke"
+    assert args_of(parser.parse_args([])).output_dir == "outputs"
+    assert args_of(parser.parse_args(["--preset", "paper"])).output_dir == "outputs"
+    assert args_of(parser.parse_args(["--smoke", "--output-dir", "mine"])).output_dir == "mine"

@@ -121,6 +121,9 @@ def test_dry_run_prints_the_trials_totals_and_an_estimate_and_starts_nothing(dry
     assert f"{cost.GPU_NAME}'s {cost.GPU_PEAK_FLOPS / 1e12:g} TFLOP/s" in stdout
     assert f"{cost.GPU_UTILIZATION:.0%} utilization" in stdout and "GPU-hours" in stdout
     assert not out.exists()  # no output folder, so no lock file, MLflow store or Ray results
+    assert f"writes: {out.resolve()} (--output-dir)" in stdout  # where the real run would write
+    if name == "temperature_sweep":  # the smoke and paper presets: 1 seed per cell, which gives no interval
+        assert "1 seed per cell: the verdict will have no interval, and so cannot resolve" in stdout
     if key in SUBPROCESS_RUNS:
         assert stdout.splitlines()[-1].strip() == "LOADED:"  # neither Ray nor MLflow nor Optuna was imported
     if name == "tau_lr_search":

@@ -34,6 +34,7 @@ PRESET_HELP = {
     "paper": "the paper's protocol for a GPU cluster",
 }
 GPU_PRESET = "paper"  # every study's GPU protocol: one GPU per worker unless --gpus-per-worker says otherwise
+SMOKE_OUTPUT_DIR = "outputs/smoke"  # --smoke's folder, beside outputs/ of the real study (the quick start's next)
 WHAT, ROUNDS, WHERE, RESOURCES = "what to run", "seeds until resolved", "where results go", "resources"
 QUESTION = "your own question (docs/own-loss.md): replaces the paper's"
 
@@ -187,7 +188,9 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
             g.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: "
                                                                f"{default_name})")
         elif f.name == "output_dir":
-            cli.add_store_options(g, "study folder: Ray results, MLflow store, summary")
+            cli.add_store_options(g, "study folder: Ray results, MLflow store, summary",
+                                  default_text=f"{f.default}/; {SMOKE_OUTPUT_DIR}/ with --smoke, so that a smoke "
+                                  "study and the real one live side by side")
         elif f.name == "set":
             cli.add_set_option(g, m["help"])
         else:
@@ -219,6 +222,8 @@ def args_of(ns: argparse.Namespace) -> StudyArgs:
     """The :class:`StudyArgs` of parsed options; a user loss's file in ``--losses`` made absolute, as the study
     records it (its trials, and a later ``answer`` from another folder, find the same file)."""
     given: dict[str, Any] = {f.name: getattr(ns, f.name) for f in dataclasses.fields(StudyArgs) if hasattr(ns, f.name)}
+    if given.get("output_dir", "") is None:  # not given: the preset's folder
+        given["output_dir"] = SMOKE_OUTPUT_DIR if given.get("preset") == "smoke" else StudyArgs.output_dir
     values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
     if values.get("losses"):
         values["losses"] = ",".join(absolute_reference(x.strip()) for x in values["losses"].split(","))

@@ -39,6 +39,7 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_pro
                f"images (2 views each), kNN evaluations over {upto}{est.eval_images:,} images")
     sources = sorted({g.sizes.source for plan in plans for g in plan.groups})
     out.append(f"images: {'; '.join(sources)}")
+    out.append(f"writes: {options.resolved().output_dir} (--output-dir)")
     for q in spec.questions:  # what the answer will say something of (the user's own claim, or the paper's)
         whose = "your claim" if q.own else "the paper's claim"
         out.append(f"asks: {q.claim} ({q.statistic.name}, {q.better} vs {q.base or q.better}; {whose})")
@@ -67,17 +68,28 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_pro
         need = res.num_workers * res.cpus_per_worker + (DDP_TRIAL_CPU if res.num_workers > 1 else 0.0)
         local_problems = [*local_problems, f"one trial needs {need:g} CPUs and the local Ray has {cpus:g} "
                                            "(--num-cpus)"]
+    return [*out, "notes:", *(f"  - {n}" for n in _notes(spec, options, plans, local_problems))]
+
+
+def _notes(spec: StudySpec, options: StudyOptions, plans: list[ExperimentPlan], local_problems: list[str]
+           ) -> list[str]:
+    """A dry run's notes: what would stop a run here, what the estimate leaves out, what a verdict will lack."""
+    from dcl_core.study.plan import cost  # its FLOP counts import torch: only for a dry run
+
     notes = [f"a run on this machine would stop: {p}" for p in local_problems]
     if spec.search is not None:
         notes += [f"searched {k} changes a trial's cost; counted at its base value"
                   for k in cost.costly_search_keys(spec.search)]
     if any(g.cfg.eval.linear for plan in plans for g in plan.groups):
         notes.append("eval.linear: the linear probe after pretraining is not counted")
+    fewest = min((len(g.seeds) for plan in plans for g in plan.groups), default=0)
+    if fewest == 1 and spec.questions:
+        notes.append("1 seed per cell: the verdict will have no interval, and so cannot resolve (--seeds 2 or more "
+                     "gives one)")
     if options.resume:
         notes.append("--resume: trials that already finished are counted, though a resume does not rerun them")
     notes.append("not checked by a dry run: the MLflow store (--tracking-uri), --storage, what --resume continues")
-    out += ["notes:", *(f"  - {n}" for n in notes)]
-    return out
+    return notes
 
 
 def estimate_study(spec: StudySpec, options: StudyOptions
