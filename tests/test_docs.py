@@ -220,3 +220,32 @@ def test_slugs_follow_github():
     assert github_slug("τ/lr search (Table 3)") == "τlr-search-table-3"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n") == {"a", "a-1"}
     assert link_problem(README, "docs/no-such-page.md") == "docs/no-such-page.md does not exist"
+
+
+# A verdict line as a study prints it: "<claim>: <words> — <statistic> <estimate>, <95% CI [...] or no interval> ..."
+VERDICT_LINE = re.compile(r"^\s*(?P<claim>[^:`|]{5,}?): (?P<words>not resolved|rules out|supports|contradicts)"
+                          r"[^—]* — (?P<body>.*)$")
+ESTIMATE = re.compile(r"([+-]\d+\.\d+), (95% CI \[[^\]]+\]|no interval)")
+
+
+def verdict_copies(pages: list[Path]) -> dict[tuple[str, str, str], list[str]]:
+    """Each verdict (its claim, estimate and interval) with every place README.md and docs/ print it."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for page in pages:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if (m := VERDICT_LINE.match(line)) and (e := ESTIMATE.search(m["body"])):
+                found.setdefault((m["claim"].strip(), e[1], e[2]), []).append(f"{page.name}:{number}")
+    return found
+
+
+def test_every_verdict_stands_in_one_place(tmp_path):
+    """One truth per figure: a verdict printed twice drifts (one copy in today's words, another in an older
+    version's); the other pages link to the one place."""
+    twice = {k: v for k, v in verdict_copies(PAGES).items() if len(v) > 1}
+    assert not twice, f"verdicts printed in more than one place: {twice}"
+    planted = tmp_path / "planted.md"  # the check finds a second copy, even in other words
+    planted.write_text("DCL flatter across τ than InfoNCE: not resolved — Δstd +0.21, 95% CI [-0.45, +0.87] "
+                       "(paper: …)\n"
+                       "```\nDCL flatter across τ than InfoNCE: rules out the paper's size — no effect as large as the "
+                       "paper's +1.38 at this scale: Δstd +0.21, 95% CI [-0.45, +0.87] (paper: …)\n```\n")
+    assert list(verdict_copies([planted]).values()) == [["planted.md:1", "planted.md:3"]]

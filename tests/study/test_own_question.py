@@ -168,3 +168,15 @@ def test_only_the_sweep_takes_key_and_values():
     with pytest.raises(SystemExit):
         build_parser("", "temperature_sweep").parse_args(["--key", "optim.epochs"])
     assert build_parser("", "sweep", extra=SWEEP).parse_args(["--key", "optim.epochs"]).key == "optim.epochs"
+
+
+@pytest.mark.parametrize(("delta", "header"), [
+    (None, "which a claim of your own has only if --effect-of-interest gives one"),
+    (4.0, "the one --effect-of-interest gives"),
+])
+def test_the_verdict_header_says_where_the_effect_of_interest_came_from(delta, header):
+    """A claim of your own without --effect-of-interest has none: the header must not say one was given."""
+    q = Question(OWN.claim, OWN.statistic, "mine", "dcl", own=True, effect_of_interest=delta)
+    text = " ".join(format_answer(build_answer(_rows(0.0), "swept", "value", [q])).split())
+    assert header in text
+    assert ("the one --effect-of-interest gives" in text) == (delta is not None)

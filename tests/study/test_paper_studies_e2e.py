@@ -82,7 +82,7 @@ def test_queue_size_sweep(tmp_path, ray_head):
         (lo, q) for lo in ("infonce", "dcl") for q in (32, 64)
     )
     assert all(r["framework"] == "moco" and r["num_negatives"] == r["queue_size"] for r in rows)
-    assert "DCL−base" in stdout
+    assert "dcl−infonce" in stdout
     assert {"gap_dcl_minus_infonce/queue_size_32", "gap_dcl_minus_infonce/queue_size_64"} <= set(summary.data.metrics)
     assert all(r.data.params["framework.name"] == "moco" for r in trials)
 
@@ -115,7 +115,7 @@ def test_few_epochs(tmp_path, ray_head):
     assert sorted((r["loss"], r["epoch_budget"], r["epochs"]) for r in rows) == sorted(
         (lo, b, b) for lo in ("infonce", "dcl") for b in (1, 2)
     )
-    assert "DCL−base" in stdout
+    assert "dcl−infonce" in stdout
     # Each trial's kNN curve (Fig. 4) is an MLflow metric history over its epochs.
     for r in trials:
         steps = [m.step for m in client.get_metric_history(r.info.run_id, "eval/knn_top1")]

@@ -60,7 +60,7 @@ def test_robustness_is_std_across_tau_of_cell_means():
 
 def test_table_text_has_cells_std_and_failure_marker():
     text = format_table(ROWS, "temperature", "tau", gap=True)
-    assert "81.0±1.4" in text and "86.0±0.0*" in text and "DCL−base" in text
+    assert "81.0±1.4" in text and "86.0±0.0*" in text and "\ndcl−infonce " in text
     assert "some seeds failed" in text
     all_failed = [row("dcl", 0.1, 0, 0, status="diverged")]
     assert "failed" in format_table(all_failed, "temperature", "tau").splitlines()[1]
@@ -92,7 +92,7 @@ def test_gaps_pair_dcl_with_infonce_within_each_framework():
             for fw, loss, acc in (("moco", "dcl", 70.0), ("moco", "infonce", 66.0),
                                   ("simclr", "dcl", 60.0), ("simclr", "infonce", 61.0))]
     assert all_gaps(rows, "temperature", series="series") == {"moco": {0.1: 4.0}, "simclr": {0.1: -1.0}}
-    assert "DCL−base moco" in format_table(rows, "temperature", "tau", gap=True, series="series")
+    assert "\nmoco dcl−infonce " in format_table(rows, "temperature", "tau", gap=True, series="series")
 
 
 def gap_point(study, one_minus_q, gap, **cell):

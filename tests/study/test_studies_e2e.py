@@ -51,11 +51,11 @@ def study_cmd(script, out, *args, cpus=1, head=None):
     return [sys.executable, str(STUDIES / script), "--output-dir", str(out), *where, *args]
 
 
-def run(cmd, timeout=600, env=None, fork=True):
+def run(cmd, timeout=600, env=None, fork=True, cwd=REPO):
     """A python command, forked from tests/pyrun.py's fork server, or with ``fork=False`` a new interpreter (for what
     happens at an interpreter's start and exit)."""
     launch = pyrun.run if fork else subprocess.run
-    proc = launch(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+    proc = launch(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd, env={**os.environ, **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -70,11 +70,22 @@ def runs_of(out, name):
     return client, trials, summary
 
 
+def quick_start_commands():
+    """The README's quick start: its `python studies/...` lines, in order, as written."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Quick start"):text.index("\n## ", text.index("## Quick start") + 1)]
+    return [line.split("#")[0].split() for line in section.splitlines() if line.startswith("python studies/")]
+
+
 @pytest.mark.core  # the README's quick start, as a user runs it: CI runs it on every change
 def test_temperature_study_smoke_end_to_end(tmp_path):
-    out = tmp_path / "t"
-    # a new interpreter, as a user starts it: its whole console, exit included
-    proc = run(study_cmd("temperature_sweep.py", out, "--smoke", "--save-checkpoints", cpus=2), fork=False)
+    smoke, real = quick_start_commands()  # the toy, then the real study, run in one folder as the README says
+    assert smoke == ["python", "studies/temperature_sweep.py", "--smoke"] and real == smoke[:2]
+    out = tmp_path / "outputs" / "smoke"  # the smoke preset's own folder
+    # a new interpreter, as a user starts it: its whole console, exit included (2 CPUs, checkpoints kept: what this
+    # test also reads)
+    proc = run([sys.executable, str(REPO / smoke[1]), *smoke[2:], "--save-checkpoints", "--num-cpus", "2"],
+               fork=False, cwd=tmp_path)
     # A console that answers: a line per finished trial, no Tune tables, no traceback, the answer last.
     assert "[4/4] " in proc.stdout and "Trial status" not in proc.stdout and "Configuration for experiment" not in (
         proc.stdout) and "Traceback" not in proc.stderr
@@ -149,12 +160,17 @@ def test_temperature_study_smoke_end_to_end(tmp_path):
     assert exp.tags["mlflow.note.content"].startswith("Is DCL less sensitive to the temperature τ than InfoNCE?")
     runs = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?workflowType=machine_learning"
     # The runs URL opens the runs view: MLflow's table with the study's row showing its verdict (Description).
-    assert f"answer:  http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{summary[0].info.run_id}\n" in (
+    assert (f"answer:  http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{summary[0].info.run_id}"
+            "?workflowType=machine_learning\n") in (
         proc.stdout)  # the summary run's page: the verdict in full, the cells' intervals, the figure
     assert f"runs:    {runs}&viewStateShareKey=dcl_runs\n" in proc.stdout
     assert read_tag(exp.tags["mlflow.sharedViewState.dcl_runs"])[0] == "study: verdict and kNN"
     # The saved view the compare URL opens: the trials grouped into the study's cells, kNN charted against τ.
     assert f"compare: {runs}&viewStateShareKey=dcl_compare&compareRunsMode=CHART" in proc.stdout
+    # The README's next command, the real study, in the same folder: not refused by the smoke study's files (its dry
+    # run says whether the command would be)
+    planned = run([sys.executable, str(REPO / real[1]), *real[2:], "--dry-run"], cwd=tmp_path)
+    assert "study output exists" not in planned.stdout and str(tmp_path / "outputs") in planned.stdout
     name, state = read_tag(exp.tags["mlflow.sharedViewState.dcl_compare"])
     assert name == "cells: kNN by temperature × loss" and state["runsHiddenMode"] == "SHOW_ALL"
     assert [g["groupByData"] for g in state["groupBy"]["groupByKeys"]] == ["cell"]
@@ -204,6 +220,15 @@ def assert_reanalysis_reproduces(out, name, proc, script, args):
     # the script's own flag, with the options it ran with: the same again
     flag = run(study_cmd(script, out, *args, "--reanalyze"), timeout=300)
     assert flag.stdout == printed and table.read_bytes() == before
+    # another question of the same rows: printed, written nowhere; the study keeps answering the one it recorded
+    other = run(study_cmd(script, out, *args, "--reanalyze", "--compare", "infonce,dcl"), timeout=300)
+    assert "infonce" in other.stdout.split("Verdict (")[1] and "asked of its stored results and written nowhere" in (
+        other.stdout)
+    assert table.read_bytes() == before
+    _, _, (summary,) = runs_of(out, name)
+    assert {k: v for k, v in summary.data.tags.items() if k.startswith("verdict")} == verdicts
+    again = run([sys.executable, "-m", "dcl_core.study", "answer", str(out)], timeout=300)
+    assert again.stdout == printed
 
 
 def assert_export_is_the_backbone(exported_file, checkpoint):
@@ -218,7 +243,7 @@ def test_batch_study_with_optuna_search(tmp_path, ray_head):
     out = tmp_path / "b"
     proc = run(study_cmd("batch_size_sweep.py", out, "--smoke", "--search", "optuna", "--num-samples", "2",
                          head=ray_head), env=ray_head.env)
-    assert "DCL−base" in proc.stdout  # Table 1's gap row
+    assert "\ndcl−infonce " in proc.stdout  # Table 1's gap row, named by its pair
     rows = read_table(summary_dir(out, "batch_size_sweep") / "results.parquet")
     # one Optuna search (2 samples) per (loss, batch size); tau and lr sampled inside the space's bounds
     assert len(rows) == 8 and sorted({r["batch_size"] for r in rows}) == [16, 32]

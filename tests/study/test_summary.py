@@ -36,7 +36,7 @@ def test_two_studies_in_one_output_dir_keep_their_own_summaries(tmp_path):
     assert {r["temperature"] for r in read_table(summary_dir(tmp_path, "tau_study") / "results.parquet")} == {0.1, 0.5}
     assert {r["batch_size"] for r in read_table(summary_dir(tmp_path, "batch_study") / "results.parquet")} == {16, 32}
     assert "tau" in (summary_dir(tmp_path, "tau_study") / "table.txt").read_text()
-    assert "DCL−base" in (summary_dir(tmp_path, "batch_study") / "table.txt").read_text()
+    assert "dcl−infonce" in (summary_dir(tmp_path, "batch_study") / "table.txt").read_text()
     # ... and each MLflow summary run holds its own table and plot, with Table 1's gap for the batch study.
     client = MlflowClient(tracking_uri=uri)
     for spec in (tau, batch):
@@ -121,7 +121,8 @@ def test_summary_run_holds_the_answer_verdict_paper_and_regime(tmp_path):
         "&viewStateShareKey=dcl_runs")  # the runs view: the verdict in the study's row (tracker-written, not masked)
     assert "mlflow.sharedViewState.dcl_runs" in exp.tags
     # the answer: URL, printed first: the summary run's page, whose description is the note above
-    assert outcome.answer_url == f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+    assert outcome.answer_url == (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+                                  "?workflowType=machine_learning")  # the model-training mode, not GenAI's
     assert {"gap_vs_npc.png", "batch_study.png", "table.txt"} <= {
         a.path for a in client.list_artifacts(run.info.run_id)}
 

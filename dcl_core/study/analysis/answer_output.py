@@ -56,7 +56,8 @@ def format_cells(answer: Answer) -> str:
     ns = sorted({e.n for by_x in answer.cells.values() for e in by_x.values()})
     n_text = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
     lines = [f"Per cell: kNN top-1 (%), mean [95% CI, t over seeds], {n_text} seed(s) per cell; gaps paired by seed; "
-             "q_B = mean NPC multiplier (InfoNCE's, last epoch)" + ("; paper = its value at this x" if paper else ""),
+             "q_B = mean NPC multiplier (DCL Eq. 4, the coupling InfoNCE would apply) on each series' own model, "
+             "last epoch" + ("; paper = its value at this x" if paper else ""),
              f"{answer.x_label:<8}" + "".join(f"{c:>{width}}" for c in cols)
              + "".join(f"{c:>{w}}" for c, w in (*q_cols, *p_cols))]
     if len(lines[1]) > WIDE:  # many or long series names (EqCo's framework+method): one line per cell instead
@@ -124,7 +125,10 @@ def format_answer(answer: Answer) -> str:
         decided = ("decided against 0 by the interval and against the effect of interest by the design's futility "
                    "bound" if isinstance(answer.design, sequential.GroupSequential)
                    else "decided by the interval alone, against 0 and against the effect of interest")
-        delta = ("the one --effect-of-interest gives" if all(v.question.own for v in answer.verdicts)
+        delta = ("the one --effect-of-interest gives" if all(v.question.effect_of_interest is not None
+                                                               for v in answer.verdicts)
+                 else "which a claim of your own has only if --effect-of-interest gives one"
+                 if all(v.question.own for v in answer.verdicts)
                  else "the paper's value unless --effect-of-interest gives one")
         head = ("Verdict (each question's statistic with a 95% interval: a t-interval over seeds of each seed's own "
                 f"statistic, or for a best-of statistic paired t bounds corrected for picking the best cell; {decided}"

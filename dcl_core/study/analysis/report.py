@@ -124,7 +124,10 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
     xs = sorted({x for by_x in c.values() for x in by_x})
     rob = robustness(rows, x_key, series)
     width = 12
-    lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in c)])
+    # a gap row names its pair (`dcl−infonce`, `moco dcl−infonce`): which two series it is, whatever the question
+    gap_rows = ({f"{prefix} dcl−infonce".strip(): g for prefix, g in all_gaps(rows, x_key, series).items()}
+                if gap else {})
+    lw = max([10, len(x_label) + 1, *(len(str(name)) + 2 for name in [*c, *gap_rows])])
     header = f"{x_label:<{lw}}" + "".join(f"{fmt_x(x):>{width}}" for x in xs)
     if with_robustness:
         header += f"{'Std':>8}{'Range':>8}"
@@ -143,10 +146,8 @@ def format_table(rows: Sequence[Row], x_key: str, x_label: str, with_robustness:
         if with_robustness:
             line += f"{rob[loss]['std']:>8.2f}{rob[loss]['range']:>8.1f}"
         lines.append(line)
-    if gap:
-        for prefix, g in all_gaps(rows, x_key, series).items():
-            label = f"DCL−base {prefix}".strip()
-            lines.append(f"{label:<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
+    for label, g in gap_rows.items():
+        lines.append(f"{label:<{lw}}" + "".join(f"{g.get(x, math.nan):>+{width}.1f}" for x in xs))
     if any(cell["failed"] for by_x in c.values() for cell in by_x.values()):
         lines.append("* some seeds failed (diverged or crashed) and are excluded; 'failed' = every seed failed")
     return "\n".join(lines)

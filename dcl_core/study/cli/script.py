@@ -188,6 +188,18 @@ def _continued(request: StudyRequest) -> StudyRequest:
     return replace(request, args=replace(a, seeds=seeds, design=recorded.get("design")))
 
 
+QUESTION_OPTIONS = ("compare", "statistic", "at", "claim", "effect_of_interest")  # what asks a study's question
+
+
+def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
+    """Whether ``args`` ask a question other than the one a study's ``recorded`` command asked (a record without
+    a command, or from before questions were recorded, asks the study's own)."""
+    if not recorded:
+        return False
+    given = args.record("")
+    return any((given.get(k) or None) != (recorded.get(k) or None) for k in QUESTION_OPTIONS)
+
+
 def _defined_in(build_spec: SpecBuilder) -> Path | None:
     """The file of the module that defines ``build_spec``: the study script that called :func:`main`."""
     module = sys.modules.get(getattr(build_spec, "__module__", ""))
@@ -208,9 +220,17 @@ def _execute(script: Script, request: StudyRequest) -> Any:
     options = _with_command(request.options, script, args)
     if args.reanalyze:  # no data, no GPU, no Ray: the stored results only
         # MLflow and Optuna (seconds): not for --help or bad input
-        from dcl_core.study.execution.reanalysis import reanalyze
+        from dcl_core.study.execution.reanalysis import ask, reanalyze
         from dcl_core.study.execution.results import summary_lines
 
+        recorded = recorded_command(options.output_dir.expanduser().resolve(), spec.name)
+        if another_question(args, recorded):
+            print(ask(spec, options))
+            print(f"\n(another question than the one {spec.name} recorded, asked of its stored results and written "
+                  "nowhere: its table.txt and MLflow summary run keep the recorded question's answer, which "
+                  f"`python -m dcl_core.study answer {shlex.quote(str(options.output_dir))} --name {spec.name}` "
+                  "prints)")
+            return None
         outcome = reanalyze(spec, options)
         print(outcome.answer if request.quiet else "\n".join(summary_lines(outcome)))
         return None

@@ -16,7 +16,7 @@ from dcl_core.study.analysis.columns import COLUMNS, KNN_TOP1, Status, x_column
 from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
 from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
 from dcl_core.study.analysis.report import read_table
-from dcl_core.study.execution.results import summarize
+from dcl_core.study.execution.results import asked, summarize
 from dcl_core.study.plan.record import spec_fingerprint, study_changes
 from dcl_core.study.plan.spec import StudyOptions, StudySpec
 from dcl_core.study.plan.storage import (
@@ -159,11 +159,8 @@ def _check_same_study(spec: StudySpec, recorded: dict[str, Any], path: Path) -> 
                           "(give the --preset, --losses, --seeds and --search it ran with)")
 
 
-def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
-    """The study's answer recomputed from ``summary/<study>/results.parquet``: the same summary a finished study
-    writes (:func:`dcl_core.study.execution.results.summarize`), on its existing MLflow summary run. Holds the
-    study's lock (not while the study runs)."""
-    options = options.resolved()
+def _stored_rows(spec: StudySpec, options: StudyOptions) -> list[dict[str, Any]]:
+    """The study's stored rows, checked, once its folder and record are (``options`` resolved)."""
     assert options.tracking_uri is not None
     check_no_links(options.output_dir, study_entries(spec.name))
     check_store_in_folder(options.tracking_uri, options.output_dir)
@@ -173,6 +170,23 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
     rows = read_rows(out / RESULTS_FILE)
     check_rows(rows, out / RESULTS_FILE, ("trial_id", "status", "seed", KNN_TOP1, x_column(spec.x_key),
                                           *spec.series))
+    return rows
+
+
+def ask(spec: StudySpec, options: StudyOptions) -> str:
+    """The answer to ``spec``'s questions from the study's stored rows, written nowhere: a question other than the
+    one the study recorded (its table.txt and MLflow summary run keep answering that one)."""
+    return asked(spec, _stored_rows(spec, options.resolved()))
+
+
+def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
+    """The study's answer recomputed from ``summary/<study>/results.parquet``: the same summary a finished study
+    writes (:func:`dcl_core.study.execution.results.summarize`), on its existing MLflow summary run. Holds the
+    study's lock (not while the study runs)."""
+    options = options.resolved()
+    assert options.tracking_uri is not None
+    rows = _stored_rows(spec, options)
+    out = summary_dir(options.output_dir, spec.name)
     with study_lock(options.output_dir, spec.name, reanalysis=True):
         tracker = StudyTracker(options.tracking_uri, spec.name, artifact_root=options.output_dir / "mlartifacts",
                                tags={"study": spec.name, "git_commit": git_commit()}, journal_dir=out,

@@ -94,21 +94,12 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
     ``summary/<study>/`` and log them on the study's parent MLflow run. ``reanalysis``: the rows come from the
     stored table (:mod:`.reanalysis`), which holds no q_B histograms: the study's q_B plot is kept
     as it was drawn."""
-    x = x_column(spec.x_key)
-    for r in rows:
-        if x == SWEPT and r.get(SWEPT) is None:  # a generic sweep's key: its value from the trial's config
-            value = (r.get("config") or {}).get(spec.x_key)
-            r[SWEPT] = None if value is None else float(value)
-        r[SERIES] = series_label(r, spec.series)
+    x, placed, table, shown, found = _answer_of(spec, rows)
     out_dir = summary_dir(output_dir, spec.name)
     if reanalysis:  # the stored results are the input: kept as they are, columns this version does not know too
         parquet, csv = out_dir / "results.parquet", out_dir / "results.csv"
     else:
         parquet, csv = write_table(rows, out_dir)
-    # a row without a grid point (a trial whose config was lost) is in the stored table, in no cell or figure
-    placed = [r for r in rows if r.get(x) is not None]
-    table, shown = _table(spec, placed, x)
-    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
     claim = found.claim
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
     figure, rect = report.knn_figure(shown, x, spec.x_label, spec.title or spec.name, log_x=spec.log_x,
@@ -146,6 +137,31 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
                         power=[p.strip() for v in found.verdicts if (p := v.power_line())])
 
 
+def _answer_of(spec: StudySpec, rows: list[Row]) -> tuple[str, list[Row], str, list[Row], answer.Answer]:
+    """The x column, the rows placed on the grid, the cell table, the rows it shows and the answer to the spec's
+    questions (each row given its series label, and a generic sweep's swept value)."""
+    x = x_column(spec.x_key)
+    for r in rows:
+        if x == SWEPT and r.get(SWEPT) is None:  # a generic sweep's key: its value from the trial's config
+            value = (r.get("config") or {}).get(spec.x_key)
+            r[SWEPT] = None if value is None else float(value)
+        r[SERIES] = series_label(r, spec.series)
+    # a row without a grid point (a trial whose config was lost) is in the stored table, in no cell or figure
+    placed = [r for r in rows if r.get(x) is not None]
+    table, shown = _table(spec, placed, x)
+    found = answer.build_answer(shown, x, spec.x_label, spec.questions, spec.pairs, spec.paper, spec.design)
+    return x, placed, table, shown, found
+
+
+def asked(spec: StudySpec, rows: list[Row]) -> str:
+    """The cell table and the answer to ``spec``'s questions, as :func:`summarize` prints them, with nothing
+    written: a question other than the one the study recorded, asked of its stored rows."""
+    _, placed, table, _, found = _answer_of(spec, rows)
+    if spec.search:
+        table += "\n\n" + format_best(placed, spec.search)
+    return table + "\n\n" + answer_output.format_answer(found)
+
+
 def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
     """The results tables of the other studies summarized in the same output folder (for the gap-vs-q_B figure);
     a table that cannot be read is skipped with a warning."""
@@ -173,9 +189,9 @@ def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
 
 def _caption(rows: list[Row], gap: bool) -> str:
     """What the cell table's numbers are: its cells' spread over seeds, its robustness columns, and (when the table
-    has one) its DCL−base row, which is not the answer's paired gap."""
+    has one) its dcl−infonce row, which is not the answer's paired gap."""
     seeds = sorted({seed for r in rows if (seed := r.get(SEED)) is not None})
-    unpaired = "; DCL−base: a difference of cell means, unpaired (the answer below pairs by seed)" if gap else ""
+    unpaired = "; dcl−infonce: a difference of cell means, unpaired (the answer below pairs by seed)" if gap else ""
     return (f"kNN top-1 (%), mean±std over {len(seeds)} seed(s) per cell; Std and Range: across the row's cell "
             f"means{unpaired}\n")
 

@@ -347,8 +347,9 @@ def runs_page(experiment_id: str, view: str = "") -> str:
 
 
 def run_page(experiment_id: str, run_id: str) -> str:
-    """The path, after the UI's address, of one run's page (its description first)."""
-    return f"/#/experiments/{experiment_id}/runs/{run_id}"
+    """The path, after the UI's address, of one run's page (its description first), in the UI's model-training
+    mode: in its GenAI mode (a browser's default in MLflow 3.17) the page is an evaluation run's."""
+    return f"/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def local_ui_port() -> int:
