@@ -31,7 +31,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST, GAP_SLOPE
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_BATCH_SIZES, TAU, Grid
 
@@ -53,22 +53,19 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × batch sizes (× seeds on a grid) under the preset."""
-    p = PRESETS[args.preset]
-    base = base_config(args, p.base)
-    losses = losses_arg(args, p.losses)
-    grid = {"loss.name": Grid(losses), "optim.batch_size": Grid(p.axis)}
-    if args.search == "grid":  # an Optuna search runs once per (loss, batch size), seed 0
-        grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
+    run = preset_run(args, PRESETS)
+    grid = {"loss.name": Grid(run.losses), "optim.batch_size": Grid(run.axis)}
+    if run.grid:  # an Optuna search runs once per (loss, batch size), seed 0
+        grid["seed"] = run.seed_axis
     return StudySpec(
-        name=args.name, base=base, grid=grid, x_key="optim.batch_size", x_label="batch", log_x=True, gap=True,
+        name=args.name, base=run.base, grid=grid, x_key="optim.batch_size", x_label="batch", log_x=True, gap=True,
         paper="batch_size_sweep", questions=(
             Question("DCL beats InfoNCE at the smallest batch", GAP_AT_SMALLEST, "dcl", "infonce",
                      label="gap at smallest batch"),
             Question("DCL's gain shrinks as the batch grows", GAP_SLOPE, "dcl", "infonce",
                      label="gap slope per doubling", paper_sign=-1, paper_key="gap_slope_per_log2_batch"),
         ),
-        search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p.samples, title="kNN top-1 vs batch size (DCL Table 1)",
+        search=run.space({**TAU, **LR}), num_samples=run.samples, title="kNN top-1 vs batch size (DCL Table 1)",
     )
 
 

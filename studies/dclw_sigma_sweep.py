@@ -26,7 +26,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_MARGIN, GAP_AT
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import PAPER_SIGMA_GRID, SIGMA, Grid
 
@@ -45,12 +45,12 @@ def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: DCLW over σ (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for DCL)")
-    p = PRESETS[args.preset]
+    run = preset_run(args, PRESETS)
     grid = {"loss.name": "dclw"}
-    if args.search == "grid":
-        grid |= {"loss.sigma": Grid(p.axis), "seed": Grid(tuple(range(args.seeds or p.seeds)))}
+    if run.grid:
+        grid |= {"loss.sigma": Grid(run.axis), "seed": run.seed_axis}
     return StudySpec(
-        name=args.name, base=base_config(args, p.base), grid=grid, x_key="loss.sigma", x_label="sigma",
+        name=args.name, base=run.base, grid=grid, x_key="loss.sigma", x_label="sigma",
         log_x=True, paper="dclw_sigma_sweep", pairs=(("dclw", "dclw", DCL_SIGMA),),
         questions=(  # Table 2's claim at its σ first; the best σ of our grid is our extension (a max: simultaneous CI)
             Question("DCLW (σ = 0.5) beats DCL (σ = 1000)", GAP_AT, "dclw", "dclw", at_x=0.5, baseline_x=DCL_SIGMA,
@@ -58,7 +58,7 @@ def build_spec(args: StudyArgs) -> StudySpec:
             Question("DCLW (best σ) beats DCL (σ = 1000)", BEST_MARGIN, "dclw", baseline_x=DCL_SIGMA,
                      label="best σ − DCL", paper_key="best_margin"),
         ),
-        search=SIGMA if args.search == "optuna" else None, num_samples=args.num_samples or p.samples,
+        search=run.space(SIGMA), num_samples=run.samples,
         title="DCLW kNN top-1 vs σ (DCL Eq. 7)",
     )
 

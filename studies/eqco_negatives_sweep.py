@@ -27,7 +27,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import ALPHA, PAPER_EQCO_KS, Grid
 
@@ -46,16 +46,15 @@ def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: SimCLR and SiMo × K × α ∈ {K, fixed} (× seeds on a grid) under the preset."""
     if args.losses:
         raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
-    p = PRESETS[args.preset]
-    base = base_config(args, p.base)
-    n = base.optim.batch_size
+    run = preset_run(args, PRESETS)
+    n = run.base.optim.batch_size
     common = {"loss.name": "eqco"}
-    if args.search == "grid":  # an Optuna search runs once per (framework, K), seed 0, over α
-        common |= {"loss.alpha": Grid((None, FIXED_ALPHA)), "seed": Grid(tuple(range(args.seeds or p.seeds)))}
+    if run.grid:  # an Optuna search runs once per (framework, K), seed 0, over α
+        common |= {"loss.alpha": Grid((None, FIXED_ALPHA)), "seed": run.seed_axis}
     grids = [
-        {"framework.name": "simclr", "loss.num_negatives": Grid(tuple(min(k, 2 * n - 2) for k in p.axis)),
+        {"framework.name": "simclr", "loss.num_negatives": Grid(tuple(min(k, 2 * n - 2) for k in run.axis)),
          **common},
-        {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in p.axis)),
+        {"framework.name": "simo", "framework.num_negatives": Grid(tuple(min(k, n - 1) for k in run.axis)),
          **common},
     ]
     fixed = format(FIXED_ALPHA, "g")
@@ -68,9 +67,9 @@ def build_spec(args: StudyArgs) -> StudySpec:
                       for (better, base), fw in zip(pairs, ("SimCLR", "SiMo"), strict=True))
     return StudySpec(
         pairs=pairs, questions=questions, paper="eqco_negatives_sweep",
-        name=args.name, base=base, grid=grids, x_key="num_negatives", x_label="K", log_x=True,
-        series=("framework", "method"), search=ALPHA if args.search == "optuna" else None,
-        num_samples=args.num_samples or p.samples, title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",
+        name=args.name, base=run.base, grid=grids, x_key="num_negatives", x_label="K", log_x=True,
+        series=("framework", "method"), search=run.space(ALPHA),
+        num_samples=run.samples, title="kNN top-1 vs negatives K (EqCo Figs. 3-4)",
     )
 
 

@@ -25,7 +25,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
 
@@ -42,22 +42,21 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × epoch budgets (× seeds on a grid) per framework variant under the preset."""
-    p = PRESETS[args.preset]
-    base = base_config(args, p.base)
+    run = preset_run(args, PRESETS)
     grids = []
-    for fw in p.variants:
-        grid = {**fw, "loss.name": Grid(losses_arg(args, p.losses)), "optim.epochs": Grid(p.axis)}
-        if args.search == "grid":  # an Optuna search runs once per (loss, budget), seed 0
-            grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
+    for fw in run.preset.variants:
+        grid = {**fw, "loss.name": Grid(run.losses), "optim.epochs": Grid(run.axis)}
+        if run.grid:  # an Optuna search runs once per (loss, budget), seed 0
+            grid["seed"] = run.seed_axis
         grids.append(grid)
     prefix = "simclr+" if len(grids) > 1 else ""
     question = Question("DCL beats InfoNCE at the smallest epoch budget", GAP_AT_SMALLEST, f"{prefix}dcl",
                         f"{prefix}infonce", label="gap at smallest budget")
     return StudySpec(
         questions=(question,), paper="few_epochs",
-        name=args.name, base=base, grid=grids if len(grids) > 1 else grids[0], x_key="optim.epochs",
+        name=args.name, base=run.base, grid=grids if len(grids) > 1 else grids[0], x_key="optim.epochs",
         x_label="epochs", log_x=True, gap=True, series=("framework", "loss") if len(grids) > 1 else ("loss",),
-        search={**TAU, **LR} if args.search == "optuna" else None, num_samples=args.num_samples or p.samples,
+        search=run.space({**TAU, **LR}), num_samples=run.samples,
         title="kNN top-1 vs epoch budget (DCL Table 6)",
     )
 

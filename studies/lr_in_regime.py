@@ -32,7 +32,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP, GAP_AT
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid
 
@@ -51,11 +51,10 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × base learning rates × seeds under the preset."""
-    if args.search != "grid":
+    run = preset_run(args, PRESETS)
+    if run.optuna:
         raise ConfigError("lr_in_regime is a grid over base lr; for an Optuna search run studies/tau_lr_search.py")
-    p = PRESETS[args.preset]
-    grid = {"loss.name": Grid(losses_arg(args, p.losses)), "optim.base_lr": Grid(p.axis),
-            "seed": Grid(tuple(range(args.seeds or p.seeds)))}
+    grid = {"loss.name": Grid(run.losses), "optim.base_lr": Grid(run.axis), "seed": run.seed_axis}
     questions = (
         Question("tuned DCL beats tuned InfoNCE in the regime (best lr each)", BEST_GAP, "dcl", "infonce",
                  label="best gap"),
@@ -63,7 +62,7 @@ def build_spec(args: StudyArgs) -> StudySpec:
                  label=f"gap at lr {SHARED_LR:g}", paper_key="gap_at"),
     )
     return StudySpec(
-        name=args.name, base=base_config(args, p.base), grid=grid, x_key="optim.base_lr", x_label="base lr",
+        name=args.name, base=run.base, grid=grid, x_key="optim.base_lr", x_label="base lr",
         log_x=True, gap=True, questions=questions, paper="lr_in_regime",
         title="kNN top-1 vs base lr at batch 16, τ 0.07 (NPC regime)",
     )

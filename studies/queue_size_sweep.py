@@ -25,7 +25,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_QUEUE_SIZES, TAU, Grid
 
@@ -42,16 +42,16 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × MoCo queue sizes (× seeds on a grid) under the preset."""
-    p = PRESETS[args.preset]
-    grid = {"loss.name": Grid(losses_arg(args, p.losses)), "framework.queue_size": Grid(p.axis)}
-    if args.search == "grid":  # an Optuna search runs once per (loss, queue size), seed 0
-        grid["seed"] = Grid(tuple(range(args.seeds or p.seeds)))
+    run = preset_run(args, PRESETS)
+    grid = {"loss.name": Grid(run.losses), "framework.queue_size": Grid(run.axis)}
+    if run.grid:  # an Optuna search runs once per (loss, queue size), seed 0
+        grid["seed"] = run.seed_axis
     return StudySpec(
-        name=args.name, base=base_config(args, p.base), grid=grid, x_key="framework.queue_size",
+        name=args.name, base=run.base, grid=grid, x_key="framework.queue_size",
         x_label="queue", log_x=True, gap=True, paper="queue_size_sweep",
         questions=(Question("MoCo-v2 + DCL beats MoCo-v2 at the smallest queue", GAP_AT_SMALLEST, "dcl", "infonce",
-                            label="gap at smallest queue"),), search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p.samples, title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
+                            label="gap at smallest queue"),), search=run.space({**TAU, **LR}),
+        num_samples=run.samples, title="MoCo-v2 kNN top-1 vs queue size (DCL Table 5)",
     )
 
 

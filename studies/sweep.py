@@ -26,16 +26,18 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.questions import claim_text
 from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid
 
-# Per preset: the base config, seeds and losses; the axis is --key and --values.
+# Per preset: the base config, seeds and losses; the axis is --key and --values. The claim is the first loss's
+# against the second's: with --losses, yours first.
+YOURS_FIRST = ("dcl", "infonce")
 PRESETS = {
-    "smoke": smoke({"optim.epochs": 1, "optim.batch_size": 32}, seeds=1),
+    "smoke": smoke({"optim.epochs": 1, "optim.batch_size": 32}, seeds=1, losses=YOURS_FIRST),
     # The shared CPU protocol of the papers' studies (5 epochs, batch 32, kNN after the last epoch), 5 seeds.
-    "cpu": cpu({"optim.epochs": 5, "optim.batch_size": 32, "eval.knn_every": 5}, seeds=5),
+    "cpu": cpu({"optim.epochs": 5, "optim.batch_size": 32, "eval.knn_every": 5}, seeds=5, losses=YOURS_FIRST),
 }
 NOT_SWEPT = ("loss.name", "seed", "output_dir", "device")  # a loss is --losses, a seed --seeds
 MAX_VALUES = 64
@@ -68,20 +70,19 @@ def axis(args: StudyArgs, base: Config) -> tuple[str, tuple[float, ...]]:
 def build_spec(args: StudyArgs) -> StudySpec:
     """The losses × --values of --key × seeds, asking the claim --compare/--statistic state (tuned against tuned by
     default) of the first two losses."""
-    if args.search != "grid":
+    run = preset_run(args, PRESETS)
+    if run.optuna:
         raise ConfigError("the sweep runs the values given: drop --search optuna (tau_lr_search.py searches)")
-    p = PRESETS[args.preset]
-    base = base_config(args, p.base)
-    key, values = axis(args, base)
-    losses = losses_arg(args, ("dcl", "infonce"))
-    grid = {"loss.name": Grid(losses), "seed": Grid(tuple(range(args.seeds or p.seeds))), key: Grid(values)}
+    key, values = axis(args, run.base)
+    losses = run.losses
+    grid = {"loss.name": Grid(losses), "seed": run.seed_axis, key: Grid(values)}
     label = key.rsplit(".", 1)[-1]
     questions = ()
     if len(losses) >= 2:
         better, base_series = loss_label(losses[0]), loss_label(losses[1])
         questions = (Question(claim_text("best_gap", better, base_series, label), BEST_GAP, better, base_series,
                               label="best gap", own=True),)
-    return StudySpec(name=args.name, base=base, grid=grid, x_key=key, x_label=label, questions=questions,
+    return StudySpec(name=args.name, base=run.base, grid=grid, x_key=key, x_label=label, questions=questions,
                      log_x=min(values) > 0 and max(values) / min(values) >= 16, title=f"kNN top-1 vs {key}")
 
 

@@ -25,7 +25,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, TAU, Grid
 
@@ -41,14 +41,14 @@ PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: an Optuna search over τ and learning rate for each loss under the preset."""
-    if args.search != "optuna":
+    run = preset_run(args, PRESETS)
+    if run.grid:
         raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")
-    p = PRESETS[args.preset]
     return StudySpec(
-        name=args.name, base=base_config(args, p.base), grid={"loss.name": Grid(losses_arg(args, p.losses))},
+        name=args.name, base=run.base, grid={"loss.name": Grid(run.losses)},
         x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR}, paper="tau_lr_search",
         questions=(Question("tuned DCL beats tuned InfoNCE", BEST_GAP, "dcl", "infonce", label="best gap"),),
-        num_samples=args.num_samples or p.samples, title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
+        num_samples=run.samples, title="Optuna trials: kNN top-1 vs τ (DCL Table 3)",
     )
 
 

@@ -33,7 +33,7 @@ from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP, STD_DIFFERENCE
 from dcl_core.study.cli.options import StudyArgs
-from dcl_core.study.cli.script import base_config, losses_arg, main
+from dcl_core.study.cli.script import main, preset_run
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_TAU_GRID, TAU, Grid
 
@@ -60,23 +60,18 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × temperatures (× seeds on a grid) under the preset."""
-    p = PRESETS[args.preset]
-    base = base_config(args, p.base)
-    losses = losses_arg(args, p.losses)
-    seeds = tuple(range(args.seeds or p.seeds))
-    grid = {"loss.name": Grid(losses)}
-    if args.search == "grid":  # an Optuna search runs once per loss (seed 0)
-        grid |= {"seed": Grid(seeds), "loss.temperature": Grid(p.axis)}
-    if args.search == "grid":
+    run = preset_run(args, PRESETS)
+    grid = {"loss.name": Grid(run.losses)}
+    if run.grid:  # an Optuna search runs once per loss (seed 0)
+        grid |= {"seed": run.seed_axis, "loss.temperature": Grid(run.axis)}
         question = Question("DCL flatter across τ than InfoNCE", STD_DIFFERENCE, "dcl", "infonce", label="Δstd")
     else:  # each trial samples its own τ: compare the tuned results
         question = Question("tuned DCL beats tuned InfoNCE", BEST_GAP, "dcl", "infonce", label="best gap",
                             paper_key="best_gap")
     return StudySpec(
-        name=args.name, base=base, grid=grid, x_key="loss.temperature", x_label="tau",
+        name=args.name, base=run.base, grid=grid, x_key="loss.temperature", x_label="tau",
         questions=(question,), paper="temperature_sweep",
-        search={**TAU, **LR} if args.search == "optuna" else None,
-        num_samples=args.num_samples or p.samples, title="kNN top-1 vs temperature (DCL Table 18)",
+        search=run.space({**TAU, **LR}), num_samples=run.samples, title="kNN top-1 vs temperature (DCL Table 18)",
     )
 
 

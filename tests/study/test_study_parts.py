@@ -5,11 +5,13 @@ and the dry run's totals. Each on hand-made inputs with a known answer; nothing 
 
 import json
 import os
+import re
 import socket
+from pathlib import Path
 
 import pytest
 
-from dcl_core.config import ConfigError, preset
+from dcl_core.config import ConfigError, apply_overrides, preset
 from dcl_core.study import StudyOptions, StudySpec
 from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, STATUS, Status
 from dcl_core.study.execution.search_report import best_per_cell, best_rows
@@ -22,9 +24,11 @@ from dcl_core.study.plan.record import (
     span,
     spec_fingerprint,
 )
-from dcl_core.study.plan.study_presets import CPU_PROTOCOL, SMOKE_DATA, cpu, smoke
+from dcl_core.study.plan.study_presets import CPU_PROTOCOL, PAIR, SMOKE_DATA, cpu, smoke
 from dcl_core.study.tracking.transport import UnreplayableError, is_refused, move_credentials, reason
 from search_spaces import Grid
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def smoke_spec(seeds=(0,), losses=("dcl",), temperatures=(0.1,)):
@@ -166,6 +170,33 @@ def test_presets_share_the_protocol_but_what_a_study_leaves_out():
     assert {k: v for k, v in overrides.items() if k in CPU_PROTOCOL} == {
         k: v for k, v in CPU_PROTOCOL.items() if k != "optim.base_lr"}
     assert cpu({"data.train_per_class": 100}).base[1]["data.train_per_class"] == 100  # the study's own wins
+
+
+def test_a_preset_resolves_the_command_line_itself():
+    """Issue 62, item 3: seeds, samples, losses, grid or search, --data-root and --set are read in one place."""
+    p = cpu({"optim.epochs": 5}, axis=(0.1, 0.5), seeds=5, samples=7)
+    run = p.resolve(search="grid")
+    assert (run.losses, run.seeds, run.samples, run.grid, run.axis) == (PAIR, (0, 1, 2, 3, 4), 7, True, (0.1, 0.5))
+    assert run.base == apply_overrides(preset("cpu"), dict(p.overrides)) and run.space({"x": 1}) is None
+    assert run.seed_axis == Grid((0, 1, 2, 3, 4))
+    run = p.resolve(search="optuna", losses=" dcl,dclw ", seeds=2, samples=3, data_root="/data",
+                    overrides=("optim.epochs=9",))
+    assert (run.losses, run.seeds, run.samples, run.optuna, run.space({"x": 1})) == (
+        ("dcl", "dclw"), (0, 1), 3, True, {"x": 1})
+    assert (run.base.optim.epochs, run.base.data.root) == (9, "/data")  # --set over the preset's own
+    with pytest.raises(ConfigError, match="names dcl twice"):
+        p.resolve(search="grid", losses="dcl,infonce,dcl")
+    with pytest.raises(ConfigError, match="both be shown as"):
+        p.resolve(search="grid", losses="a.py:Mine,b.py:Mine")
+
+
+def test_no_study_script_resolves_its_preset_by_hand():
+    """The scripts read a resolved preset, never the options it resolves (issue 62 counted 8 seed ranges, 7
+    sample fallbacks and 13 search tests written out by hand)."""
+    hand = re.compile(r"args\.(seeds|num_samples|search|data_root|set)\b|range\(|PRESETS\[")
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted((REPO / "studies").glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if hand.search(line)]
+    assert not found, found
 
 
 def test_the_dry_runs_totals_count_the_grid(tmp_path):

@@ -21,10 +21,7 @@ from dcl_core.config import (
     ConfigError,
     InputError,
     RunFailedError,
-    apply_overrides,
-    loss_label,
     parse_overrides,
-    preset,
 )
 from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
@@ -56,6 +53,7 @@ from dcl_core.study.plan.storage import (
     study_began,
     summary_dir,
 )
+from dcl_core.study.plan.study_presets import PresetRun, StudyPreset
 
 
 class SpecBuilder(Protocol):
@@ -92,29 +90,10 @@ class Script:
         return spec if data_root is None else with_base(spec, {"data.root": data_root})
 
 
-def base_config(args: StudyArgs, base: tuple[str, dict[str, Any]]) -> Any:
-    """A study preset's base config: ``(core preset, overrides)``, then ``--data-root``, then ``--set``."""
-    name, overrides = base
-    overrides = {**overrides, **({"data.root": args.data_root} if args.data_root else {})}
-    return apply_overrides(apply_overrides(preset(name), overrides), parse_overrides(list(args.set)))
-
-
-def losses_arg(args: StudyArgs, default: tuple[str, ...]) -> tuple[str, ...]:
-    """``--losses infonce,dcl,my_losses:MyLoss`` as a tuple (a user loss's file already absolute:
-    :func:`~dcl_core.study.cli.options.args_of`); a loss named twice would run every one of its trials twice, and
-    two losses shown alike could not be told apart."""
-    if not args.losses:
-        return default
-    losses = tuple(x.strip() for x in args.losses.split(","))
-    twice = sorted({x for x in losses if losses.count(x) > 1})
-    if twice:
-        raise ConfigError(f"--losses names {twice[0]} twice; each loss runs once per cell (use --seeds for repeats)")
-    labels = [loss_label(x) for x in losses]
-    alike = sorted({x for x in labels if labels.count(x) > 1})
-    if alike:
-        raise ConfigError(f"--losses: two losses would both be shown as {alike[0]}; give your loss class another "
-                          "name")
-    return losses
+def preset_run(args: StudyArgs, presets: Mapping[str, StudyPreset]) -> PresetRun:
+    """The preset ``--preset`` names, resolved against this command line (:meth:`StudyPreset.resolve`)."""
+    return presets[args.preset].resolve(search=args.search, losses=args.losses, seeds=args.seeds,
+                                        samples=args.num_samples, data_root=args.data_root, overrides=args.set)
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,

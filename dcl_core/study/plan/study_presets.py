@@ -4,14 +4,22 @@ Every script offers ``smoke`` (tests, about a minute), ``cpu`` (its question on 
 and ``paper`` (the paper's protocol, for a GPU cluster); some add one (``cpu_long``). What every ``cpu`` preset
 shares is defined once here (:data:`CPU_PROTOCOL`), as is the smoke data (:data:`SMOKE_DATA`); a study states only
 what differs (its epochs, batch, τ, kNN cadence).
+
+A preset resolves itself against the command line (:meth:`StudyPreset.resolve`): ``--losses``, ``--seeds``,
+``--num-samples``, ``--search``, ``--data-root`` and ``--set`` are read here and nowhere else, so a study's
+``build_spec`` reads a :class:`PresetRun` and states only its science (what it sweeps, what Optuna searches, which
+questions it asks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from dcl_core.config import Config, ConfigError, apply_overrides, loss_label, parse_overrides, preset
+from search_spaces import Grid, Space
 
 # The CPU protocol of every study: a narrow ResNet-18 (1/8 of the channels, a 128-wide projection head) on 2,500
 # CIFAR-10 training images (250 per class) and 1,000 test images, base lr 0.24 (× batch/256) after one warm-up
@@ -50,8 +58,79 @@ class StudyPreset:
 
     @property
     def base(self) -> tuple[str, dict[str, Any]]:
-        """``(config preset, overrides)``, as :func:`dcl_core.study.cli.script.base_config` takes it."""
+        """``(config preset, overrides)``: the config this preset starts from, before the command line's."""
         return self.config, dict(self.overrides)
+
+    def resolve(self, *, search: str, losses: str | None = None, seeds: int | None = None,
+                samples: int | None = None, data_root: str | None = None,
+                overrides: Sequence[str] = ()) -> PresetRun:
+        """This preset under one command line: ``--search`` (``grid`` or ``optuna``), ``--losses`` (comma-separated,
+        default this preset's), ``--seeds`` and ``--num-samples`` (default this preset's), ``--data-root`` and the
+        ``--set KEY=VALUE`` overrides (over this preset's config, in that order). ConfigError on a loss named twice
+        or two losses shown alike."""
+        config = apply_overrides(preset(self.config), {**self.overrides, **({"data.root": data_root} if data_root
+                                                                               else {})})
+        return PresetRun(
+            preset=self, base=apply_overrides(config, parse_overrides(list(overrides))),
+            losses=parse_losses(losses) if losses else self.losses, seeds=tuple(range(seeds or self.seeds)),
+            samples=samples or self.samples, optuna=search == "optuna",
+        )
+
+
+@dataclass(frozen=True)
+class PresetRun:
+    """A preset resolved against one command line (:meth:`StudyPreset.resolve`): what a study's spec is built from.
+
+    Attributes:
+        preset: the preset (its ``axis`` and ``variants`` are the study's own).
+        base: its config after ``--data-root`` and ``--set``.
+        losses: the losses compared.
+        seeds: the seeds of each grid cell (an Optuna search runs the config's seed, 0).
+        samples: Optuna trials per search.
+        optuna: ``--search optuna`` (else the grid).
+    """
+
+    preset: StudyPreset
+    base: Config
+    losses: tuple[str, ...]
+    seeds: tuple[int, ...]
+    samples: int
+    optuna: bool
+
+    @property
+    def grid(self) -> bool:
+        """``--search grid``: every cell runs, once per seed."""
+        return not self.optuna
+
+    @property
+    def axis(self) -> tuple[Any, ...]:
+        """The values the study sweeps."""
+        return self.preset.axis
+
+    @property
+    def seed_axis(self) -> Grid:
+        """The grid's seed axis, ``Grid(seeds)``."""
+        return Grid(self.seeds)
+
+    def space(self, space: Space) -> Space | None:
+        """``space`` for an Optuna search, None for the grid (``StudySpec.search``)."""
+        return space if self.optuna else None
+
+
+def parse_losses(text: str) -> tuple[str, ...]:
+    """``--losses infonce,dcl,my_losses:MyLoss`` as a tuple (a user loss's file already absolute:
+    :func:`~dcl_core.study.cli.options.args_of`); a loss named twice would run every one of its trials twice, and
+    two losses shown alike could not be told apart."""
+    losses = tuple(x.strip() for x in text.split(","))
+    twice = sorted({x for x in losses if losses.count(x) > 1})
+    if twice:
+        raise ConfigError(f"--losses names {twice[0]} twice; each loss runs once per cell (use --seeds for repeats)")
+    labels = [loss_label(x) for x in losses]
+    alike = sorted({x for x in labels if labels.count(x) > 1})
+    if alike:
+        raise ConfigError(f"--losses: two losses would both be shown as {alike[0]}; give your loss class another "
+                          "name")
+    return losses
 
 
 def smoke(overrides: Mapping[str, Any], **fields: Any) -> StudyPreset:
