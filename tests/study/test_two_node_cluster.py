@@ -217,13 +217,19 @@ def test_a_signal_the_moment_a_namespace_exists_leaks_no_namespace(tmp_path, mon
     assert cluster.head_ns not in names and cluster.worker_ns not in names
 
 
+def _ctrl_c_reaches_it() -> None:
+    """As in a terminal: a suite started as a background job (``cmd &`` in a script) ignores SIGINT, and its
+    children would inherit that (Python then keeps it ignored until the script's own handler takes over)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # runs the two-node cluster script
 @pytest.mark.parametrize("after_s", [0.5, 1.0, 2.0])  # during its imports (torch's: a Ctrl-C there once aborted)
 def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path, after_s):
     """Pressed while the script checks the study's options (its --dry-run, seconds): no traceback, no namespace."""
     _require_capability()
     proc = subprocess.Popen(["bash", str(SCRIPT), "--work-dir", str(tmp_path / "w")], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_reaches_it)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
