@@ -144,10 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "sections": selected,
         "load_average_start": load_average(),
+        # PYTHONDONTWRITEBYTECODE: every process (each study, each trial's worker) compiles torch, torchvision, Ray
+        # and MLflow again, ~10-20 s each on a 2-core machine: the studies' fixed costs are not comparable across it
+        "bytecode_cache": not sys.flags.dont_write_bytecode,
     }
     print(f"# Benchmarks{' (--quick)' if args.quick else ''}")
     print(f"torch {meta['torch']}, {meta['cpu']}, {meta['cores']} cores, {meta['threads']} torch threads, "
-          f"{meta['date']}, load average {meta['load_average_start']} (1/5/15 min)", flush=True)
+          f"{meta['date']}, load average {meta['load_average_start']} (1/5/15 min), bytecode cache "
+          f"{'on' if meta['bytecode_cache'] else 'off (PYTHONDONTWRITEBYTECODE)'}", flush=True)
 
     work_dir = args.work_dir.expanduser().resolve() if args.work_dir else None
     rows, failed = run_sections(selected, args.quick, work_dir)

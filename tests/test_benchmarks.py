@@ -50,6 +50,7 @@ def test_quick_run_measures_every_row_of_every_section(quick_run: tuple[dict, Pa
     report, _, stdout = quick_run
     assert "| section | measurement |" in stdout  # the Markdown table was printed
     assert report["meta"]["quick"] is True and report["meta"]["failed_sections"] == []
+    assert report["meta"]["bytecode_cache"] is (not sys.flags.dont_write_bytecode)  # the run inherits this env
     rows = report["rows"]
     for section in SECTIONS:
         assert any(r["section"] == section for r in rows), f"no rows for {section}"
