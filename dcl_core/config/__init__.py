@@ -16,12 +16,14 @@ Example:
 
 A module a job: :mod:`.schema` (the sections, fields and names), :mod:`.keys` (dotted keys and overrides),
 :mod:`.validation` (combination checks), :mod:`.presets`, :mod:`.derive`, :mod:`.negatives` (each framework's
-negatives and the key that sets its K), :mod:`.user_loss` (a loss from the user's code, named in ``loss.name``).
-Import from here; the config imports nothing else of the project.
+negatives and the key that sets its K), :mod:`.loss_registry` (the built-in losses as their own files declare them,
+read without importing them), :mod:`.bounds` (numeric ranges), :mod:`.user_loss` (a loss from the user's code,
+named in ``loss.name``). Import from here; the config imports nothing else of the project.
 """
 
 from dcl_core.config.derive import Derived, derive
 from dcl_core.config.keys import apply_overrides, from_flat_dict, parse_overrides, to_flat_dict
+from dcl_core.config.loss_registry import BUILTIN_LOSSES, LOSS_SPECS, LossParam, LossSpec
 from dcl_core.config.negatives import NEGATIVES, Negatives
 from dcl_core.config.presets import PRESETS, preset
 from dcl_core.config.schema import (
@@ -61,11 +63,50 @@ from dcl_core.config.user_loss import (
 from dcl_core.config.validation import check_device, validate
 
 __all__ = [
-    "ARCH_NAMES", "AUGMENTATIONS", "CONFIG_KEYS", "DATASET_NAMES", "DATA_LOADERS", "DEVICES", "FRAMEWORK_NAMES",
-    "LOSS_NAMES", "NEGATIVES", "PRESETS", "REFERENCE_FORMS", "STEM_NAMES", "Config", "ConfigError", "DataConfig",
-    "Derived", "EvalConfig", "FrameworkConfig", "InputError", "LossConfig", "LossReference", "LossSource",
-    "ModelConfig", "Negatives", "OptimConfig", "Range", "RunFailedError",
-    "absolute_reference", "apply_overrides", "check_device", "check_params_used", "derive", "field_specs",
-    "from_flat_dict", "loss_label", "loss_params", "loss_reference", "parse_overrides", "preset",
-    "to_flat_dict", "validate", "value_at",
+    "ARCH_NAMES",
+    "AUGMENTATIONS",
+    "BUILTIN_LOSSES",
+    "CONFIG_KEYS",
+    "DATASET_NAMES",
+    "DATA_LOADERS",
+    "DEVICES",
+    "FRAMEWORK_NAMES",
+    "LOSS_NAMES",
+    "LOSS_SPECS",
+    "NEGATIVES",
+    "PRESETS",
+    "REFERENCE_FORMS",
+    "STEM_NAMES",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "Derived",
+    "EvalConfig",
+    "FrameworkConfig",
+    "InputError",
+    "LossConfig",
+    "LossParam",
+    "LossReference",
+    "LossSource",
+    "LossSpec",
+    "ModelConfig",
+    "Negatives",
+    "OptimConfig",
+    "Range",
+    "RunFailedError",
+    "absolute_reference",
+    "apply_overrides",
+    "check_device",
+    "check_params_used",
+    "derive",
+    "field_specs",
+    "from_flat_dict",
+    "loss_label",
+    "loss_params",
+    "loss_reference",
+    "parse_overrides",
+    "preset",
+    "to_flat_dict",
+    "validate",
+    "value_at",
 ]

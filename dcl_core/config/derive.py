@@ -41,7 +41,8 @@ def derive(cfg: Config, world_size: int = 1) -> Derived:
             f"{name} with a per-rank batch of {cfg.optim.batch_size // world_size} (gather_distributed="
             f"{cfg.loss.gather_distributed}) offers {available} negatives per anchor, fewer than K={k}"
         )
-    alpha = float(k) if cfg.loss.alpha is None else cfg.loss.alpha
+    given = value_at(cfg, "loss.alpha")  # EqCo's option (dcl_core/losses/eqco.py)
+    alpha = float(k) if given is None else given
     return Derived(
         lr=cfg.optim.base_lr * cfg.optim.batch_size / 256,
         per_rank_batch=cfg.optim.batch_size // world_size,

@@ -4,16 +4,19 @@ names of each kind of choice; the errors a command line answers with exit 2 or 1
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from dcl_core.config.bounds import Range
+from dcl_core.config.loss_registry import BUILTIN_LOSSES, LOSS_SPECS, option_fields
+
 # The one list of each kind of name. This module stays torch-free (the CLIs and the study driver import it to
 # check a config before torch loads), so the torch modules import these tuples: dcl_core.data's DATASETS and
-# augmentation POLICIES and dcl_core.models' ARCHS/STEMS are these tuples, and the LOSSES and FRAMEWORKS
-# registries (and the ResNet specs) check their keys against them on import.
-LOSS_NAMES = ("infonce", "dcl", "dclw", "dclw_exp", "eqco", "align_uniform")
+# augmentation POLICIES and dcl_core.models' ARCHS/STEMS are these tuples, and the FRAMEWORKS registry (and the
+# ResNet specs) check their keys against them on import. The losses' names are read from the losses' own files
+# (config/loss_registry.py), and dcl_core.losses' LOSSES is built from the same reading.
+LOSS_NAMES = tuple(LOSS_SPECS)
 FRAMEWORK_NAMES = ("simclr", "moco", "simo", "nnclr")
 DATASET_NAMES = ("cifar10", "cifar100", "stl10", "imagefolder")
 ARCH_NAMES = ("resnet18", "resnet50")
@@ -35,62 +38,6 @@ class RunFailedError(RuntimeError):
 
 class ConfigError(InputError, ValueError):
     """A bad configuration value. ``str(err)`` is one line meant for the user."""
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric field accepts, checked by :func:`validate` and shown by ``--help`` as ``range ...``.
-
-    ``gt``/``ge`` and ``lt``/``le`` bound the quantity's domain (a momentum lies in [0, 1), a temperature is
-    > 0); ``cap`` is a practical upper limit where the domain has none (τ <= 100: the losses divide by τ and
-    must stay finite, and no study needs more). A float field must also be finite. Messages name the violated
-    bound (``loss.temperature must be > 0``, ``... must be <= 100``), or the interval when the domain is
-    bounded on both sides (``framework.momentum must be in [0, 1)``); ``why`` is appended to them.
-    """
-
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-    cap: float | None = None
-    why: str = ""
-
-    def _lower(self) -> tuple[str, str]:
-        """``("(", "0")``: the interval's opening bracket and lower bound."""
-        if self.gt is not None:
-            return "(", _num(self.gt)
-        return ("[", _num(self.ge)) if self.ge is not None else ("(", "-inf")
-
-    def _upper(self) -> tuple[str, str]:
-        """``("100", "]")``: the upper bound and closing bracket (the cap's when the domain has none)."""
-        if self.lt is not None:
-            return _num(self.lt), ")"
-        if self.le is not None:
-            return _num(self.le), "]"
-        return (_num(self.cap), "]") if self.cap is not None else ("inf", ")")
-
-    def __str__(self) -> str:
-        (bracket, low), (high, close) = self._lower(), self._upper()
-        return f"{bracket}{low}, {high}{close}"
-
-    def problem(self, value: float) -> str | None:
-        """What ``value`` must be instead (``"> 0"``, ``"in [0, 1)"``), or None if it is in range."""
-        two_sided = (self.gt is not None or self.ge is not None) and (self.lt is not None or self.le is not None)
-        domain = "in " + str(self) if two_sided else None
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"in {self}"
-        if (self.gt is not None and not value > self.gt) or (self.ge is not None and not value >= self.ge):
-            return domain or (f"> {_num(self.gt)}" if self.gt is not None else f">= {_num(self.ge)}")
-        if (self.lt is not None and not value < self.lt) or (self.le is not None and not value <= self.le):
-            return domain or (f"< {_num(self.lt)}" if self.lt is not None else f"<= {_num(self.le)}")
-        if self.cap is not None and value > self.cap:
-            return f"<= {_num(self.cap)}"
-        return None
-
-
-def _num(x: float | None) -> str:
-    """``0``, ``0.5``, ``1e+06``: a bound as written in messages and ``--help``."""
-    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def _f(
@@ -181,7 +128,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The contrastive loss and its hyperparameters (``loss.*``)."""
+    """The contrastive loss: what every loss takes (``loss.*``), and at run time each built-in loss's own parameters.
+
+    The fields below are the ones every loss shares. Each built-in loss declares its own parameters in its file
+    (``sigma``, ``alpha``, ...: :mod:`dcl_core.config.loss_registry`), and :func:`_with_loss_params` adds them as
+    typed, bounded fields of this class when the module loads, so ``loss.sigma`` is a config key like any other.
+    Type checkers see only the shared fields: code that serves every loss reads a loss's own parameter by its
+    key (``value_at(cfg, "loss.alpha")``).
+    """
 
     # Or the user's own loss, module:Class or path/to/file.py:Class (config/user_loss.py; validation accepts it).
     name: str = _f("dcl", "contrastive objective, or your own as module:Class or file.py:Class", "dcl", LOSS_NAMES)
@@ -189,34 +143,28 @@ class LossConfig:
     temperature: float = _f(
         0.1, "softmax temperature tau of the training loss", 0.07, bounds=_TEMPERATURE
     )
-    # dclw_sigma_sweep runs sigma = 1000 as the DCL limit.
-    sigma: float = _f(
-        0.5,
-        "DCLW: vMF weight scale sigma (Eq. 7); dclw_exp: exponent scale (A.8)",
-        0.5,
-        bounds=Range(gt=0, cap=1e6),
-    )
-    delta: float = _f(
-        3.0, "dclw_exp: weight scale delta in w = delta*exp(-sigma<z1,z2>) (A.8)", 3.0, bounds=Range(gt=0, cap=1e6)
-    )
-    # EqCo: None means alpha = K, i.e. zero margin (plain InfoNCE). SiMo uses 256; EqCo MoCo runs 65536.
-    alpha: float | None = _f(
-        None, "EqCo alpha: margin m = tau*log(alpha/K) (EqCo Eq. 5); none = K", 256.0, bounds=_POSITIVE
-    )
-    num_negatives: int = _f(
-        0,
-        "EqCo: K negatives sampled per anchor (0 = all: 2N-2 for simclr, N-1 for nnclr); not moco/simo",
-        0,
-        bounds=_COUNT,
-    )
     gather_distributed: bool = _f(True, "under DDP, use all ranks' samples as negatives (global batch)")
-    uniformity_t: float = _f(
-        2.0, "align_uniform: uniformity kernel scale t (Wang & Isola)", 2.0, bounds=Range(gt=0, cap=100)
-    )
-    uniformity_weight: float = _f(
-        1.0, "align_uniform: weight of the uniformity term", 1.0, bounds=Range(ge=0, cap=1e6)
-    )
     params: str = _f("{}", "your own loss's keyword arguments (loss.name=module:Class), a JSON object")
+
+
+def _with_loss_params(shared: type) -> type:
+    """``shared`` with each built-in loss's parameters added after ``loss.temperature``, as frozen dataclass fields
+    of the same name, module and docstring (so configs pickle, and ``dataclasses.replace`` takes every key)."""
+    declared = [(f.name, f.type, field(default=f.default, metadata=f.metadata)) for f in dataclasses.fields(shared)]
+    own = [
+        (name, p.kind | None if p.default is None else p.kind,
+         field(default=p.default, metadata={"help": p.help, "paper": p.paper, "choices": None, "range": p.bounds,
+                                            "losses": owners}))
+        for name, (p, owners) in option_fields(BUILTIN_LOSSES).items()
+    ]
+    cls = dataclasses.make_dataclass(shared.__name__, [*declared[:2], *own, *declared[2:]], frozen=True,
+                                     namespace={"__doc__": shared.__doc__})
+    cls.__module__, cls.__qualname__ = __name__, shared.__qualname__
+    return cls
+
+
+if not typing.TYPE_CHECKING:
+    LossConfig = _with_loss_params(LossConfig)
 
 
 @dataclass(frozen=True)

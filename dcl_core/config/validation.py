@@ -3,6 +3,7 @@ and the data loader; and the device."""
 
 from __future__ import annotations
 
+from dcl_core.config.loss_registry import BUILTIN_LOSSES, LOSS_SPECS, option_fields
 from dcl_core.config.negatives import NEGATIVES
 from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
 from dcl_core.config.user_loss import REFERENCE_FORMS, loss_params, loss_reference
@@ -17,16 +18,18 @@ def validate(cfg: Config) -> None:
 
     Framework/loss pairs that are rejected, and why:
 
-    - ``framework.name`` moco/simo/nnclr with ``loss.name=align_uniform``: alignment + uniformity scores whole
-      embeddings (Wang & Isola), not the anchor/positive/negative similarities these frameworks build, so it
-      has no ``from_similarities`` form; it runs with simclr only.
+    - A loss with the framework its spec leaves out (``LossSpec.frameworks``): ``loss.name=align_uniform`` with
+      moco/simo/nnclr, since alignment + uniformity scores whole embeddings (Wang & Isola), not the
+      anchor/positive/negative similarities these frameworks build; it runs with simclr only.
     - ``loss.num_negatives`` (EqCo's per-anchor sampling of in-batch negatives) with moco: there K *is* the
       queue (``framework.queue_size``); with simo: SiMo samples its keys itself (``framework.num_negatives``),
       and sampling twice would make K ambiguous.
     - ``framework.num_negatives`` with anything but simo (it is SiMo's K).
-    - ``loss.alpha`` with any loss but eqco. Scaling the negatives' sum by α/K matters only while the positive
-      is in the denominator: in DCL/DCLW it adds the constant log(α/K) to the loss and changes no gradient
-      (and InfoNCE would silently ignore it), so a study that sets α on another loss is a mistake.
+    - A loss's own option set with another loss where its spec says so (``LossParam.elsewhere``):
+      ``loss.alpha`` and ``loss.num_negatives`` with any loss but eqco. Scaling the negatives' sum by α/K matters
+      only while the positive is in the denominator: in DCL/DCLW it adds the constant log(α/K) to the loss and
+      changes no gradient (and InfoNCE would silently ignore it), so a study that sets α on another loss is a
+      mistake.
 
     Every other pair is meaningful: InfoNCE, DCL, DCLW, DCLW-exp and EqCo all take ``PairSimilarities``.
     EqCo's α only changes gradients because the positive stays in the denominator (its margin τ·log(α/K)
@@ -59,16 +62,13 @@ def _check_fields(cfg: Config) -> None:
 
 
 def _check_loss(cfg: Config) -> None:
-    """Keys that belong to one loss (EqCo's K sub-sampling and α) set with another; a user loss's params."""
+    """A built-in loss's own option set with another loss where its spec refuses that (EqCo's K sub-sampling and
+    α); a user loss's params."""
     loss_params(cfg.loss.params)  # a JSON object of keyword arguments; only a user loss receives them (as
     # loss.sigma goes to DCLW only): a study comparing a user loss with the built-in ones sets them in its base
-    if cfg.loss.num_negatives and cfg.loss.name != "eqco":
-        raise ConfigError("loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco")
-    if cfg.loss.alpha is not None and cfg.loss.name != "eqco":
-        raise ConfigError(
-            f"loss.alpha is EqCo's and has no effect with loss.name={cfg.loss.name}: scaling the negatives by "
-            "alpha/K only changes gradients while the positive is in the denominator; use loss.name=eqco"
-        )
+    for key, (param, owners) in option_fields(BUILTIN_LOSSES).items():
+        if param.elsewhere and cfg.loss.name not in owners and value_at(cfg, f"loss.{key}") != param.default:
+            raise ConfigError(param.elsewhere.format(name=cfg.loss.name))
 
 
 def _check_schedule_and_data(cfg: Config) -> None:
@@ -85,10 +85,11 @@ def _check_schedule_and_data(cfg: Config) -> None:
 def _check_framework(cfg: Config) -> None:
     """Framework/loss pairs and K against the batch (see :func:`validate`)."""
     fc, lc, big_n = cfg.framework, cfg.loss, cfg.optim.batch_size
-    if fc.name != "simclr" and lc.name == "align_uniform":
+    spec = LOSS_SPECS.get(lc.name)  # None: the user's own loss
+    if spec is not None and spec.frameworks and fc.name not in spec.frameworks:
         raise ConfigError(
-            f"loss.name=align_uniform cannot be used with framework.name={fc.name}: it scores whole embeddings, "
-            "not the anchor/positive/negative similarities the framework builds; use framework.name=simclr"
+            f"loss.name={lc.name} cannot be used with framework.name={fc.name}: {spec.frameworks_why}; use "
+            f"framework.name={' or '.join(spec.frameworks)}"
         )
     negatives = NEGATIVES[fc.name]  # the framework's row: which key sets K, what it offers
     for key in ("loss.num_negatives", "framework.num_negatives"):

@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dcl_core import metric_names as M
+from dcl_core.config.bounds import Range
+from dcl_core.config.loss_registry import LossParam, LossSpec
 from dcl_core.distributed import distributed_world, gather_with_grad
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, at_least_fp32, two_view_similarities
 
@@ -44,6 +46,19 @@ class AlignUniformLoss(ContrastiveLoss):
     Examples:
         >>> out = AlignUniformLoss()(torch.randn(8, 16), torch.randn(8, 16))
     """
+
+    spec = LossSpec(
+        name="align_uniform",
+        colour="#e377c2",  # pink
+        params=(
+            LossParam("uniformity_t", float, 2.0, "align_uniform: uniformity kernel scale t (Wang & Isola)", paper=2.0,
+                      bounds=Range(gt=0, cap=100)),
+            LossParam("uniformity_weight", float, 1.0, "align_uniform: weight of the uniformity term", paper=1.0,
+                      bounds=Range(ge=0, cap=1e6)),
+        ),
+        frameworks=("simclr",),
+        frameworks_why="it scores whole embeddings, not the anchor/positive/negative similarities the framework builds",
+    )
 
     def __init__(
         self,

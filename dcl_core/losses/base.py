@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from dcl_core import metric_names as M
+from dcl_core.config.loss_registry import LossSpec
 from dcl_core.distributed import distributed_world, gather_with_grad
 
 
@@ -260,12 +261,15 @@ class ContrastiveLoss(nn.Module):
         gather_distributed: under DDP, use every rank's samples as negatives.
 
     Attributes:
+        spec: a built-in loss's :class:`~dcl_core.config.LossSpec` (its ``loss.name``, colour and own parameters,
+            read from its source by :mod:`dcl_core.config.loss_registry`); None for the user's own.
         detached: what the loss holds constant in its gradient (a stop-gradient, such as DCLW's weights), or
             ``""``; its gradient is then not the loss's derivative, and ``python -m dcl_core.losses check``
             checks it against a ``--reference`` instead of finite differences.
     """
 
     detached: str = ""
+    spec: ClassVar[LossSpec | None] = None  # a built-in loss's declaration; None for the user's own
 
     def __init__(self, temperature: float = 0.1, gather_distributed: bool = False) -> None:
         super().__init__()

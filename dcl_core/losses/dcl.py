@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dcl_core.config.loss_registry import LossSpec
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -26,6 +27,8 @@ class DCLLoss(ContrastiveLoss):
     Examples:
         >>> out = DCLLoss(temperature=0.1)(torch.randn(8, 16), torch.randn(8, 16))
     """
+
+    spec = LossSpec(name="dcl", colour="#1f77b4")  # blue (matplotlib's first cycle colour)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
         """DCL Eq. 6 averaged over the anchors: log U − s⁺, the positive left out of the denominator."""

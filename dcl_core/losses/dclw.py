@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from dcl_core import metric_names as M
+from dcl_core.config.bounds import Range
+from dcl_core.config.loss_registry import LossParam, LossSpec
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -48,6 +50,14 @@ class DCLWLoss(ContrastiveLoss):
     Examples:
         >>> out = DCLWLoss(temperature=0.1, sigma=0.5)(torch.randn(8, 16), torch.randn(8, 16))
     """
+
+    spec = LossSpec(
+        name="dclw",
+        colour="#2ca02c",  # green
+        # dclw_sigma_sweep runs sigma = 1000 as the DCL limit.
+        params=(LossParam("sigma", float, 0.5, "DCLW: vMF weight scale sigma (Eq. 7)", paper=0.5,
+                          bounds=Range(gt=0, cap=1e6)),),
+    )
 
     detached = "the vMF weights w (computed from detached similarities)"
 

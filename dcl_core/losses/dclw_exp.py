@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from dcl_core import metric_names as M
+from dcl_core.config.bounds import Range
+from dcl_core.config.loss_registry import LossParam, LossSpec
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -29,6 +31,16 @@ class DCLWExpLoss(ContrastiveLoss):
     Examples:
         >>> out = DCLWExpLoss(temperature=0.1)(torch.randn(8, 16), torch.randn(8, 16))
     """
+
+    spec = LossSpec(
+        name="dclw_exp",
+        colour="#9467bd",  # purple
+        params=(
+            LossParam("sigma", float, 0.5, "dclw_exp: exponent scale (A.8)", paper=0.5, bounds=Range(gt=0, cap=1e6)),
+            LossParam("delta", float, 3.0, "dclw_exp: weight scale delta in w = delta*exp(-sigma<z1,z2>) (A.8)",
+                      paper=3.0, bounds=Range(gt=0, cap=1e6)),
+        ),
+    )
 
     detached = "the weights w (computed from detached similarities)"
 

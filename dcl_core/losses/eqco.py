@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from dcl_core import metric_names as M
+from dcl_core.config.bounds import Range
+from dcl_core.config.loss_registry import LossParam, LossSpec
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities, negative_columns
 
 
@@ -69,6 +71,23 @@ class EqCoLoss(ContrastiveLoss):
     Examples:
         >>> out = EqCoLoss(temperature=0.2, alpha=256.0)(torch.randn(8, 16), torch.randn(8, 16))
     """
+
+    spec = LossSpec(
+        name="eqco",
+        colour="#8c564b",  # brown: EqCo with a fixed α (eqco(α=256))
+        params=(
+            # None means alpha = K, i.e. zero margin (plain InfoNCE). SiMo uses 256; EqCo MoCo runs 65536.
+            LossParam("alpha", float, None, "EqCo alpha: margin m = tau*log(alpha/K) (EqCo Eq. 5); none = K",
+                      paper=256.0, bounds=Range(gt=0), derived="eqco_alpha",
+                      elsewhere="loss.alpha is EqCo's and has no effect with loss.name={name}: scaling the negatives "
+                      "by alpha/K only changes gradients while the positive is in the denominator; use "
+                      "loss.name=eqco"),
+            LossParam("num_negatives", int, 0,
+                      "EqCo: K negatives sampled per anchor (0 = all: 2N-2 for simclr, N-1 for nnclr); not moco/simo",
+                      paper=0, bounds=Range(ge=0),
+                      elsewhere="loss.num_negatives (K sub-sampling) is only defined for loss.name=eqco"),
+        ),
+    )
 
     def __init__(
         self,

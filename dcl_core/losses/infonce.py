@@ -7,6 +7,7 @@ import math
 import torch
 
 from dcl_core import metric_names as M
+from dcl_core.config.loss_registry import LossSpec
 from dcl_core.losses.base import ContrastiveLoss, LossOutput, PairSimilarities
 
 
@@ -36,6 +37,8 @@ class InfoNCELoss(ContrastiveLoss):
         >>> out.loss.shape
         torch.Size([])
     """
+
+    spec = LossSpec(name="infonce", colour="#ff7f0e")  # orange (matplotlib's second cycle colour)
 
     def from_similarities(self, sims: PairSimilarities) -> LossOutput:
         """InfoNCE averaged over the anchors, with its MI bound log(1 + K) − L as a diagnostic."""

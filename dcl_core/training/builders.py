@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from dcl_core.config import Config, Derived
+from dcl_core.config import LOSS_SPECS, Config, Derived, value_at
 from dcl_core.data import (
     DataError,
     EvalTransform,
@@ -35,21 +35,15 @@ log = logging.getLogger(__name__)
 
 
 def build_loss(cfg: Config, derived: Derived) -> ContrastiveLoss:
-    """The configured loss with exactly the arguments its equation takes (a user loss: τ, the DDP gathering and
-    its ``loss.params``)."""
+    """The configured loss with exactly the arguments its spec declares (its ``loss.<param>`` options, or the
+    derived value a parameter names); a user loss: τ, the DDP gathering and its ``loss.params``."""
     lc = cfg.loss
     if lc.name not in LOSSES:
         return build_user_loss(lc.name, lc.params, lc.temperature, lc.gather_distributed)
-    common: dict[str, Any] = {"temperature": lc.temperature, "gather_distributed": lc.gather_distributed}
-    extra: dict[str, Any] = {
-        "infonce": {},
-        "dcl": {},
-        "dclw": {"sigma": lc.sigma},
-        "dclw_exp": {"sigma": lc.sigma, "delta": lc.delta},
-        "eqco": {"alpha": derived.eqco_alpha, "num_negatives": lc.num_negatives},
-        "align_uniform": {"uniformity_t": lc.uniformity_t, "uniformity_weight": lc.uniformity_weight},
-    }[lc.name]
-    return LOSSES[lc.name](**common, **extra)
+    cls = LOSSES[lc.name]
+    own = {p.name: getattr(derived, p.derived) if p.derived else value_at(cfg, f"loss.{p.name}")
+           for p in LOSS_SPECS[lc.name].params}
+    return cls(temperature=lc.temperature, gather_distributed=lc.gather_distributed, **own)
 
 
 def build_model(cfg: Config) -> SSLModel:

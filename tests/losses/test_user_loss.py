@@ -36,7 +36,7 @@ def test_a_reference_names_a_module_or_a_file_and_a_class(name, module, file, at
 
 
 @pytest.mark.parametrize(("name", "message"), [
-    ("nope", "loss.name must be one of infonce, dcl, dclw, dclw_exp, eqco, align_uniform, or your own loss as "
+    ("nope", "loss.name must be one of align_uniform, dcl, dclw, dclw_exp, eqco, infonce, or your own loss as "
              "module:Class or path/to/file.py:Class; got 'nope'"),
     ("my losses:L", "before the ':' must come an importable module or a .py file"),
     ("my_losses:", "after the ':' must come a class or function name"),

@@ -2,7 +2,7 @@
 trial runs (``mlflow.runColor``): DCL's line in the PNG and DCL's points in MLflow's charts look alike, in every
 study, whichever series comes first. Pure (no matplotlib), so the tracker imports it cheaply.
 
-A loss has a fixed hue (DCL and InfoNCE keep matplotlib's first two cycle colours, as the plots had them); a
+A loss has a fixed hue, declared in its spec (DCL and InfoNCE keep matplotlib's first two cycle colours); a
 framework prefix shades it (SimCLR: the hue itself; MoCo darker, SiMo lighter, NNCLR darkest), so
 ``moco+dcl`` reads as DCL. A name not listed gets a colour from its hash: fixed, though two such names may share one.
 """
@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import zlib
 
-LOSS_COLOURS: dict[str, str] = {
-    "dcl": "#1f77b4",  # blue
-    "infonce": "#ff7f0e",  # orange
-    "dclw": "#2ca02c",  # green
-    "dclw_exp": "#9467bd",  # purple
-    "eqco": "#8c564b",  # brown: EqCo with a fixed α (eqco(α=256))
+from dcl_core.config import LOSS_SPECS
+
+# Each built-in loss's colour is in its spec (its own file); EqCo's α = K baseline has one of its own.
+LOSS_COLOURS: dict[str, str] = {name: spec.colour for name, spec in LOSS_SPECS.items()} | {
     "eqco(α=K)": "#bcbd22",  # olive: EqCo with α = K, InfoNCE over the same K negatives, the EqCo studies' baseline
-    "align_uniform": "#e377c2",  # pink
 }
 # Framework prefix -> (mix with, fraction): black darkens, white lightens; SimCLR is the loss's own hue.
 FRAMEWORK_SHADES: dict[str, tuple[str, float]] = {
