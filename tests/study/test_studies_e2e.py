@@ -433,35 +433,56 @@ def test_nan_trial_is_reported_as_diverged_and_the_study_completes(tmp_path):
     assert not {r.info.run_id for r in trials_again} & {r.info.run_id for r in trials}
 
 
+@contextlib.contextmanager
+def another_ray(tmp_path):
+    """Another local Ray instance on this machine while the block runs (someone else's, or a notebook's)."""
+    code = ("import time, ray\nray.init(address='local', num_cpus=1, include_dashboard=False)\n"
+            "print('up', flush=True)\ntime.sleep(3600)\n")
+    other = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                             start_new_session=True)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "up"
+        yield
+    finally:
+        os.killpg(other.pid, signal.SIGTERM)  # its raylet and GCS are in its session
+        other.wait(timeout=60)
+
+
 def test_two_worker_ddp_trainable_on_cpu(tmp_path):
     """A 2-worker Ray Train run of each trial, training a user's own loss (tests/losses/planted_losses.py, given
     by a path relative to the study's working folder) with its keyword arguments, its negatives gathered over the
     ranks. Its module notes every import in a file: the study imports it, `answer`, `sync` and `export`, which read
-    its name from the study's records, never do."""
+    its name from the study's records, never do. Another Ray instance runs on the machine meanwhile: the console
+    shows the study's lines only (no traceback of Ray Train's placement-group cleaner asking "which Ray?", no line
+    of a Ray Train controller or worker)."""
     out = tmp_path / "d"
     module, imports = tmp_path / "user" / "planted_losses.py", tmp_path / "user" / "imports.log"
     module.parent.mkdir()
     note = f"\nimport os\nwith open({str(imports)!r}, 'a') as log:\n    log.write(f'{{os.getpid()}}\\n')\n"
     module.write_text((REPO / "tests" / "losses" / "planted_losses.py").read_text() + note)
     user_loss = os.path.relpath(module, REPO) + ":PositiveWeighted"  # relative to the study's folder, REPO
-    run(
-        study_cmd(
-            "temperature_sweep.py",
-            out,
-            "--smoke",
-            "--losses",
-            user_loss,
-            "--set",
-            'loss.params={"positive_weight": 0.5}',
-            "--workers",
-            "2",
-            "--cpus-per-worker",
-            "0.9",  # no --max-concurrent: DDP trials are capped to what the 2 CPUs hold (one at a time)
-            "--save-checkpoints",
-            cpus=2,
-        ),
-        timeout=600,
-    )
+    with another_ray(tmp_path):
+        proc = run(
+            study_cmd(
+                "temperature_sweep.py",
+                out,
+                "--smoke",
+                "--losses",
+                user_loss,
+                "--set",
+                'loss.params={"positive_weight": 0.5}',
+                "--workers",
+                "2",
+                "--cpus-per-worker",
+                "0.9",  # no --max-concurrent: DDP trials are capped to what the 2 CPUs hold (one at a time)
+                "--save-checkpoints",
+                cpus=2,
+            ),
+            timeout=600,
+        )
+    console = proc.stdout + proc.stderr
+    assert "Traceback" not in console and "Found multiple active Ray instances" not in console, console[-4000:]
+    assert not re.search(r"\((TrainController|RayTrainWorker|PlacementGroupCleaner) pid=", console), console[-4000:]
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     assert {r["series"] for r in rows} == {"PositiveWeighted"}

@@ -165,9 +165,12 @@ RAY_LINES = [
     "\x1b[36m(trainable pid=12335)\x1b[0m [2026-12-02 01:21:09,228 E 12335 12637] logging.cc:474: *** SIGSEGV",
     "(pid=4242) [mutex.cc : 452] RAW: Lock blocking 0x600002cd0cd8   @",
     "(trainable pid=12335) Fatal Python error: Segmentation fault",
+    "\x1b[36m(PlacementGroupCleaner pid=1225)\x1b[0m Failed to query Ray Train Controller actor state. State API may "
+    "be temporarily unavailable. Continuing to monitor.\x1b[32m [repeated 10x across cluster]\x1b[0m",
 ]
 TRIAL_LINES = ["(trainable pid=12335) WARNING my_losses: the loss saw a NaN", "[1/4] dcl_s0_t0.1_00000  kNN 10.0%",
-               "(trainable pid=1, ip=10.0.0.2) restarting the trial from scratch: its latest checkpoint is unreadable"]
+               "(trainable pid=1, ip=10.0.0.2) restarting the trial from scratch: its latest checkpoint is unreadable",
+               "(RayTrainWorker pid=22080) WARNING my_losses: the loss saw a NaN"]
 
 
 def test_rays_own_lines_stay_off_the_console_and_the_trials_lines_reach_it(capsys: pytest.CaptureFixture[str]) -> None:

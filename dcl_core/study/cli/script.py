@@ -275,18 +275,31 @@ def _run(script: Script, quiet: bool, args: StudyArgs, spec: StudySpec, options:
         ray_env.request_token_auth_to_attach()
     if options.verbosity < VERBOSE:
         ray_env.quiet_slow_loop_warnings()
-    from dcl_core.study.execution.tuning import run_study  # Ray, Optuna, MLflow: as above
+    from dcl_core.study.execution.trial_failures import quiet_ray_lines  # with Ray, as above
+    from dcl_core.study.execution.tuning import end_ray, run_study  # Ray, Optuna, MLflow: as above
     from dcl_core.study.tracking import check_store_in_folder, preflight
 
     if options.tracking_uri:  # a bad or unreachable MLflow store: one line now, not minutes after Ray starts
         preflight(options.tracking_uri)
     # a copied or moved folder's store would write to the original's folders
     check_store_in_folder(study.tracking_uri, study.options.output_dir)
+    # Ray's own lines stay off the console (not with -v) from the first round to the end of Ray, which comes before
+    # the answer is printed: nothing Ray forwards can follow the verdict
     begun = time.monotonic()
-    outcome = run_study(study)
+    with quiet_ray_lines(options.verbosity < VERBOSE):
+        outcome = _rounds(script, quiet, args, spec, options, data_root, run_study(study), begun)
+        end_ray(options.verbosity)
+    return outcome
+
+
+def _rounds(script: Script, quiet: bool, args: StudyArgs, spec: StudySpec, options: StudyOptions,
+            data_root: str | None, outcome: Any, begun: float) -> Any:
+    """With ``--until-resolved``, the rounds after the first (whose ``outcome`` is given, begun at ``begun`` on the
+    monotonic clock), each adding seeds."""
     if not args.until_resolved:
         return outcome
     assert spec.design is not None
+    from dcl_core.study.execution.tuning import run_study  # imported with the study already
 
     def next_round(n: int) -> Any:  # the study at n seeds per cell: a resume that adds the new seeds
         more = replace(args, seeds=n)

@@ -110,6 +110,28 @@ def setup_worker() -> None:
     logging.getLogger("ray.tune.trainable").setLevel(logging.WARNING)
     if getattr(sys.unraisablehook, "func", None) is not quiet_exit_hook:
         sys.unraisablehook = functools.partial(quiet_exit_hook, sys.unraisablehook)
+    _state_api_on_own_cluster()
+
+
+
+def _state_api_on_own_cluster() -> None:
+    """Point Ray's State API at the cluster this worker belongs to.
+
+    Ray Train's placement-group cleaner (a detached actor beside each DDP trial's controller) asks the State API
+    every few seconds whether the controller still lives, with no address. Ray then looks for "the" Ray on this
+    machine: with another instance running (or a record of the last ``ray start``'s) it raised "Found multiple
+    active Ray instances" or waited on a GCS long gone, and each DDP trial printed the cleaner's tracebacks and Ray
+    Train's "Failed to stop PlacementGroupCleaner gracefully". A local study runs without Ray's dashboard, which
+    serves the State API, so the cleaner's question then has no answer: its "Failed to query ..." warnings are
+    among the lines the driver keeps off the console (:func:`~.trial_failures.ray_internal`); the placement groups
+    it would clean up after a controller that died end with the study's own instance anyway. On a cluster (with
+    its dashboard) the cleaner works."""
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    ray = sys.modules.get("ray")  # a Ray worker has imported it; nothing is imported here
+    if ray is None or not ray.is_initialized():  # the hook called outside Ray (asking would connect to "the" Ray)
+        return
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
 def quiet_exit_hook(previous: Any, unraisable: Any) -> None:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+from ray.train import CheckpointConfig, LoggingConfig, RunConfig, ScalingConfig
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from dcl_core.config import CONFIG_KEYS, Config, from_flat_dict
@@ -45,13 +45,15 @@ def _run_config(config: dict[str, Any], output_dir: Path, threads: int) -> Confi
 
 
 def trainable(config: dict[str, Any], resources: Resources | None = None, train_storage: str | None = None,
-              max_failures: int = 0, memory_losses: dict[str, int] | None = None) -> None:
+              max_failures: int = 0, memory_losses: dict[str, int] | None = None, verbose: bool = False) -> None:
     """One study trial: one configuration of the core trainer, reporting every epoch to Tune.
 
     ``train_storage`` (a path or URI every node reaches, e.g. under the study's Ray storage) holds a DDP
     trial's Ray Train run; Train V2 needs shared storage once workers sit on several nodes. ``memory_losses``:
     the times each trial was lost to Ray's memory monitor in this run of the study; a trial lost more often than
     ``max_failures`` (``--max-failures``) reports itself failed instead of training again (:mod:`.memory_loss`).
+    ``verbose`` (``-v``): a DDP trial's Ray Train controller and workers log at INFO, as Ray Train does by default;
+    otherwise their warnings only, as a one-worker trial's (its trainer's INFO lines reach no console).
     """
     # torch and the trainer (seconds): in the trial's process only, never in the driver that hands Tune this function
     from dcl_core.training import NonFiniteLossError
@@ -65,7 +67,7 @@ def trainable(config: dict[str, Any], resources: Resources | None = None, train_
         return
     if resources.num_workers > 1:
         try:
-            _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"))
+            _fit_ddp(config, resources, trial_id, work_dir, train_storage or str(trial_dir.parent / "_train"), verbose)
         except Exception as err:
             _fail_or_retry(trial_dir, err, {})
         return
@@ -131,7 +133,8 @@ def _seen_before(trial_dir: Path, cause: str) -> bool:
     return cause.replace("\n", " ") in seen
 
 
-def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str) -> None:
+def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_dir: Path, storage: str,
+             verbose: bool) -> None:
     from ray.train.torch import TorchTrainer  # imports torch: in the trial's process only (see trainable)
 
     per_worker: dict[str, float] = {"CPU": resources.cpus_per_worker}
@@ -139,20 +142,24 @@ def _fit_ddp(config: dict[str, Any], resources: Resources, trial_id: str, work_d
         per_worker["GPU"] = resources.gpus_per_worker
     trainer = TorchTrainer(
         _worker_loop,
-        train_loop_config={"config": config, "work_dir": str(work_dir), "threads": resources.threads},
+        train_loop_config={"config": config, "work_dir": str(work_dir), "threads": resources.threads,
+                           "verbose": verbose},
         scaling_config=ScalingConfig(
             num_workers=resources.num_workers,
             use_gpu=resources.gpus_per_worker > 0,
             resources_per_worker=per_worker,
         ),
-        # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2).
-        run_config=RunConfig(
+        # Named per trial so a restarted trial's TorchTrainer resumes from its own checkpoints (Train V2). Its
+        # logging_config is Train V2's only (the type checker sees V1's RunConfig, as for the callbacks below).
+        run_config=RunConfig(  # type: ignore[call-arg]
             name=f"train-{trial_id}", storage_path=storage,
             # ray.train.RunConfig is Train V2's at run time but Train V1's to a type checker (ray's own gap).
             callbacks=[TuneReportCallback()],  # type: ignore[list-item]
             # Train V2 keeps every checkpoint by default (Tune's num_to_keep does not reach it); resuming needs
             # only the latest.
             checkpoint_config=CheckpointConfig(num_to_keep=1),
+            # Ray Train's own INFO lines (resources requested, the worker group, every report) on a quiet console
+            logging_config=LoggingConfig(log_level="INFO" if verbose else "WARNING"),
         ),
     )
     trainer.fit()
@@ -167,6 +174,11 @@ def _worker_loop(loop_config: dict[str, Any]) -> None:
     from dcl_core.training.checkpoint import CHECKPOINT_NAME  # torch, as the line above
 
     setup_worker()
+    if not loop_config.get("verbose"):
+        # Ray Train sets its workers' root logger to INFO, so the trainer's INFO lines and Ray Train's "Reporting
+        # training result" (logged under its file's path, not under ray.train) would reach the console: WARNING, as
+        # in a one-worker trial (Ray Train's own loggers keep their handlers and the LoggingConfig's level)
+        logging.getLogger().setLevel(logging.WARNING)
     rank = dist.get_rank() if dist.is_initialized() else 0
     # Scratch space (the trial's working directory, created on whichever node the worker runs): rank 0 writes
     # checkpoints, which reach the Train run's storage through the report; other ranks only need a place to

@@ -272,14 +272,20 @@ _RAY_INTERNAL = re.compile(
     r"|Fatal Python error: |Extension modules: |Stack \(most recent call first\):|Current thread 0x)")
 
 
+# Ray Train's placement-group cleaner, a detached actor beside each DDP trial's controller: its lines are about Ray
+# Train's own bookkeeping (with a local Ray, which has no dashboard, "Failed to query Ray Train Controller actor
+# state" every few seconds: ray_env.setup_worker)
+_CLEANER = "PlacementGroupCleaner "
+
+
 def ray_internal(line: str) -> bool:
-    """Whether a line Ray forwarded to the driver is Ray's own (the raylet's messages, its C++ log and crash lines)
-    rather than a trial's output."""
+    """Whether a line Ray forwarded to the driver is Ray's own (the raylet's messages, its C++ log and crash lines,
+    Ray Train's placement-group cleaner) rather than a trial's output."""
     forwarded = _FORWARDED.match(ANSI.sub("", line))
     if forwarded is None:
         return False
     who = forwarded["who"]
-    return who == "raylet" or who.startswith("raylet,") or bool(_RAY_INTERNAL.match(forwarded["message"]))
+    return (who == "raylet" or who.startswith(("raylet,", _CLEANER)) or bool(_RAY_INTERNAL.match(forwarded["message"])))
 
 
 class _WithoutRayLines:

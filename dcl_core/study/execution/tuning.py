@@ -221,6 +221,15 @@ def run_study(study: PreparedStudy) -> StudyOutcome:
         return summarize(spec, rows, options.output_dir, tracker)
 
 
+def end_ray(verbosity: int) -> None:
+    """Leave Ray (stopping the local instance this driver started) once the study's last round has run, before its
+    answer is printed: what Ray's log monitor still forwards from actors winding down (Ray Train's placement-group
+    cleaners) would otherwise come after the verdict. The driver's exit would end Ray anyway."""
+    if ray.is_initialized():
+        with trial_failures.quiet_ray_lines(verbosity < console.VERBOSE):
+            ray.shutdown()
+
+
 def _check_restorable(exp_uris: list[str]) -> None:
     """ConfigError (one line) unless Tune's saved state of each experiment is as the study signed it
     (:func:`.tune_state.check_signed`) and reads back with every trial's config: a damaged ``experiment_state-*.json``
@@ -367,7 +376,8 @@ def _run_tune_experiment(spec: StudySpec, experiment: TuneExperiment, options: S
     def fit(memory_losses: dict[str, int], again: bool) -> Any:
         fn = tune.with_resources(
             tune.with_parameters(trainable, resources=options.resources, train_storage=storage_join(exp_uri, "_train"),
-                                 max_failures=options.max_failures, memory_losses=memory_losses),
+                                 max_failures=options.max_failures, memory_losses=memory_losses,
+                                 verbose=options.verbosity >= console.VERBOSE),
             options.resources.trial_resources(),
         )
         # A study of several experiments may have been killed before its later ones started: those start afresh.
