@@ -2,7 +2,7 @@
 once, and the studies section's post-hoc analyzer reads the study folder that run left behind.
 
 Speed goals are reported by the suite, never asserted here. Skipped when the bench extra (lightly, kornia) is not
-installed.
+installed, or CIFAR-10 is not where the presets read it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from cifar10_present import cifar10_present  # noqa: E402
+
 from benchmarks.run import SECTIONS  # noqa: E402 - the repo root is on the path only from here
 from benchmarks.studies import study_dir_rows  # noqa: E402
 from benchmarks.study_timing import analyze_study  # noqa: E402
@@ -28,6 +30,7 @@ from benchmarks.study_timing import analyze_study  # noqa: E402
 pytestmark = [
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("lightly", "kornia")),
                        reason="the benchmark baselines (pip install -e '.[bench]') are not installed"),
+    pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present: the trainer and studies sections train"),
     pytest.mark.xdist_group("benchmarks"),  # under pytest-xdist, one worker runs the module's one quick_run
 ]
 

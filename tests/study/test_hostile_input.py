@@ -198,6 +198,7 @@ def test_a_bad_tracking_uri_is_refused_in_seconds(tmp_path):
 
 
 @pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
+@needs_data  # the link is refused where the study first writes, after its data is found
 def test_a_link_planted_at_the_lock_is_refused_and_its_target_untouched(tmp_path):
     """Issue reproduction: ``ln -s ~/precious.txt o/.temperature_sweep.lock`` then a (refused) ``--resume`` wrote
     the holder's JSON into the target. Now one line, exit 2, the target as it was."""
@@ -316,6 +317,7 @@ def test_an_empty_output_dir_is_refused_and_leaves_nothing_in_the_current_folder
 
 
 @pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)
+@needs_data  # its refusals come after the data is found
 def test_a_refused_run_leaves_no_folder_or_lock_behind(tmp_path):
     """Issue reproduction: a run refused under the lock (here: nothing to resume) left an empty output folder and
     its lock file."""
@@ -391,7 +393,8 @@ def torch_cuda_available():
 
 @pytest.mark.slow  # waits out network timeouts (20 s for gs://) and a Ray attach
 @pytest.mark.parametrize(("args", "needle", "limit"), [
-    (["--storage", "gs://no-such-bucket-dcl-test/studies"], "did not answer within 20 s", 60),
+    pytest.param(["--storage", "gs://no-such-bucket-dcl-test/studies"], "did not answer within 20 s", 60,
+                 marks=needs_data),  # storage is checked after the data
     (["--address", "127.0.0.1:1"], "no Ray cluster answers at 127.0.0.1:1", 30),
     (["--address", "localhost"], "expected HOST:PORT", 30),
 ])

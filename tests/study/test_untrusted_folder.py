@@ -29,6 +29,8 @@ from dcl_core.study.plan.writers import write_table
 from dcl_core.study.tracking.journal import JOURNAL_FILE
 
 REPO = Path(__file__).resolve().parents[2]
+needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
+                                reason="embedded CIFAR-10 not present")
 STUDY = "temperature_sweep"
 
 SUMMARY_RUN = "tags.`dcl.summary` = 'true'"  # the study's run (beside it: its figure's run, the trials')
@@ -127,6 +129,7 @@ def test_sync_asks_for_the_server_instead_of_following_the_recorded_one(tmp_path
 
 
 @pytest.mark.slow  # MLflow stores and a re-analysis: ~9 s
+@needs_data  # its --resume is refused after the data is found
 def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys):
     """Issue reproduction: ``cp -a OUT OUT2; answer OUT2`` changed ``OUT/mlflow.db`` and its artifacts; ``mv OUT
     OUT3; answer OUT3`` recreated ``OUT/mlflow.db`` at the old path."""
@@ -437,8 +440,6 @@ def test_export_to_mlflow_naming_the_folders_own_store_still_checks_where_it_wri
         assert not (tmp_path / "best.pt").exists() and list(elsewhere.iterdir()) == []
 
 
-needs_data = pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(),
-                                reason="embedded CIFAR-10 not present")
 
 
 @pytest.fixture(scope="module")

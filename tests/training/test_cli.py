@@ -60,8 +60,9 @@ def test_help_documents_every_key_with_paper_values():
         (["--set", "loss.tau=0.1"], "unknown config key"),
         (["--data-root", "/nonexistent/cifar"], "/nonexistent/cifar"),
         (["--data-root", "/"], "CIFAR-10 not found (looked in /cifar-10-batches-py, /train)"),  # exists, no data
-        pytest.param(["--device", "cuda"], "no usable CUDA device",
-                     marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+        pytest.param(["--device", "cuda"], "no usable CUDA device",  # checked after the data is found
+                     marks=pytest.mark.skipif(torch.cuda.is_available() or not cifar10_present(),
+                                              reason="this machine has CUDA, or no CIFAR-10")),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle, tmp_path):

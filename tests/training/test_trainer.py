@@ -244,6 +244,7 @@ def test_step_progress_draws_a_bar_on_a_terminal_and_log_lines_otherwise(monkeyp
 
 
 @pytest.mark.slow  # trains one epoch with the CLI in a subprocess
+@needs_cifar
 def test_single_run_cli_shows_progress_within_the_first_epoch(tmp_path):
     # Not a terminal (captured): plain progress lines, printed before the first epoch ends.
     proc = subprocess.run([sys.executable, "-m", "dcl_core.train", "--preset", "smoke", "--epochs", "1",
