@@ -21,7 +21,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_MARGIN, GAP_AT
@@ -43,9 +42,8 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: DCLW over σ (× seeds on a grid) under the preset."""
-    if args.losses:
-        raise ConfigError("dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for DCL)")
-    run = preset_run(args, PRESETS)
+    run = preset_run(args, PRESETS, fixed_losses="dclw_sigma_sweep studies loss.name=dclw only (σ = 1000 stands for "
+                     "DCL)")
     grid = {"loss.name": "dclw"}
     if run.grid:
         grid |= {"loss.sigma": Grid(run.axis), "seed": run.seed_axis}

@@ -22,7 +22,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST
@@ -44,9 +43,8 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: SimCLR and SiMo × K × α ∈ {K, fixed} (× seeds on a grid) under the preset."""
-    if args.losses:
-        raise ConfigError("eqco_negatives_sweep fixes the loss (EqCo, with α = K for the InfoNCE baseline)")
-    run = preset_run(args, PRESETS)
+    run = preset_run(args, PRESETS, fixed_losses="eqco_negatives_sweep fixes the loss (EqCo, with α = K for the "
+                     "InfoNCE baseline)")
     n = run.base.optim.batch_size
     common = {"loss.name": "eqco"}
     if run.grid:  # an Optuna search runs once per (framework, K), seed 0, over α

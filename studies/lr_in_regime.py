@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP, GAP_AT
@@ -51,9 +50,8 @@ PRESETS = {
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: losses × base learning rates × seeds under the preset."""
-    run = preset_run(args, PRESETS)
-    if run.optuna:
-        raise ConfigError("lr_in_regime is a grid over base lr; for an Optuna search run studies/tau_lr_search.py")
+    run = preset_run(args, PRESETS, only_search=("grid", "lr_in_regime is a grid over base lr; for an Optuna search "
+                                                       "run studies/tau_lr_search.py"))
     grid = {"loss.name": Grid(run.losses), "optim.base_lr": Grid(run.axis), "seed": run.seed_axis}
     questions = (
         Question("tuned DCL beats tuned InfoNCE in the regime (best lr each)", BEST_GAP, "dcl", "infonce",

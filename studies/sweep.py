@@ -70,9 +70,8 @@ def axis(args: StudyArgs, base: Config) -> tuple[str, tuple[float, ...]]:
 def build_spec(args: StudyArgs) -> StudySpec:
     """The losses × --values of --key × seeds, asking the claim --compare/--statistic state (tuned against tuned by
     default) of the first two losses."""
-    run = preset_run(args, PRESETS)
-    if run.optuna:
-        raise ConfigError("the sweep runs the values given: drop --search optuna (tau_lr_search.py searches)")
+    run = preset_run(args, PRESETS, only_search=("grid", "the sweep runs the values given: drop --search optuna "
+                                                       "(tau_lr_search.py searches)"))
     key, values = axis(args, run.base)
     losses = run.losses
     grid = {"loss.name": Grid(losses), "seed": run.seed_axis, key: Grid(values)}

@@ -20,7 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dcl_core.config import ConfigError
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP
@@ -41,9 +40,8 @@ PRESETS = {  # an Optuna search: no axis, no seeds (each loss's search runs seed
 
 def build_spec(args: StudyArgs) -> StudySpec:
     """The study's spec: an Optuna search over τ and learning rate for each loss under the preset."""
-    run = preset_run(args, PRESETS)
-    if run.grid:
-        raise ConfigError("tau_lr_search is an Optuna search; for a τ grid run studies/temperature_sweep.py")
+    run = preset_run(args, PRESETS, only_search=("optuna", "tau_lr_search is an Optuna search; for a τ grid run "
+                                                         "studies/temperature_sweep.py"))
     return StudySpec(
         name=args.name, base=run.base, grid={"loss.name": Grid(run.losses)},
         x_key="loss.temperature", x_label="tau", log_x=True, search={**TAU, **LR}, paper="tau_lr_search",

@@ -188,12 +188,19 @@ def test_a_preset_resolves_the_command_line_itself():
         p.resolve(search="grid", losses="dcl,infonce,dcl")
     with pytest.raises(ConfigError, match="both be shown as"):
         p.resolve(search="grid", losses="a.py:Mine,b.py:Mine")
+    # a study that fixes its losses or runs one search mode refuses the others here, with its own reason
+    assert p.resolve(search="grid", fixed_losses="fixed").losses == PAIR
+    with pytest.raises(ConfigError, match=r"^fixed$"):
+        p.resolve(search="grid", losses="dcl", fixed_losses="fixed")
+    assert p.resolve(search="optuna", only_search=("optuna", "a search")).optuna
+    with pytest.raises(ConfigError, match=r"^a search$"):
+        p.resolve(search="grid", only_search=("optuna", "a search"))
 
 
 def test_no_study_script_resolves_its_preset_by_hand():
     """The scripts read a resolved preset, never the options it resolves (issue 62 counted 8 seed ranges, 7
-    sample fallbacks and 13 search tests written out by hand)."""
-    hand = re.compile(r"args\.(seeds|num_samples|search|data_root|set)\b|range\(|PRESETS\[")
+    sample fallbacks and 13 search tests written out by hand; two scripts refused --losses themselves)."""
+    hand = re.compile(r"args\.(seeds|num_samples|search|data_root|set|losses)\b|range\(|PRESETS\[")
     found = [f"{path.name}:{n}: {line.strip()}" for path in sorted((REPO / "studies").glob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if hand.search(line)]
     assert not found, found

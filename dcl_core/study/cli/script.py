@@ -90,10 +90,13 @@ class Script:
         return spec if data_root is None else with_base(spec, {"data.root": data_root})
 
 
-def preset_run(args: StudyArgs, presets: Mapping[str, StudyPreset]) -> PresetRun:
-    """The preset ``--preset`` names, resolved against this command line (:meth:`StudyPreset.resolve`)."""
+def preset_run(args: StudyArgs, presets: Mapping[str, StudyPreset], *, fixed_losses: str = "",
+               only_search: tuple[str, str] | None = None) -> PresetRun:
+    """The preset ``--preset`` names, resolved against this command line (:meth:`StudyPreset.resolve`, which also
+    refuses ``--losses`` with ``fixed_losses``'s reason and a search mode other than ``only_search``'s)."""
     return presets[args.preset].resolve(search=args.search, losses=args.losses, seeds=args.seeds,
-                                        samples=args.num_samples, data_root=args.data_root, overrides=args.set)
+                                        samples=args.num_samples, data_root=args.data_root, overrides=args.set,
+                                        fixed_losses=fixed_losses, only_search=only_search)
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,

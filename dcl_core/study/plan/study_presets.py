@@ -63,11 +63,23 @@ class StudyPreset:
 
     def resolve(self, *, search: str, losses: str | None = None, seeds: int | None = None,
                 samples: int | None = None, data_root: str | None = None,
-                overrides: Sequence[str] = ()) -> PresetRun:
+                overrides: Sequence[str] = (), fixed_losses: str = "",
+                only_search: tuple[str, str] | None = None) -> PresetRun:
         """This preset under one command line: ``--search`` (``grid`` or ``optuna``), ``--losses`` (comma-separated,
         default this preset's), ``--seeds`` and ``--num-samples`` (default this preset's), ``--data-root`` and the
-        ``--set KEY=VALUE`` overrides (over this preset's config, in that order). ConfigError on a loss named twice
-        or two losses shown alike."""
+        ``--set KEY=VALUE`` overrides (over this preset's config, in that order).
+
+        A study that fixes its losses says why in ``fixed_losses`` (the refusal of ``--losses``); one that runs a
+        single search mode gives it and the refusal of the other in ``only_search`` (``("optuna", why)``).
+
+        Raises:
+            ConfigError: ``--losses`` where the study fixes them, the search mode it does not run, a loss named
+                twice or two losses shown alike (one line each).
+        """
+        if losses and fixed_losses:
+            raise ConfigError(fixed_losses)
+        if only_search is not None and search != only_search[0]:
+            raise ConfigError(only_search[1])
         config = apply_overrides(preset(self.config), {**self.overrides, **({"data.root": data_root} if data_root
                                                                                else {})})
         return PresetRun(
