@@ -9,7 +9,8 @@ downloaded). It checks, each in a fresh browser profile unless said otherwise:
 1. the ``runs:`` URL the study printed opens the experiment's runs table (not MLflow 3's GenAI overview) in the
    saved view "study: verdict and kNN": with no click, the study's row (its summary run, the trials' parent)
    shows its verdict, "Verdict: <words>", in the Description column, the words whole inside the column and the
-   window (legible, not cut by the column's width), and a kNN top-1 column beside it;
+   window (legible, not cut by the column's width), and a kNN top-1 column beside it; MLflow's assistant panel
+   closed with its × (before the first screenshot); then its (+) unfolds the study's row and lists its trials;
 2. the ``compare:`` URL opens the study's saved view: the trials grouped into cells with the kNN column, and,
    unfolding "Additional runs", the study's verdict in its summary run's row (column Description); in the chart
    view the study's first chart, whose points have exactly one colour per loss, the trial runs' ``mlflow.runColor``
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -76,9 +78,10 @@ class Steps:
         self.shots = shots
         self.n = 0
 
-    def check(self, page, what: str, text: str | None = None, title: str | None = None, locator=None) -> bool:
-        """Wait for ``text`` (or ``locator``) on the page and for the title to start with ``title``; print what
-        was seen."""
+    def check(self, page, what: str, text: str | None = None, title: str | None = None, locator=None,
+              then=None) -> bool:
+        """Wait for ``text`` (or ``locator``) on the page and for the title to start with ``title``; ``then(page)``
+        (closing the assistant) before the screenshot; print what was seen."""
         self.n += 1
         held = True
         try:
@@ -90,6 +93,8 @@ class Steps:
                 page.wait_for_function("t => document.title.startsWith(t)", arg=title, timeout=TIMEOUT_MS)
         except Exception:  # Playwright's TimeoutError: report it as a failed step, keep going
             held = False
+        if then is not None:
+            then(page)
         if self.shots is not None:
             page.screenshot(path=str(self.shots / f"{self.n:02d}.png"))
         print(f"{'ok  ' if held else 'FAIL'} {self.n}. {what} (title {page.title()!r})")
@@ -156,10 +161,26 @@ def legible(page, needles: list[str]) -> list[str]:
 
 
 def close_assistant(page) -> None:
-    """Close MLflow 3.17's assistant panel, open by default over a quarter of the page, as a user does."""
+    """Close MLflow 3.17's assistant panel, open by default over a quarter of the page, as a user does (the browser
+    remembers it closed)."""
     close = page.locator("[data-component-id='mlflow.assistant.chat_panel.close']")
-    if close.count() and close.first.is_visible():
-        close.first.click()
+    try:  # it opens once the page has settled
+        close.first.wait_for(state="visible", timeout=5_000)
+    except Exception:  # Playwright's TimeoutError: not open in this browser
+        return
+    close.first.click()
+    close.first.wait_for(state="hidden", timeout=TIMEOUT_MS)
+
+
+# MLflow 3.17's (+) beside a parent run's name (RunNameCellRenderer's expander); a saved view cannot unfold runs (its
+# runsExpanded is left out of what the view restores), so a user clicks it
+EXPANDER = "[data-component-id$='runnamecellrenderer.tsx_46']"
+
+
+def trial_names(page) -> list[str]:
+    """The run names in the runs table that name a trial (``dcl_s0_t0.1_…``: loss, seed, cell)."""
+    cells = page.locator(f"[role=gridcell][col-id='{NAME_COLUMN}']")
+    return [t for t in (c.strip() for c in cells.all_inner_texts()) if re.search(r"_s\d+_", t)]
 
 
 def verdict_in_row(page, study: str, needle: str) -> dict:
@@ -227,13 +248,24 @@ def run_checks(base: str, exp_id: str, study: str, view: tuple[str, dict], shots
             steps.check(page, f"runs: URL shows the runs table, the study's row {study!r} with its verdict "
                         f"({needle!r}) and the kNN column, no click",
                         locator=page.locator(f"[role=gridcell][col-id='{DESCRIPTION_COLUMN}']", has_text=needle),
-                        title="Runs")
-            close_assistant(page)
+                        title="Runs", then=close_assistant)
             seen = verdict_in_row(page, study, needle)
             header = page.locator(f"[role=columnheader][col-id='metrics.`{M.KNN_TOP1}`']")
             steps.verify(page, "... legible: the verdict words whole in the study's row, inside the column and window,"
                          " beside a kNN top-1 column", bool(seen["whole"]) and header.count() > 0,
                          f"cell {(seen['text'] or 'not found')[:70]!r}, kNN column {header.count() > 0}")
+            folded = trial_names(page)
+            try:
+                page.locator(EXPANDER).first.click(timeout=TIMEOUT_MS)
+                page.locator(f"[role=gridcell][col-id='{NAME_COLUMN}']", has_text="_s0_").first.wait_for(
+                    timeout=TIMEOUT_MS)
+            except Exception:  # Playwright's TimeoutError: the step below says what was seen
+                pass
+            listed = trial_names(page)
+            steps.verify(page, "... and unfolding the study's row (+) lists its trials under it, each named by its "
+                         "loss, seed and cell", not folded and len(listed) >= min(answer.trials, 9),
+                         f"{len(folded)} trial row(s) before the click, {len(listed)} after, e.g. "
+                         f"{listed[0] if listed else None!r}")
             page.goto(compare)
             steps.check(page, "compare: URL (table) groups the trials into cells", "Group:", "Runs")
             steps.check(page, "... with the kNN column", "eval/knn_top1")

@@ -126,8 +126,8 @@ def test_readme_clicks_in_a_real_browser(tmp_path):
                            "--screenshots", str(shots)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert sum(ln.startswith("ok ") for ln in lines) == 17 and not any(ln.startswith("FAIL") for ln in lines)
-    assert len(list(shots.glob("*.png"))) == 17
+    assert sum(ln.startswith("ok ") for ln in lines) == 18 and not any(ln.startswith("FAIL") for ln in lines)
+    assert len(list(shots.glob("*.png"))) == 18
     # the answer's page: the verdict line and every cell's mean and interval whole in the window
     (answer,) = [ln for ln in lines if "legible at a glance" in ln]
     assert "the 1 verdict line(s) in full and the cells' table (2 rows" in answer, answer
@@ -135,3 +135,4 @@ def test_readme_clicks_in_a_real_browser(tmp_path):
     # the first steps: the printed runs: URL shows the study's verdict in its row, legibly, with no click
     assert lines[0].startswith("ok   1. runs: URL") and "its verdict ('Verdict: " in lines[0], lines[0]
     assert lines[1].startswith("ok   2. ... legible"), lines[1]
+    assert lines[2].startswith("ok   3. ... and unfolding the study's row (+) lists its trials"), lines[2]
