@@ -200,3 +200,5 @@ def option_fields(builtins: tuple[BuiltinLoss, ...]) -> dict[str, tuple[LossPara
 
 BUILTIN_LOSSES: tuple[BuiltinLoss, ...] = read_loss_specs()
 LOSS_SPECS: dict[str, LossSpec] = {entry.spec.name: entry.spec for entry in BUILTIN_LOSSES}
+# loss.<param> -> (its declaration, the losses that take it): the config's fields and its checks read this
+LOSS_OPTIONS: dict[str, tuple[LossParam, tuple[str, ...]]] = option_fields(BUILTIN_LOSSES)

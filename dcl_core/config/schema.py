@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dcl_core.config.bounds import Range
-from dcl_core.config.loss_registry import BUILTIN_LOSSES, LOSS_SPECS, option_fields
+from dcl_core.config.loss_registry import LOSS_OPTIONS, LOSS_SPECS
 
 # The one list of each kind of name. This module stays torch-free (the CLIs and the study driver import it to
 # check a config before torch loads), so the torch modules import these tuples: dcl_core.data's DATASETS and
@@ -155,7 +155,7 @@ def _with_loss_params(shared: type) -> type:
         (name, p.kind | None if p.default is None else p.kind,
          field(default=p.default, metadata={"help": p.help, "paper": p.paper, "choices": None, "range": p.bounds,
                                             "losses": owners}))
-        for name, (p, owners) in option_fields(BUILTIN_LOSSES).items()
+        for name, (p, owners) in LOSS_OPTIONS.items()
     ]
     cls = dataclasses.make_dataclass(shared.__name__, [*declared[:2], *own, *declared[2:]], frozen=True,
                                      namespace={"__doc__": shared.__doc__})

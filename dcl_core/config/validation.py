@@ -3,7 +3,7 @@ and the data loader; and the device."""
 
 from __future__ import annotations
 
-from dcl_core.config.loss_registry import BUILTIN_LOSSES, LOSS_SPECS, option_fields
+from dcl_core.config.loss_registry import LOSS_OPTIONS, LOSS_SPECS
 from dcl_core.config.negatives import NEGATIVES
 from dcl_core.config.schema import Config, ConfigError, Range, field_specs, value_at
 from dcl_core.config.user_loss import REFERENCE_FORMS, loss_params, loss_reference
@@ -66,7 +66,7 @@ def _check_loss(cfg: Config) -> None:
     α); a user loss's params."""
     loss_params(cfg.loss.params)  # a JSON object of keyword arguments; only a user loss receives them (as
     # loss.sigma goes to DCLW only): a study comparing a user loss with the built-in ones sets them in its base
-    for key, (param, owners) in option_fields(BUILTIN_LOSSES).items():
+    for key, (param, owners) in LOSS_OPTIONS.items():
         if param.elsewhere and cfg.loss.name not in owners and value_at(cfg, f"loss.{key}") != param.default:
             raise ConfigError(param.elsewhere.format(name=cfg.loss.name))
 
