@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import GAP_AT_SMALLEST, GAP_SLOPE
-from dcl_core.study.cli.options import StudyArgs
 from dcl_core.study.cli.script import main, preset_run
+from dcl_core.study.plan.args import StudyArgs
 from dcl_core.study.plan.study_presets import StudyPreset, cpu, smoke
 from search_spaces import LR, PAPER_BATCH_SIZES, TAU, Grid
 

@@ -25,8 +25,8 @@ from dcl_core.config import Config, ConfigError, apply_overrides, loss_label, to
 from dcl_core.study import StudySpec
 from dcl_core.study.analysis.answer import Question
 from dcl_core.study.analysis.measures import BEST_GAP
-from dcl_core.study.cli.options import StudyArgs
 from dcl_core.study.cli.script import main, preset_run
+from dcl_core.study.plan.args import StudyArgs
 from dcl_core.study.plan.questions import claim_text
 from dcl_core.study.plan.study_presets import cpu, smoke
 from search_spaces import Grid

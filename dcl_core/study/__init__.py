@@ -7,14 +7,15 @@ Five floors, each importing only from the ones below it, and this package's own 
 - :mod:`~dcl_core.study.analysis`: pure functions of results rows: statistics, questions and answers, the papers'
   numbers, calibration, text tables and figures, returned unsaved (no Ray, MLflow or Optuna; no file written);
 - :mod:`~dcl_core.study.plan`: what a study is and what it would cost, checked before Ray starts: the spec and
-  options, the study presets, storage and records (and the writers of its tables and figures), the checks, the
-  cost estimate and ``--dry-run``;
+  options (declared once, ``StudyArgs``), the study presets, storage and records (and the writers of its tables and
+  figures), the checks, the sequential design, the cost estimate and ``--dry-run``, and a study's plan, prepared
+  once (:func:`~dcl_core.study.plan.study_plan.prepare_plan`);
 - :mod:`~dcl_core.study.tracking`: MLflow (and Ray's reporting API): the tracker, its journal, the saved view,
   ``sync``;
-- :mod:`~dcl_core.study.execution`: Ray Tune: the tuning of a study, its trainable, rounds, results and summary,
-  re-analysis, the MI toy;
-- :mod:`~dcl_core.study.cli`: every study command line, a module each (``studies/*.py``, ``python -m
-  dcl_core.study answer``, ``sync``, ``export`` and ``calibrate``, the MI toy's), a study's options declared once.
+- :mod:`~dcl_core.study.execution`: Ray Tune: a plan's run and its rounds, the tuning of a study, its trainable,
+  results and summary, re-analysis, the MI toy;
+- :mod:`~dcl_core.study.cli`: every study command line, a module each (``studies/*.py``: parse, prepare, run;
+  ``python -m dcl_core.study answer``, ``sync``, ``export`` and ``calibrate``, the MI toy's).
 
 The names below are the package's public API; importing it does not import Ray (tuning a study does).
 """

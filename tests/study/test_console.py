@@ -151,3 +151,42 @@ def test_off_a_terminal_the_study_speaks_before_ray_starts_and_when_its_first_tr
     assert capsys.readouterr().out.startswith("s: 0 of 40 trials done, 1 running, 0 failed  (0.3 min elapsed")
     start(progress, clock, monkeypatch, 21, 1)  # the first start only
     assert capsys.readouterr().out == ""
+
+
+def test_a_study_asks_for_ray_token_mode_before_anything_imports_ray(tmp_path):
+    """Ray reads ``RAY_AUTH_MODE`` when it is first imported; a local instance started without it prints "Token
+    authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt out" on the console's first line. A study sets
+    the mode before the first import of Ray (the run phase once imported Ray's modules first, and the line came
+    back). Watched in a study that stops at its MLflow store's check, after Ray's import and before Ray starts."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    import pytest
+
+    from tests.cifar10_present import cifar10_present
+
+    if not cifar10_present():
+        pytest.skip("needs the embedded CIFAR-10 (a study checks its data before Ray)")
+    script = Path(__file__).resolve().parents[2] / "studies" / "temperature_sweep.py"
+    watch = textwrap.dedent(f"""
+        import os, runpy, sys
+        seen = []
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if name == "ray" and not seen:
+                    seen.append(os.environ.get("RAY_AUTH_MODE"))
+        sys.meta_path.insert(0, Watch())
+        sys.argv = [{str(script)!r}, "--smoke", "--output-dir", {str(tmp_path / "out")!r},
+                    "--tracking-uri", "http://127.0.0.1:9"]
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as stop:
+            print("exit", stop.code, "mode when Ray was imported:", seen)
+        """)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    proc = subprocess.run([sys.executable, "-c", watch], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert "exit 2 mode when Ray was imported: ['token']" in proc.stdout, proc.stdout + proc.stderr[-2000:]

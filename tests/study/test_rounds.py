@@ -10,6 +10,7 @@ from dcl_core.study.analysis.sequential import GROUP_LOOKS, GroupSequential, Seq
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.execution import rounds
 from dcl_core.study.execution.results import StudyOutcome
+from dcl_core.study.plan import design as designs
 from dcl_core.study.plan.spec import StudySpec
 from search_spaces import Grid
 
@@ -42,7 +43,7 @@ def spec_with(seeds):
 def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
     def plan(r, seeds=5, per_seed=None, design=None):
         a = r.args
-        return rounds.plan(spec_with(seeds), design, a.max_seeds, a.max_minutes, a.seeds_per_round, lambda: per_seed)
+        return designs.plan(spec_with(seeds), design, a.max_seeds, a.max_minutes, a.seeds_per_round, lambda: per_seed)
 
     assert plan(request("--until-resolved", "--max-seeds", "12")) == GroupSequential(5, 12)
     assert plan(request("--until-resolved", "--max-seeds", "12")).looks == (5, 6, 8, 9, 11, 12)
@@ -50,12 +51,12 @@ def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
         5, 12, step=3)
     # --max-minutes alone: as many seeds as the estimate fits, less each round's overhead
     per = 60.0
-    overhead = rounds.ROUND_OVERHEAD_S * (GROUP_LOOKS - 1)
+    overhead = designs.ROUND_OVERHEAD_S * (GROUP_LOOKS - 1)
     assert plan(request("--until-resolved", "--max-minutes", "30"), per_seed=per) == GroupSequential(
         5, (30 * 60 - int(overhead)) // 60)
     assert plan(request("--until-resolved", "--max-minutes", "1"), per_seed=per) == GroupSequential(5, 5)
     with_rounds = request("--until-resolved", "--max-minutes", "30", "--seeds-per-round", "1")
-    assert plan(with_rounds, per_seed=per - rounds.ROUND_OVERHEAD_S) == GroupSequential(5, 30, step=1)
+    assert plan(with_rounds, per_seed=per - designs.ROUND_OVERHEAD_S) == GroupSequential(5, 30, step=1)
     with pytest.raises(ConfigError, match="one trial does not fit"):
         plan(request("--until-resolved", "--max-minutes", "30"))
     with pytest.raises(ConfigError, match="below the first look"):
@@ -71,16 +72,16 @@ def test_a_design_is_planned_from_the_caps_and_a_recorded_one_is_kept():
 
 def test_the_recorded_design_round_trips_and_bounds_later_seeds():
     d = Sequential(3, 20, 2)  # a study recorded before the group-sequential design keeps its own
-    assert rounds.from_record(rounds.to_record(d)) == d and rounds.from_record(None) is None
+    assert designs.from_record(designs.to_record(d)) == d and designs.from_record(None) is None
     for g in (GroupSequential(3, 20), GroupSequential(3, 20, step=2), GroupSequential(3, 20, 4)):
-        assert rounds.from_record(rounds.to_record(g)) == g
-    assert rounds.from_record({"first": 3, "max_seeds": 20, "step": 2}) == Sequential(3, 20, 2)
+        assert designs.from_record(designs.to_record(g)) == g
+    assert designs.from_record({"first": 3, "max_seeds": 20, "step": 2}) == Sequential(3, 20, 2)
     # recorded before the Wang-Tsiatis boundary: Pocock's, 4% on the paper's side, as it ran
-    earlier = rounds.from_record({"first": 5, "max_seeds": 15, "looks": 5, "step": None})
+    earlier = designs.from_record({"first": 5, "max_seeds": 15, "looks": 5, "step": None})
     assert earlier == GroupSequential(5, 15, 5, shape=sequential.POCOCK_SHAPE,
                                       paper_error=sequential.EARLIER_PAPER_SIDE_ERROR)
     assert earlier.looks == (5, 8, 10, 13, 15) and earlier.errors == (0.04, 0.01, 0.05)  # exactly: the tails it ran
-    assert rounds.to_record(GroupSequential(3, 20))["shape"] == sequential.BOUNDARY_SHAPE
+    assert designs.to_record(GroupSequential(3, 20))["shape"] == sequential.BOUNDARY_SHAPE
     # what the earlier code printed for the temperature study recorded under it (docs/results.md), to the character
     assert earlier.describe() == (
         "looks at 5, 8, 10, 13, 15 seeds per cell; each look's bounds at a nominal one-sided 1.4% (paper's side), "
@@ -94,11 +95,11 @@ def test_the_recorded_design_round_trips_and_bounds_later_seeds():
                     {"first": 3, "max_seeds": 20, "looks": 5, "paper_side": float("nan")},
                     {"first": 3, "max_seeds": 20, "looks": 5, "paper_side": 0.2}):
         with pytest.raises(ConfigError, match=r"recorded sequential design .* is damaged"):
-            rounds.from_record(damaged)
-    rounds.check_within(d, 20)
-    rounds.check_within(None, 500)
+            designs.from_record(damaged)
+    designs.check_within(d, 20)
+    designs.check_within(None, 500)
     with pytest.raises(ConfigError, match="void its 5% guarantee"):
-        rounds.check_within(d, 21)
+        designs.check_within(d, 21)
 
 
 def outcome(resolved: bool, n: int) -> StudyOutcome:

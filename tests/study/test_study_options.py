@@ -9,16 +9,8 @@ from typing import Any
 import pytest
 
 from dcl_core.config import ConfigError
-from dcl_core.study.cli.options import (
-    MAX_SAMPLES,
-    MAX_SEEDS,
-    StudyArgs,
-    args_from_record,
-    args_of,
-    build_parser,
-    check_bounds,
-    options_of,
-)
+from dcl_core.study.cli.options import args_of, build_parser
+from dcl_core.study.plan.args import MAX_SAMPLES, MAX_SEEDS, StudyArgs, args_from_record, check_bounds, options_of
 from dcl_core.study.plan.spec import QUIET, StudyOptions
 
 FIELDS = {f.name: f for f in dataclasses.fields(StudyArgs)}

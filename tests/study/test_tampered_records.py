@@ -26,7 +26,7 @@ from dcl_core.study.analysis.measures import STD_DIFFERENCE
 from dcl_core.study.analysis.report import read_table
 from dcl_core.study.analysis.sequential import GroupSequential
 from dcl_core.study.cli.answer_command import answer_main as answer
-from dcl_core.study.execution import rounds
+from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan import signing
 from dcl_core.study.plan.record import write_record
 from dcl_core.study.plan.spec import StudySpec

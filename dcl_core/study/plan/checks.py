@@ -5,7 +5,6 @@ the study's own grid, and where the data is (on this machine or the cluster's no
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from typing import Any
 
@@ -77,10 +76,10 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
     from dcl_core.data import DataError, check_dataset, resolve_data_root  # no torch: only the trials load it
 
     data = spec.base.data
-    on_cluster = bool(options.address or os.environ.get("RAY_ADDRESS"))
+    on_cluster = options.cluster is not None
     local_problems: list[str] = []
     if on_cluster and not dry_run:
-        check_ray_address(options.address or os.environ.get("RAY_ADDRESS", ""))
+        check_ray_address(options.cluster or "")
     if on_cluster:  # the data lives on the cluster's nodes, not necessarily on this driver
         root: str | None = data.root or str(resolve_data_root(data.dataset, None, data.download))
         if not options.output_dir.expanduser().is_absolute():

@@ -54,10 +54,12 @@ class PreparedStudy:
         return summary_dir(self.options.output_dir, self.spec.name)
 
 
-def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
-    """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec,
-    an unusable output folder or storage, a link where the study writes, or a trial no local Ray could fit."""
-    validate_spec(spec)
+def prepare(spec: StudySpec, options: StudyOptions, *, validated: bool = False) -> PreparedStudy:
+    """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec
+    (unless ``validated`` says a study script's build has just checked it), an unusable output folder or storage, a
+    link where the study writes, or a trial no local Ray could fit."""
+    if not validated:
+        validate_spec(spec)
     spec = replace(spec, loss_sources=check_user_losses(spec))
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
@@ -69,7 +71,7 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     experiments = tuple(tune_experiments(spec))
     check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in experiments)))
     check_storage(options.storage)
-    local = not (options.address or os.environ.get("RAY_ADDRESS"))
+    local = options.cluster is None
     if local:
         check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
     return PreparedStudy(spec, options, experiments, local)

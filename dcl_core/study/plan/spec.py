@@ -8,6 +8,7 @@ Optuna search per grid point.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -112,6 +113,11 @@ class StudyOptions:
             raise ConfigError(f"--num-cpus must be >= 1, got {self.num_cpus}")
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise ConfigError(f"--max-concurrent must be >= 1, got {self.max_concurrent}")
+
+    @property
+    def cluster(self) -> str | None:
+        """The Ray cluster the study attaches to (``--address``, else ``$RAY_ADDRESS``), or None: a local Ray."""
+        return self.address or os.environ.get("RAY_ADDRESS") or None
 
     @property
     def resources(self) -> Resources:

@@ -1,0 +1,238 @@
+"""A study request, prepared once: :func:`prepare_plan` turns a script and its parsed request into a :class:`StudyPlan`,
+making every step that needs neither Ray nor the MLflow store, in order, once: the options checked, a resume's or
+re-analysis's recorded seeds and design, ``--download``'s data, the spec (the script's science, its question, its
+sequential design), the trials' data root, ``--until-resolved``'s design, and then either what ``--dry-run``
+prints or the :class:`~dcl_core.study.plan.prepared.PreparedStudy` that runs (folder, storage, user losses, fit,
+a moved folder). Execution (:mod:`dcl_core.study.execution.rounds`) receives the plan and nothing else; a round of
+``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back into the command line.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from dcl_core.config import ConfigError, parse_overrides
+from dcl_core.study.plan import design as rounds
+from dcl_core.study.plan.args import StudyArgs, StudyRequest, args_from_record
+from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
+from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
+from dcl_core.study.plan.prepared import PreparedStudy, prepare
+from dcl_core.study.plan.questions import with_own_question
+from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_looks, recorded_round_seeds
+from dcl_core.study.plan.spec import (
+    StudyOptions,
+    StudySpec,
+    grid_seeds,
+    tune_experiments,
+    validate_spec,
+    with_asha,
+    with_base,
+    with_effects_of_interest,
+)
+from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, storage_exists, storage_join, summary_dir
+
+QUESTION_OPTIONS = ("compare", "statistic", "at", "claim", "effect_of_interest")  # what asks a study's question
+
+
+class SpecBuilder(Protocol):
+    """Builds a study's :class:`StudySpec` from its parsed :class:`StudyArgs` (each study's ``build_spec``)."""
+
+    def __call__(self, args: StudyArgs, /) -> StudySpec:
+        """The spec of the study these arguments ask for."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A study script: its question (the docstring), its name, its presets and its spec builder."""
+
+    doc: str
+    name: str
+    build_spec: SpecBuilder
+    presets: tuple[str, ...] = ("smoke", "cpu", "paper")
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    extra: tuple[str, ...] = ()  # the options only this script takes (StudyArgs fields declared ``only``)
+    path: Path | None = None  # the file that defines it (recorded, so that `answer` re-analyses with the same)
+
+    def build(self, args: StudyArgs, data_root: str | None = None) -> StudySpec:
+        """The spec ``args`` describe, validated: the script's spec with its question as description, the
+        recorded or planned sequential design and, when given, the data root the trials read."""
+        spec = self.build_spec(args)
+        if not spec.description:  # the docstring's first paragraph: the question and the paper's table
+            spec = replace(spec, description=" ".join(self.doc.strip().split("\n\n")[0].split()))
+        design = rounds.from_record(args.design)
+        rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
+        spec = with_own_question(spec, args.compare, args.statistic, args.at, args.claim)
+        spec = with_effects_of_interest(replace(spec, design=design), args.effect_of_interest)
+        validate_spec(spec)
+        check_set_not_swept(spec, parse_overrides(list(args.set)))
+        return spec if data_root is None else with_base(spec, {"data.root": data_root})
+
+    def command(self, args: StudyArgs) -> dict[str, Any]:
+        """The record of the command that builds the spec of ``args`` (``study_options.json``'s ``command``)."""
+        return args.record(self.name, self.path)
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """One study request, prepared: what runs, or what a dry run prints, or which question a re-analysis asks.
+
+    Attributes:
+        script: the study script.
+        args: the options as the study runs them: a resume's recorded seeds and design, ``--download``'s data root,
+            ``--until-resolved``'s planned design.
+        spec: the study's spec, validated, with its question, its design and the trials' data root.
+        options: how it runs, with the record of its command.
+        data_root: the data root the trials read (None: a re-analysis, or data this machine lacks in a dry run).
+        study: what runs (None for a dry run and a re-analysis).
+        dry_run: the lines ``--dry-run`` prints (empty unless ``--dry-run``).
+        recorded: a re-analysis's recorded command (empty otherwise).
+    """
+
+    script: Script
+    args: StudyArgs
+    spec: StudySpec
+    options: StudyOptions
+    data_root: str | None = None
+    study: PreparedStudy | None = None
+    dry_run: tuple[str, ...] = ()
+    recorded: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def another_question(self) -> bool:
+        """Whether a re-analysis asks another question than the one the study recorded."""
+        return another_question(self.args, self.recorded)
+
+    def next_round(self, seeds: int) -> PreparedStudy:
+        """The study at ``seeds`` per cell, a look of its design: a resume of this study that adds the new seeds.
+        Only the seeds change, so only the spec is built again (the script's own seed grid); every check made
+        when the plan was prepared (folder, storage, user losses, fit) holds for it."""
+        assert self.study is not None, "a dry run or a re-analysis has no rounds"
+        args = replace(self.args, seeds=seeds)
+        spec = replace(self.script.build(args, self.data_root), loss_sources=self.study.spec.loss_sources)
+        options = replace(self.study.options, command=self.script.command(args), resume=True, overwrite=False)
+        spec = with_asha(spec, options.asha)
+        return PreparedStudy(spec, options, tuple(tune_experiments(spec)), self.study.local)
+
+
+def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
+    """The plan of ``request``: every check that needs neither Ray nor the MLflow store, made once, in order;
+    ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
+    request.check()
+    args = continued(request.args, request.options)
+    args, spec = _with_download(script, args, script.build(args))
+    options = replace(request.options, command=script.command(args))
+    if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
+        return StudyPlan(script, args, spec, options,
+                         recorded=recorded_command(options.output_dir.expanduser().resolve(), spec.name))
+    root, local_problems = trial_data_root(spec, options, args.dry_run)
+    data_root = str(Path(root).expanduser().resolve()) if root is not None else None
+    if data_root is not None:
+        spec = with_base(spec, {"data.root": data_root})
+    wall_seconds_at: Callable[[int], float | None] = lambda n: None  # noqa: E731
+    if args.until_resolved:
+        design, wall_seconds_at = _plan_design(script, args, spec, options, data_root)
+        args = replace(args, design=rounds.to_record(design))
+        options = replace(options, command=script.command(args))
+        spec = replace(spec, design=design)
+    if args.dry_run:
+        lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at)
+        return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
+    study = prepare(spec, options, validated=True)  # Script.build validated it
+    if options.resume:  # a moved or copied folder: one line saying what works here
+        check_not_moved(study.options.output_dir, spec.name)
+    return StudyPlan(script, args, study.spec, options, data_root, study)
+
+
+def continued(args: StudyArgs, options: StudyOptions) -> StudyArgs:
+    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design."""
+    if not (options.resume or args.reanalyze):
+        return args
+    out = options.output_dir.expanduser().resolve()
+    recorded = recorded_command(out, args.name)
+    where = str(summary_dir(out, args.name) / OPTIONS_FILE)
+    checked = args_from_record({k: recorded[k] for k in ("seeds", "design") if k in recorded}, StudyArgs(), where)
+    has = checked.seeds
+    ran = recorded_round_seeds(out, args.name)
+    if has is not None and ran is not None and has != ran:
+        raise ConfigError(f"{where}'s command.seeds ({has}) disagrees with the {ran} seed(s) per cell its trials "
+                          "were started with (seed_rounds): the file is damaged; --overwrite starts the study afresh")
+    # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
+    more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
+    seeds = has if args.seeds is None or more else args.seeds
+    return replace(args, seeds=seeds, design=recorded.get("design"))
+
+
+def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
+    """Whether ``args`` ask a question other than the one a study's ``recorded`` command asked (a record without
+    a command, or from before questions were recorded, asks the study's own)."""
+    if not recorded:
+        return False
+    given = args.record("")
+    return any((given.get(k) or None) != (recorded.get(k) or None) for k in QUESTION_OPTIONS)
+
+
+def _with_download(script: Script, args: StudyArgs, spec: StudySpec) -> tuple[StudyArgs, StudySpec]:
+    """With ``--download`` (not re-analysing): the torchvision release, fetched once here (trials only read it), is
+    then the study's data root, as if given with --data-root (so the same command line resumes it). A dry run
+    names it, fetching nothing."""
+    if not args.download or args.reanalyze:
+        return args, spec
+    data = spec.base.data
+    from dcl_core.data import fetch_dataset, resolve_data_root  # torchvision (seconds): not for --help
+
+    fetched = resolve_data_root(data.dataset, args.data_root, download=True) if args.dry_run else \
+        fetch_dataset(data.dataset, args.data_root)
+    args = replace(args, data_root=str(fetched))
+    spec = script.build(args)
+    if args.dry_run:  # its pre-flight: the data a real run fetches first
+        spec = with_base(spec, {"data.download": True})
+    return args, spec
+
+
+def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions,
+                 data_root: str | None) -> tuple[Any, Callable[[int], float | None]]:
+    """The ``--until-resolved`` design, fixed before the first look, and the estimated wall-clock seconds of the
+    study at ``n`` seeds per cell (what --dry-run's worst case prints)."""
+    def wall_seconds_at(n: int) -> float | None:
+        return estimate_study(script.build(replace(args, seeds=n), data_root), options)[2].wall_seconds
+
+    first = len(grid_seeds(spec) or ())
+    design = rounds.plan(spec, args.design, args.max_seeds, args.max_minutes, args.seeds_per_round,
+                         lambda: (w / first if (w := wall_seconds_at(first)) else None),
+                         recorded_looks(options.resolved().output_dir, spec.name) if options.resume else ())
+    return design, wall_seconds_at
+
+
+def _dry_run_lines(spec: StudySpec, options: StudyOptions, args: StudyArgs, local_problems: list[str],
+                   wall_seconds_at: Callable[[int], float | None]) -> list[str]:
+    """What the study would run and cost: no Ray, nothing written."""
+    spec = with_asha(spec, options.asha)
+    check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
+    lines = dry_run_lines(spec, options, args.preset, local_problems)
+    lines += _existing_study_lines(spec, options)
+    if args.until_resolved:
+        assert spec.design is not None
+        lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
+    return lines
+
+
+def _existing_study_lines(spec: StudySpec, options: StudyOptions) -> list[str]:
+    """A dry run's note that the study already has output where the real run would write (which refuses it
+    without --resume or --overwrite)."""
+    storage = options.resolved().storage
+    existing = [u for u in (storage_join(str(storage), e.name) for e in tune_experiments(spec)) if storage_exists(u)]
+    if not existing or options.resume or options.overwrite:
+        return []
+    return ["", f"note: study output exists at {existing[0]}: this command would be refused; add --resume to "
+                "continue it (with a larger --seeds: only its new seeds run) or --overwrite to replace it"]
+
+
+def defined_in(build_spec: SpecBuilder) -> Path | None:
+    """The file of the module that defines ``build_spec``: the study script that called it."""
+    module = sys.modules.get(getattr(build_spec, "__module__", ""))
+    file = getattr(module, "__file__", None)
+    return Path(file).resolve() if isinstance(file, str) and Path(file).is_file() else None
