@@ -26,7 +26,7 @@ downloaded). It checks, each in a fresh browser profile unless said otherwise:
    runs; then "Views" → the study's view, which groups the trials into cells.
 
 Prints one line per step; exit 0 if every step holds, 1 if one does not, 2 if Chromium, Playwright or the store
-is missing. ``tests/study/test_mlflow_ui.py`` runs it; ``--screenshots DIR`` keeps a PNG of every step.
+is missing. ``tests/study/tracking/test_mlflow_ui.py`` runs it; ``--screenshots DIR`` keeps a PNG of every step.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from mlflow.tracking import MlflowClient
 
 from dcl_core import metric_names as M
 from dcl_core.study.tracking import SUMMARY_TAG, TRIAL_TAG, runs_page
+from dcl_core.study.tracking.mlflow_runs import run_page
 from dcl_core.study.tracking.mlflow_view import (
     DESCRIPTION_COLUMN,
     NAME_COLUMN,
@@ -58,7 +59,6 @@ from dcl_core.study.tracking.mlflow_view import (
     view_query,
 )
 from dcl_core.study.tracking.notes import verdict_lines
-from dcl_core.study.tracking.runs import run_page
 
 TIMEOUT_MS = 60_000  # the UI's first load on a busy 2-core machine takes a while
 

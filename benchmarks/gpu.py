@@ -55,7 +55,7 @@ from dcl_core.config import Config, ConfigError, apply_overrides, derive, preset
 from dcl_core.files import check_replaceable, read_bounded, write_text  # noqa: E402
 from dcl_core.study.plan.flops import default_flops_of, train_flops_per_image  # noqa: E402
 from dcl_core.training.builders import InMemoryData, build_data, build_loss  # noqa: E402
-from dcl_core.training.run import amp_dtype, grad_scaler  # noqa: E402
+from dcl_core.training.run_setup import amp_dtype, grad_scaler  # noqa: E402
 
 SECTION = "gpu"
 TAUS = (0.005, 0.07, 0.2, 1.0)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import MAX_METRICS_BYTES  # noqa: E402 - the repository root is on the path from here
 from dcl_core import metric_names as M  # noqa: E402
-from dcl_core.cli import run_command  # noqa: E402
+from dcl_core.cli_common import run_command  # noqa: E402
 from dcl_core.config import ConfigError  # noqa: E402
 from dcl_core.files import open_fd, read_bounded, write_text  # noqa: E402
 from dcl_core.study.analysis import paper  # noqa: E402

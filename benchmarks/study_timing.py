@@ -21,8 +21,8 @@ from pathlib import Path
 from dcl_core import metric_names as M
 from dcl_core.study.plan.spec import EXPERIMENT_SEP
 
-# The study's MLflow runs (dcl_core/study/tracking/runs.py): a trial's child run carries its Tune id, the parent run
-# (the summary) this tag; every epoch's result logs time/epoch_seconds (always finite, unlike the loss).
+# The study's MLflow runs (dcl_core/study/tracking/mlflow_runs.py): a trial's child run carries its Tune id, the
+# parent run (the summary) this tag; every epoch's result logs time/epoch_seconds (always finite, unlike the loss).
 TRIAL_TAG, SUMMARY_TAG, LOGGED_EVERY_EPOCH = "trial_id", "dcl.summary", M.EPOCH_SECONDS
 
 # Categories of the overhead, in the order the notes list them.

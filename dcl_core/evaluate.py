@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dcl_core import metric_names as M
-from dcl_core.cli import add_set_option, run_command, setup_logging
+from dcl_core.cli_common import add_set_option, run_command, setup_logging
 from dcl_core.config import (
     Config,
     ConfigError,

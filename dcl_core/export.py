@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dcl_core.cli import run_command, setup_logging
+from dcl_core.cli_common import run_command, setup_logging
 from dcl_core.training.backbone_export import describe, description_path, export
 
 

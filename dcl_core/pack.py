@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dcl_core.cli import run_command, setup_logging
+from dcl_core.cli_common import run_command, setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 

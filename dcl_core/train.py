@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metric_names as M
-from dcl_core.cli import add_set_option, run_command, setup_logging
+from dcl_core.cli_common import add_set_option, run_command, setup_logging
 from dcl_core.config import (
     CONFIG_KEYS,
     PRESETS,

@@ -5,9 +5,9 @@ A space is a dict ``{"loss.temperature": LogUniform(0.05, 1.0), ...}`` of :class
 parameters only for some values of another key (σ only when ``loss.name == "dclw"``, α only for EqCo).
 :data:`SPACES` names the spaces the studies combine, and ``PAPER_*`` hold the papers' grids.
 
-:func:`keys_of` lists every key a space can produce, and ``tests/study/test_search_spaces.py`` checks each is a
-valid config key. The package imports nothing, Ray and Optuna included: the study's execution floor turns a space
-into a Ray Tune ``param_space`` or an Optuna define-by-run function
+:func:`keys_of` lists every key a space can produce, and ``tests/study/execution/test_search_spaces.py`` checks
+each is a valid config key. The package imports nothing, Ray and Optuna included: the study's execution floor turns a
+space into a Ray Tune ``param_space`` or an Optuna define-by-run function
 (:mod:`dcl_core.study.execution.space_translation`).
 """
 

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dcl_core.study.analysis.paper import PAPER_KS
-from dcl_core.study.cli.toy_command import toy_main
+from dcl_core.study.cli.mi_toy_command import toy_main
 
 # seeds: critics trained per cell at the largest true MI, where the verdict is asked (each seed's slope is one
 # draw of training a critic); the other MIs reproduce Table 5 with one critic each.

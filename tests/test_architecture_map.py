@@ -25,7 +25,7 @@ FLOORS = (
     ("The library: losses, frameworks, models, data, evaluation, training, the check of a loss",
      ("dcl_core.losses", "dcl_core.frameworks", "dcl_core.models", "dcl_core.data", "dcl_core.eval",
       "dcl_core.training", "dcl_core.losscheck")),
-    ("The single run's command lines", ("dcl_core.cli", "dcl_core.train", "dcl_core.evaluate", "dcl_core.pack",
+    ("The single run's command lines", ("dcl_core.cli_common", "dcl_core.train", "dcl_core.evaluate", "dcl_core.pack",
                                          "dcl_core.export", "dcl_core.losses.__main__")),
     ("Study layer, floor 1: analysis (pure; no Ray, MLflow or Optuna)", ("dcl_core.study.analysis",)),
     ("Study layer, floor 2: plan (before Ray starts; no Ray, MLflow or Optuna)", ("dcl_core.study.plan",)),

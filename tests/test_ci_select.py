@@ -118,13 +118,13 @@ def test_prose_alone_keeps_no_slow_test_and_the_summary_says_what_ran(repo: Path
 
 def test_this_repository_s_study_tests_depend_on_what_a_study_runs() -> None:
     repo = Repository(ROOT, _git(ROOT, "ls-files").splitlines())
-    e2e = repo.dependencies("tests/study/test_studies_e2e.py")
+    e2e = repo.dependencies("tests/study/cli/test_studies_e2e.py")
     # the script it runs, the trainable reached through dcl_core.study's lazy imports, a loss, the fork server
     assert {"studies/temperature_sweep.py", "dcl_core/study/execution/trainable.py", "dcl_core/losses/dcl.py",
             "tests/pyrun.py", "tests/conftest.py", "tests/study/conftest.py"} <= e2e
     # this plugin chooses tests and checks none: its patterns ("tests/", "docs/*") pull nothing in
-    assert "tests/study/test_calibration.py" not in e2e and "tests/ci_select.py" not in e2e
-    assert select(ROOT, ["tests/study/test_studies_e2e.py", "tests/losses/test_dcl.py"], ["docs/results.md"]) \
+    assert "tests/study/analysis/test_calibration.py" not in e2e and "tests/ci_select.py" not in e2e
+    assert select(ROOT, ["tests/study/cli/test_studies_e2e.py", "tests/losses/test_dcl.py"], ["docs/results.md"]) \
         == (set(), [])
 
 

@@ -29,7 +29,7 @@ def test_parse_overrides_splits_at_the_first_equals_sign():
 )
 def test_setup_logging_levels_and_format(kwargs, shown):
     code = (
-        "import logging; from dcl_core.cli import setup_logging; "
+        "import logging; from dcl_core.cli_common import setup_logging; "
         f"setup_logging({kwargs}); log = logging.getLogger('dcl_core.x'); "
         "log.debug('d'); log.info('i'); log.warning('w')"
     )
@@ -62,7 +62,7 @@ def test_evaluation_command_rejects_a_missing_checkpoint_in_one_line(tmp_path):
 
 
 def test_run_command_is_the_one_exit_path(capsys):
-    from dcl_core.cli import EXIT_BAD_INPUT, EXIT_FAILED, run_command
+    from dcl_core.cli_common import EXIT_BAD_INPUT, EXIT_FAILED, run_command
     from dcl_core.config import InputError, RunFailedError
     from dcl_core.data import DataError
     from dcl_core.training.checkpoint import CheckpointError

@@ -21,7 +21,7 @@ from dcl_core import metric_names as M
 from dcl_core.config import LOSS_NAMES, apply_overrides, preset
 from dcl_core.eval.knn import knn_top1
 from dcl_core.losses import LOSSES
-from dcl_core.training import run as run_module
+from dcl_core.training import run_setup as run_module
 
 DEVICE = torch.device(os.environ.get("DCL_TEST_DEVICE", "cuda"))
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -8,7 +8,7 @@ module is too long, and nothing reaches into Ray/MLflow/Optuna internals.
   including those inside functions and ``importlib.import_module("x")`` (d).
 - Nothing below the study layer (the library, ``search_spaces`` and the single run's command lines) imports
   Ray, MLflow or Optuna, and neither do the study's ``analysis`` and ``plan`` floors; no study floor below its
-  command lines imports one of the single run's (``dcl_core.cli``, ``dcl_core.train``, ...) (d). Checked also
+  command lines imports one of the single run's (``dcl_core.cli_common``, ``dcl_core.train``, ...) (d). Checked also
   by importing the library in a fresh interpreter (a).
 - Nothing in dcl_core, search_spaces or studies imports the benchmark baselines (lightly, kornia), which only the
   ``bench`` extra installs (d).
@@ -56,7 +56,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("dcl_core.files", "dcl_core.losses", "dcl_core.models", "dcl_core.eval"),
     ("dcl_core.data", "dcl_core.frameworks"),
     ("dcl_core.training", "dcl_core.losscheck"),
-    ("dcl_core.cli",),
+    ("dcl_core.cli_common",),
     ("dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack", "dcl_core.losses.__main__"),
     ("dcl_core.study.analysis",),
     ("dcl_core.study.plan",),
@@ -72,7 +72,7 @@ SERVICES = ("ray", "mlflow", "optuna")
 # Benchmark baselines (the ``bench`` extra): a user without them must be able to import everything else.
 BASELINES = ("lightly", "kornia")
 # The single run's command lines: below the study layer, and still nothing of the study's but its cli imports them.
-COMMAND_LINES = ("dcl_core.cli", "dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack",
+COMMAND_LINES = ("dcl_core.cli_common", "dcl_core.train", "dcl_core.evaluate", "dcl_core.export", "dcl_core.pack",
                  "dcl_core.losses.__main__")
 STUDY_LAYER = "dcl_core.study.analysis"  # the study layer's lowest floor
 # Modules a fresh interpreter must not load with the library (a).
@@ -587,7 +587,7 @@ def test_a_loaded_forbidden_module_is_detected(tmp_path):
         ("dcl_core.study.tracking", True),
         ("dcl_core.study.cli", True),
         ("dcl_core.studyx", False),
-        ("dcl_core.cli", True),
+        ("dcl_core.cli_common", True),
         ("dcl_core.config", False),
         ("ray.tune", True),
         ("rayleigh", False),
@@ -602,7 +602,7 @@ def test_an_import_from_the_own_floor_or_above_is_detected_at_any_depth(tmp_path
         tmp_path,
         {
             "dcl_core/__init__.py": "",
-            "dcl_core/cli.py": "",
+            "dcl_core/cli_common.py": "",
             "dcl_core/config/__init__.py": "",
             "dcl_core/config/keys.py": "from dcl_core.frameworks.negatives import NEGATIVES\n",  # the library, above
             "dcl_core/frameworks/__init__.py": "from dcl_core.config import LOSS_NAMES\n",  # the config, below
@@ -613,7 +613,7 @@ def test_an_import_from_the_own_floor_or_above_is_detected_at_any_depth(tmp_path
                 "import importlib\n"
                 "import dcl_core.train\n"
                 "from dcl_core.study import tracking\n"
-                "from .. import cli\n"
+                "from .. import cli_common\n"
                 "from dcl_core import models\n"  # beside it, on its own floor
                 "from dcl_core.losses import base\n"  # its own package
                 "def later():\n"
@@ -633,7 +633,7 @@ def test_an_import_from_the_own_floor_or_above_is_detected_at_any_depth(tmp_path
         "dcl_core/config/keys.py:1: dcl_core.frameworks.negatives (floor 3) from dcl_core.config (floor 1)",
         "dcl_core/losses/bad.py:2: dcl_core.train (floor 6) from dcl_core.losses (floor 2)",
         "dcl_core/losses/bad.py:3: dcl_core.study.tracking (floor 9) from dcl_core.losses (floor 2)",
-        "dcl_core/losses/bad.py:4: dcl_core.cli (floor 5) from dcl_core.losses (floor 2)",
+        "dcl_core/losses/bad.py:4: dcl_core.cli_common (floor 5) from dcl_core.losses (floor 2)",
         "dcl_core/losses/bad.py:5: dcl_core.models (floor 2) from dcl_core.losses (floor 2)",
         "dcl_core/losses/bad.py:8: dcl_core.study.execution.tuning (floor 10) from dcl_core.losses (floor 2)",
         "dcl_core/losses/bad.py:9: dcl_core.evaluate (floor 6) from dcl_core.losses (floor 2)",
@@ -655,15 +655,15 @@ def test_ray_mlflow_optuna_below_the_study_layer_and_the_other_barred_imports_ar
     _write(
         tmp_path,
         {
-            "dcl_core/cli.py": "",
+            "dcl_core/cli_common.py": "",
             "search_spaces/spaces.py": "def to_tune():\n    from ray import tune  # seconds\n",
             "dcl_core/train.py": "import mlflow\n",
             "dcl_core/losses/x.py": "import kornia.augmentation\n",
             "dcl_core/study/analysis/plots.py": "def f():\n    import optuna  # heavy\n",
             "dcl_core/study/plan/spec.py": "import mlflow.tracking\n",
-            "dcl_core/study/tracking/sync.py": "import mlflow\nfrom dcl_core import cli\n",
+            "dcl_core/study/tracking/sync.py": "import mlflow\nfrom dcl_core import cli_common\n",
             "dcl_core/study/execution/results.py": "import ray\nfrom dcl_core.train import main\n",
-            "dcl_core/study/cli/script.py": "import ray\nfrom dcl_core.cli import run_command\n",
+            "dcl_core/study/cli/script.py": "import ray\nfrom dcl_core.cli_common import run_command\n",
             "studies/s.py": "import ray\nimport lightly\n",
             "benchmarks/b.py": "import lightly\nimport kornia\n",
         },
@@ -673,7 +673,7 @@ def test_ray_mlflow_optuna_below_the_study_layer_and_the_other_barred_imports_ar
         "dcl_core/study/analysis/plots.py:2: optuna",
         "dcl_core/study/execution/results.py:2: dcl_core.train",
         "dcl_core/study/plan/spec.py:1: mlflow.tracking",
-        "dcl_core/study/tracking/sync.py:2: dcl_core.cli",
+        "dcl_core/study/tracking/sync.py:2: dcl_core.cli_common",
         "dcl_core/train.py:1: mlflow",
         "search_spaces/spaces.py:2: ray",
         "studies/s.py:2: lightly",
@@ -684,7 +684,7 @@ def test_a_file_written_by_the_analysis_is_detected(tmp_path):
     _write(
         tmp_path,
         {
-            "dcl_core/study/analysis/report.py": (
+            "dcl_core/study/analysis/figures.py": (
                 "import json, os\n"
                 "from pathlib import Path\n"
                 "def f(fig, path, rows, mode):\n"
@@ -702,7 +702,7 @@ def test_a_file_written_by_the_analysis_is_detected(tmp_path):
             "dcl_core/study/plan/writers.py": "def f(fig, path):\n    fig.savefig(path)\n",  # plan may write
         },
     )
-    assert file_writes(tmp_path) == sorted(f"dcl_core/study/analysis/report.py:{line}: {call}" for line, call in [
+    assert file_writes(tmp_path) == sorted(f"dcl_core/study/analysis/figures.py:{line}: {call}" for line, call in [
         (4, "fig.savefig"), (5, "Path(path).write_text"), (6, "path.parent.mkdir"), (7, "open"), (8, "path.open"),
         (9, "json.dump"), (10, "os.open"), (11, "open")])
 

@@ -1,5 +1,5 @@
 """No module of the project has a standard-library module's name: ``analysis/statistics.py`` beside the standard
-library's ``statistics`` (which ``analysis/report.py`` imports too) read as one module where there were two, and a
+library's ``statistics`` (which ``analysis/tables.py`` imports too) read as one module where there were two, and a
 script run from a folder holding such a module imports it in place of the standard library's (issue 47)."""
 
 import sys

@@ -28,7 +28,8 @@ DEVICES = ("auto", "cpu", "cuda")
 
 class InputError(Exception):
     """Input a command line refuses before any compute: it exits with code 2 and ``error: <str(err)>`` on one line
-    (:func:`dcl_core.cli.run_command`). Bad config values, missing data and unreadable checkpoints are all this."""
+    (:func:`dcl_core.cli_common.run_command`). Bad config values, missing data and unreadable checkpoints are all
+    this."""
 
 
 class RunFailedError(RuntimeError):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dcl_core.cli import EXIT_FAILED, run_command
+from dcl_core.cli_common import EXIT_FAILED, run_command
 from dcl_core.config import (
     LOSS_NAMES,
     REFERENCE_FORMS,

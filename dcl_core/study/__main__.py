@@ -3,7 +3,7 @@
 import sys
 from collections.abc import Callable, Sequence
 
-from dcl_core import cli
+from dcl_core import cli_common
 from dcl_core.study.cli.answer_command import answer_main
 from dcl_core.study.cli.calibrate_command import calibrate_main
 from dcl_core.study.cli.export_command import export_main
@@ -26,7 +26,7 @@ def module_main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(usage)
             return 0
         sys.stderr.write(usage)
-        return cli.error(f"choose a command: {', '.join(COMMANDS)}" + (f" (got {argv[0]!r})" if argv else ""))
+        return cli_common.error(f"choose a command: {', '.join(COMMANDS)}" + (f" (got {argv[0]!r})" if argv else ""))
     return COMMANDS[argv[0]](argv[1:])
 
 

@@ -5,7 +5,7 @@ a Ray Train worker (the process group then already exists). Reporting goes throu
 this module never imports Ray or MLflow.
 
 Read top to bottom: :func:`train` joins the process group; :func:`_train` builds the run
-(:func:`~dcl_core.training.run.build_run`), restores it (:func:`_restore`) and loops over epochs:
+(:func:`~dcl_core.training.run_setup.build_run`), restores it (:func:`_restore`) and loops over epochs:
 :func:`_train_one_epoch` fills an :class:`EpochStats`, which gives the epoch's metrics; then the kNN monitor when
 due, the checkpoint, the log line and the callbacks.
 """
@@ -37,7 +37,7 @@ from dcl_core.training.checkpoint import (
 )
 from dcl_core.training.epoch import EpochStats, StepProgress, grad_norm
 from dcl_core.training.probes import evaluate_knn, linear_eval
-from dcl_core.training.run import Run, build_run, unwrap
+from dcl_core.training.run_setup import Run, build_run, unwrap
 from dcl_core.training.runtime import Runtime, broadcast_from_rank0, setup_runtime
 from dcl_core.training.schedule import cosine_lr
 

@@ -141,7 +141,7 @@ class Run:
         failed = [] if job_code == 0 else [f"the job failed (ray job submit exited {job_code})"]
         with ctrl_c_deferred():
             from dcl_core.study import summary_dir
-            from dcl_core.study.analysis.report import read_table
+            from dcl_core.study.analysis.tables import read_table
 
         table = summary_dir(self.output_dir, EXPERIMENT) / "results.parquet"
         rows = read_table(table) if table.exists() else []

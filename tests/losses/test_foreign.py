@@ -1,7 +1,7 @@
 """Another library's loss through the adapter (dcl_core/losses/foreign.py), written here as lightly writes its
 losses: an ``nn.Module`` whose constructor takes ``temperature`` and whose ``forward(z1, z2)`` returns a 0-d tensor.
 The same losses from lightly itself go through the checker in test_check.py and through a study in
-tests/study/test_foreign_loss_e2e.py."""
+tests/study/cli/test_foreign_loss_e2e.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Mixed precision on the GPU, checked on the CPU: why the trainer scales the loss under fp16 autocast and not
-under bf16 (:func:`dcl_core.training.run.grad_scaler`).
+under bf16 (:func:`dcl_core.training.run_setup.grad_scaler`).
 
 The losses compute in fp32 whatever the autocast (``tests/losses/test_base.py``), so what low precision changes is
 the gradient handed back to the fp16 or bf16 embeddings a projection head gives under autocast: it is rounded to
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from dcl_core.config import apply_overrides, derive, preset
 from dcl_core.training.builders import build_loss
-from dcl_core.training.run import grad_scaler
+from dcl_core.training.run_setup import grad_scaler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the GPU check measures the same way
 from benchmarks.gpu import trainer_gradient

@@ -20,7 +20,7 @@ from dcl_core.training import NonFiniteLossError, epoch, train, trainer
 from dcl_core.training import runtime as runtime_module
 from dcl_core.training.checkpoint import load_checkpoint
 from dcl_core.training.epoch import EpochStats
-from dcl_core.training.run import build_run
+from dcl_core.training.run_setup import build_run
 from dcl_core.training.runtime import Runtime
 from dcl_core.training.schedule import cosine_lr, steps_per_epoch
 

@@ -22,7 +22,7 @@ from dcl_core.study.analysis.columns import CELL_COLUMNS, KNN_TOP1, LOSS, Q_MEAN
 from dcl_core.study.analysis.intervals import Means, nan
 from dcl_core.study.analysis.measures import Statistic
 from dcl_core.study.analysis.paper import PaperClaim, paper_claim
-from dcl_core.study.analysis.report import gap_pairs
+from dcl_core.study.analysis.tables import gap_pairs
 from dcl_core.study.analysis.verdicts import VerdictWord
 
 NPC_REGIME = 0.6  # mean q_B at or below which a cell counts as in the regime the paper is about (DCL Fig. 1)
@@ -420,7 +420,7 @@ def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -
 def gap_points(rows_by_study: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """Every cell (of every study given) that has both DCL and InfoNCE trials: the paired DCL − InfoNCE gap
     (mean, 95% CI over common seeds), 1 − q_B of its InfoNCE trials and which cell it is (its cell columns, with
-    which :func:`~dcl_core.study.analysis.report.gap_vs_q_figure` labels the point)."""
+    which :func:`~dcl_core.study.analysis.figures.gap_vs_q_figure` labels the point)."""
     points = []
     for study, rows in sorted(rows_by_study.items()):
         by_cell: dict[tuple[Any, ...], dict[str, dict[int, Mapping[str, Any]]]] = {}

@@ -19,7 +19,7 @@ For each question kind this measures
   per-seed statistic (e.g. each seed's Δstd) is its expectation for one seed, computed here by Monte Carlo;
   that of a linear or best-of statistic is computed from the truth directly.
 
-``python -m dcl_core.study calibrate`` prints the table the README shows; ``tests/study/test_calibration.py``
+``python -m dcl_core.study calibrate`` prints the table the README shows; ``tests/study/analysis/test_calibration.py``
 runs the same simulation with fewer studies and asserts the bounds.
 """
 

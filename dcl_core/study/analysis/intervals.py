@@ -2,7 +2,7 @@
 each seed's own statistic with a t-interval over seeds, and the selection-corrected interval of a "best" statistic.
 
 Two kinds of question statistic (:mod:`.measures`), two intervals, both calibrated by simulating studies with a
-known truth (``tests/study/test_calibration.py``, :mod:`dcl_core.study.analysis.calibration`):
+known truth (``tests/study/analysis/test_calibration.py``, :mod:`dcl_core.study.analysis.calibration`):
 
 - smooth ones (a std difference across x, a gap at one x, a slope): computed on each seed's own cells, then a
   t-interval over seeds (:func:`seed_interval`);
@@ -118,7 +118,8 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> Estimate:
     n = 1: no interval; n = 0: everything nan. Identical values (equal up to rounding, :data:`SAME_VALUE_RTOL`)
     give no interval either: a measurement that moves in steps (a kNN accuracy over a few test images moves by
     100/n_test %) can repeat exactly, and a zero-width interval would claim a certainty the seeds do not give (it
-    misses the mean whenever the mean is not on the step grid; ``tests/study/test_stats.py`` simulates it)."""
+    misses the mean whenever the mean is not on the step grid;
+    ``tests/study/analysis/test_intervals_verdicts.py`` simulates it)."""
     v = np.array([x for x in values if _finite(x) is not None], dtype=float)
     n = int(v.size)
     if n == 0:
@@ -184,7 +185,7 @@ def seed_interval(data: Data, statistic: Callable[[Means], float], inputs: Calla
     same seeds and this is the paired t-interval; for a nonlinear one (a std across x) the estimand is the
     expected statistic of one run per cell, which is how a paper computes it from its single runs. Seeds missing a
     cell the statistic uses are left out (n counts the rest); fewer than 2 seeds: no interval. Its coverage is
-    checked by simulation (``tests/study/test_calibration.py``)."""
+    checked by simulation (``tests/study/analysis/test_calibration.py``)."""
     values = per_seed(data, statistic, inputs)
     if not values:
         means = cell_means(data)

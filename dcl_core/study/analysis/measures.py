@@ -11,7 +11,7 @@ Two kinds (:class:`Kind`), two intervals (:mod:`dcl_core.study.analysis.interval
 :data:`STATISTICS` is the registry: every statistic by its name (the string a study's records, its MLflow
 metrics ``verdict/<name>_<i>`` and re-analysis use). :class:`~dcl_core.study.analysis.answer.Question` takes one
 of these objects, or its name (looked up here). Adding a question kind is one more instance here (its function
-of cell means, its inputs or contrasts) and its case in ``tests/study/test_statistics.py``; the simulated
+of cell means, its inputs or contrasts) and its case in ``tests/study/analysis/test_measures.py``; the simulated
 calibration (:mod:`.calibration`) then wants its truth.
 
 Every function of cell means takes ``{series: {x: mean}}`` and the question's parameters (:class:`Compared`).

@@ -10,7 +10,7 @@ after every round resolves no more null studies than one look at 95%, and how ma
 
 The intervals themselves are :mod:`.intervals`'; a design only sets the tails they are computed at. Pure and
 deterministic: every simulation is seeded. The designs' error rates are checked on simulated studies in
-``tests/study/test_calibration.py``.
+``tests/study/analysis/test_calibration.py``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Sequential:
     :data:`SEQUENTIAL_SIMULATIONS` null studies of this design (seeded: the same p* on every machine, to Monte
     Carlo precision ~2% of p*). Stopping before ``max_seeds`` (a time cap) only removes looks, so the overall
     rate can only fall. Checked on simulated studies with a known truth, through the studies' own code, in
-    ``tests/study/test_calibration.py``."""
+    ``tests/study/analysis/test_calibration.py``."""
 
     first: int
     max_seeds: int
@@ -178,8 +178,8 @@ class GroupSequential:
     keeps its 5%. Early looks are stricter than late ones, which spends little where a handful of seeds' t
     quantiles are wide; most of the 5% goes to the paper's side, where the claim would be found, and the futility
     bound needs only one side: that is what lets the design stop with fewer seeds than the fixed design, whether
-    the truth is 0 or δ (``tests/study/test_calibration.py`` asserts both, ≤ 0.80×, for every question kind, with
-    a version without futility that fails). Designs recorded before this boundary keep theirs
+    the truth is 0 or δ (``tests/study/analysis/test_calibration.py`` asserts both, ≤ 0.80×, for every question
+    kind, with a version without futility that fails). Designs recorded before this boundary keep theirs
     (``shape`` :data:`POCOCK_SHAPE`, ``paper_error`` :data:`EARLIER_PAPER_SIDE_ERROR`). The error rates hold for
     any last look fixed before the first; the saving is measured at the last look that gives the design 80% power
     at δ (:func:`~dcl_core.study.analysis.calibration.group_row`)."""

@@ -14,10 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dcl_core import cli
+from dcl_core import cli_common
 from dcl_core.config import ConfigError
 from dcl_core.files import disk_full, no_space
-from dcl_core.study.analysis.mi_toy import TOY
+from dcl_core.study.analysis.mi_toy_answer import TOY
 from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser, options_of
 from dcl_core.study.cli.script import Script, run_request
 from dcl_core.study.plan.record import check_signed
@@ -135,14 +135,14 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study answer OUTPUT_DIR``: every finished study there re-analysed."""
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study answer", description=ANSWER_DOC,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
+    cli_common.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study in OUTPUT_DIR)")
     parser.add_argument("--script", type=Path, default=None, metavar="FILE",
                         help="the study script a study was made by, where it is not one of this checkout's studies/ "
                              "(a copy with its own grid): used for the studies it made, or for --name")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the answers")
     args = parser.parse_args(argv)
-    cli.setup_logging(quiet=args.quiet)
+    cli_common.setup_logging(quiet=args.quiet)
     try:
         output_dir = args.output_dir.expanduser().resolve()
         if not (output_dir / "summary").is_dir():
@@ -159,7 +159,7 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
                 raise ConfigError(f"--script {args.script}: no study in {output_dir} was made by it; name the study "
                                   "it should re-analyse with --name")
     except ConfigError as err:
-        return cli.error(err)
+        return cli_common.error(err)
     code = 0
     for i, d in enumerate(dirs):  # one study that cannot be re-analysed does not stop the others
         if len(dirs) > 1:
@@ -167,13 +167,13 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
         try:
             code = max(code, reanalyze_folder(d, output_dir, args.tracking_uri, args.quiet, _for(args, d)))
         except ConfigError as err:
-            code = cli.error(f"{d.name}: {err}")
+            code = cli_common.error(f"{d.name}: {err}")
         except Exception as err:  # one line, and the other studies are still re-analysed
             if no_space(err):
-                code = max(code, cli.error(f"{d.name}: {disk_full(output_dir)}", cli.EXIT_FAILED))
+                code = max(code, cli_common.error(f"{d.name}: {disk_full(output_dir)}", cli_common.EXIT_FAILED))
                 continue
             logging.getLogger(__name__).debug("re-analysis of %s failed", d.name, exc_info=True)
-            code = cli.error(f"{d.name}: could not be re-analysed ({type(err).__name__}: "
+            code = cli_common.error(f"{d.name}: could not be re-analysed ({type(err).__name__}: "
                              f"{str(err).strip().splitlines()[0][:200] if str(err).strip() else 'no message'})")
     return code
 

@@ -6,8 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from dcl_core import cli
-from dcl_core.cli import setup_logging
+from dcl_core import cli_common
+from dcl_core.cli_common import setup_logging
 from dcl_core.study.cli.answer_command import only_study
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import default_tracking_uri
@@ -33,7 +33,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study export OUTPUT_DIR (--trial NAME | --best [SERIES])``."""
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study export", description=EXPORT_DOC,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_store_options(parser, "the study's --output-dir", output_default=None)
+    cli_common.add_store_options(parser, "the study's --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="the study (default: the only one in OUTPUT_DIR)")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--trial", default=None, metavar="NAME", help="the trial's name or Tune id")
@@ -68,10 +68,10 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         meta = export(chosen.checkpoint, out)
         print(f"{out}: trial {chosen.name} of {study}: {describe(meta)}; described in {out.with_suffix('.json')}")
         if args.mlflow:
-            from dcl_core.study.tracking.runs import log_trial_files  # MLflow: not for --help
+            from dcl_core.study.tracking.mlflow_runs import log_trial_files  # MLflow: not for --help
 
             run_id = log_trial_files(uri, study, chosen.trial_id, [out, out.with_suffix(".json")], "backbone")
             print(f"MLflow: logged to backbone/ of run {run_id} ({chosen.name})")
         return 0
 
-    return cli.run_command(body)
+    return cli_common.run_command(body)

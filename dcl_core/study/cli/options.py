@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from dcl_core import cli
+from dcl_core import cli_common
 from dcl_core.config import absolute_reference
 from dcl_core.study.plan.args import (
     GPU_PRESET,
@@ -47,11 +47,11 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
             g.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: "
                                                                f"{default_name})")
         elif f.name == "output_dir":
-            cli.add_store_options(g, "study folder: Ray results, MLflow store, summary",
+            cli_common.add_store_options(g, "study folder: Ray results, MLflow store, summary",
                                   default_text=f"{f.default}/; {SMOKE_OUTPUT_DIR}/ with --smoke, so that a smoke "
                                   "study and the real one live side by side")
         elif f.name == "set":
-            cli.add_set_option(g, m["help"])
+            cli_common.add_set_option(g, m["help"])
         else:
             flags = (m["short"], m["flag"]) if m["short"] else (m["flag"],)
             g.add_argument(*flags, **_argument(f))

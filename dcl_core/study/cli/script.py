@@ -12,8 +12,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from dcl_core import cli
-from dcl_core.cli import setup_logging
+from dcl_core import cli_common
+from dcl_core.cli_common import setup_logging
 from dcl_core.config import InputError, RunFailedError
 from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
@@ -59,7 +59,7 @@ def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] |
     try:
         request = request_of(ns, argv)
     except InputError as err:
-        return cli.error(err, cli.EXIT_BAD_INPUT)
+        return cli_common.error(err, cli_common.EXIT_BAD_INPUT)
     return run_request(script, request)
 
 
@@ -71,17 +71,18 @@ def run_request(script: Script, request: StudyRequest) -> int:
         try:
             outcome = _execute(script, request)
         except InputError as err:  # ConfigError, DataError
-            return cli.error(err, cli.EXIT_BAD_INPUT)
+            return cli_common.error(err, cli_common.EXIT_BAD_INPUT)
         except (StudyInterruptedError, KeyboardInterrupt) as err:  # Ctrl-C; a second Ctrl-C skips Tune's last save
             stop.caught()
             return _interrupted(request, err, terminated=stop.terminated)
         except RunFailedError as err:  # a full disk (DiskFullError): one line, exit 1
-            return cli.error(err, cli.EXIT_FAILED)
+            return cli_common.error(err, cli_common.EXIT_FAILED)
         except Exception as err:
             if not no_space(err):
                 raise
             where = request.options.output_dir.expanduser().resolve()
-            return cli.error(disk_full(where, resume=not request.args.reanalyze and _began(request)), cli.EXIT_FAILED)
+            return cli_common.error(disk_full(where, resume=not request.args.reanalyze and _began(request)),
+                                    cli_common.EXIT_FAILED)
     if outcome is None:  # a dry run or a re-analysis: printed already
         return 0
     from dcl_core.study.execution.results import summary_lines  # imported with the study already
@@ -89,7 +90,8 @@ def run_request(script: Script, request: StudyRequest) -> int:
     print(outcome.answer if request.quiet else "\n".join(summary_lines(outcome)))
     failed = [r for r in outcome.rows if r[STATUS] != Status.OK]
     if outcome.rows and len(failed) == len(outcome.rows):
-        return cli.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}", cli.EXIT_FAILED)
+        return cli_common.error(f"every trial failed; the first: {failed[0].get(ERROR) or failed[0][STATUS]}",
+                                cli_common.EXIT_FAILED)
     return 0
 
 
@@ -130,7 +132,7 @@ def _reanalyze(plan: StudyPlan, quiet: bool) -> None:
 
 def _interrupted(request: StudyRequest, err: BaseException, terminated: bool) -> int:
     """Ctrl-C or SIGTERM: what was kept and the command that continues the study (nothing, before it began)."""
-    code = cli.EXIT_TERMINATED if terminated else cli.EXIT_INTERRUPTED
+    code = cli_common.EXIT_TERMINATED if terminated else cli_common.EXIT_INTERRUPTED
     why = "; ".join((["SIGTERM"] if terminated else []) + ([str(err)] if str(err) else []))
     why = f" ({why})" if why else ""
     if not _began(request):  # stopped before its Tune experiment began: there is nothing to resume

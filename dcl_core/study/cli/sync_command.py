@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from dcl_core import cli
-from dcl_core.cli import setup_logging
+from dcl_core import cli_common
+from dcl_core.cli_common import setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.study.cli.answer_command import reanalyze_folder
 from dcl_core.study.plan.spec import check_name
@@ -31,7 +31,7 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study sync OUTPUT_DIR``: the journals replayed against MLflow."""
     parser = argparse.ArgumentParser(prog="python -m dcl_core.study sync", description=SYNC_DOC,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    cli.add_store_options(parser, "the studies' --output-dir", output_default=None)
+    cli_common.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study with a journal)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -41,7 +41,7 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
         try:
             check_name(args.name)  # never a journal (or a lock) outside the output folder: "../../x"
         except ConfigError as err:
-            return cli.error(err)
+            return cli_common.error(err)
     # Imports MLflow (seconds): not needed for --help or a bad argument.
     from dcl_core.study.tracking.journal import JOURNAL_FILE
     from dcl_core.study.tracking.sync import journals, sync_journals
@@ -53,7 +53,7 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
     code = 0
     for synced in sync_journals(out, found, args.tracking_uri):
         if synced.refused is not None:
-            code = cli.error(f"{synced.study}: {synced.refused}")
+            code = cli_common.error(f"{synced.study}: {synced.refused}")
             continue
         print(synced.line(), flush=True)
         if synced.left or synced.dropped:
@@ -64,5 +64,5 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
             try:
                 code = max(code, reanalyze_folder(summary_dir(out, synced.study), out, args.tracking_uri, True))
             except ConfigError as err:
-                code = cli.error(f"{synced.study}: the answer was not logged: {err}")
+                code = cli_common.error(f"{synced.study}: the answer was not logged: {err}")
     return code

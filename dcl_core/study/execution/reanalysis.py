@@ -13,9 +13,9 @@ from typing import Any
 
 from dcl_core.config import ConfigError, loss_reference
 from dcl_core.study.analysis.columns import COLUMNS, KNN_TOP1, Status, x_column
-from dcl_core.study.analysis.mi_toy import COLUMNS as TOY_COLUMNS
-from dcl_core.study.analysis.mi_toy import TABLE_STEM, TOY, toy_answer
-from dcl_core.study.analysis.report import read_table
+from dcl_core.study.analysis.mi_toy_answer import COLUMNS as TOY_COLUMNS
+from dcl_core.study.analysis.mi_toy_answer import TABLE_STEM, TOY, toy_answer
+from dcl_core.study.analysis.tables import read_table
 from dcl_core.study.execution.results import asked, summarize
 from dcl_core.study.plan.record import spec_fingerprint, study_changes
 from dcl_core.study.plan.spec import StudyOptions, StudySpec
@@ -197,7 +197,7 @@ def reanalyze(spec: StudySpec, options: StudyOptions) -> Any:
 
 def reanalyze_toy(output_dir: Path, tracking_uri: str) -> str:
     """The MI toy's answer recomputed from ``summary/eqco_mi_toy/mi_toy.parquet``
-    (:func:`~dcl_core.study.analysis.mi_toy.toy_answer`), written to its ``table.txt`` and logged on its summary
+    (:func:`~dcl_core.study.analysis.mi_toy_answer.toy_answer`), written to its ``table.txt`` and logged on its summary
     run; returns the text."""
     check_no_links(output_dir, study_entries(TOY))
     check_store_in_folder(tracking_uri, output_dir)

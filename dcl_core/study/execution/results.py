@@ -12,7 +12,7 @@ from typing import Any
 
 from dcl_core import metric_names as M
 from dcl_core.files import is_regular_file
-from dcl_core.study.analysis import answer, answer_output, report
+from dcl_core.study.analysis import answer, answer_output, figures, tables
 from dcl_core.study.analysis.columns import (
     ERROR,
     SEED,
@@ -25,7 +25,7 @@ from dcl_core.study.analysis.columns import (
 )
 from dcl_core.study.analysis.rows import series_label, trial_row
 from dcl_core.study.execution import memory_loss, trial_failures
-from dcl_core.study.execution.search_report import best_per_cell, format_best, format_trials, write_search_plots
+from dcl_core.study.execution.search_findings import best_per_cell, format_best, format_trials, write_search_plots
 from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import atomic_write_text, redact_uri, summary_dir
 from dcl_core.study.plan.writers import save_figure, write_table
@@ -102,14 +102,14 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
         parquet, csv = write_table(rows, out_dir)
     claim = found.claim
     paper_curves = answer.paper_curves(claim, sorted({r[SERIES] for r in shown}))
-    figure, rect = report.knn_figure(shown, x, spec.x_label, spec.title or spec.name, log_x=spec.log_x,
+    figure, rect = figures.knn_figure(shown, x, spec.x_label, spec.title or spec.name, log_x=spec.log_x,
                                      series=SERIES, paper=paper_curves,
                                      paper_label=f"paper: {claim.source}" if claim else "paper",
                                      notes=[answer_output.figure_note(v) for v in found.verdicts])
     png = save_figure(figure, out_dir / f"{spec.name}.png", rect=rect, with_pdf=True)
     stored = [p for p in (parquet, csv) if is_regular_file(p)]
     files = [*stored, png, out_dir / "table.txt", png.with_suffix(".pdf")]
-    q_figure = report.q_hists_figure(placed, x, spec.x_label, series=SERIES)
+    q_figure = figures.q_hists_figure(placed, x, spec.x_label, series=SERIES)
     q_png = None if q_figure is None else save_figure(q_figure, out_dir / "npc_q_hist.png")
     if q_png is None and reanalysis and is_regular_file(out_dir / "npc_q_hist.png"):  # a link is never uploaded
         q_png = out_dir / "npc_q_hist.png"
@@ -117,14 +117,14 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
         files.append(q_png)
     points = answer.gap_points({spec.name: placed, **_other_studies(output_dir, spec.name)})
     title = "DCL − InfoNCE gap vs 1 − q_B, every paired cell in this output folder"
-    files.append(save_figure(report.gap_vs_q_figure(points, title), out_dir / "gap_vs_npc.png"))
+    files.append(save_figure(figures.gap_vs_q_figure(points, title), out_dir / "gap_vs_npc.png"))
     if spec.search:
         table += "\n\n" + format_best(placed, spec.search)
         files += write_search_plots(placed, spec.search, out_dir)
     answer_text = answer_output.format_answer(found)
     table += "\n\n" + answer_text
     atomic_write_text(out_dir / "table.txt", table + "\n")
-    rob = report.robustness(shown, x, series=SERIES)
+    rob = tables.robustness(shown, x, series=SERIES)
     metrics = _summary_metrics(spec, shown, rows, x, rob) | {
         metric_name(k): v for k, v in answer_output.answer_metrics(found).items()}
     tracker.log_summary(metrics, files, tags=answer_output.answer_tags(found),
@@ -170,7 +170,7 @@ def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
         if path.parent.name == name:
             continue
         try:
-            out[path.parent.name] = report.read_table(path)
+            out[path.parent.name] = tables.read_table(path)
         except Exception as exc:
             log.warning("skipping %s in the gap-vs-q_B figure: %s", path, exc)
     return out
@@ -179,12 +179,12 @@ def _other_studies(output_dir: Path, name: str) -> dict[str, list[Row]]:
 def _table(spec: StudySpec, rows: list[Row], x: str) -> tuple[str, list[Row]]:
     """The text table and the rows it shows (a search's table shows each cell's tuned trial)."""
     if not spec.search:
-        return _caption(rows, spec.gap) + report.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
+        return _caption(rows, spec.gap) + tables.format_table(rows, x, spec.x_label, gap=spec.gap, series=SERIES), rows
     searched = {x_column(k) for k in keys_of(spec.search)}
     if x in searched:  # every trial has its own x: list the trials instead of a cell table
         return format_trials(rows, spec.search), rows
     shown = best_per_cell(rows, x)  # cells of a grid key (e.g. batch size): each cell's tuned (best) trial
-    return report.format_table(shown, x, spec.x_label, gap=spec.gap, series=SERIES), shown
+    return tables.format_table(shown, x, spec.x_label, gap=spec.gap, series=SERIES), shown
 
 
 def _caption(rows: list[Row], gap: bool) -> str:
@@ -200,7 +200,7 @@ def _summary_metrics(spec: StudySpec, shown: list[Row], rows: list[Row], x: str,
                      rob: dict[str, dict[str, float]]) -> dict[str, float]:
     metrics = {f"{name}/{k}": v for name, stats in rob.items() for k, v in stats.items()}
     if spec.gap:
-        for prefix, g in report.all_gaps(shown, x, series=SERIES).items():
+        for prefix, g in tables.all_gaps(shown, x, series=SERIES).items():
             metrics |= {f"gap_dcl_minus_infonce/{prefix + '_' if prefix else ''}{x}_{k}": v for k, v in g.items()}
     metrics["trials"] = len(rows)
     metrics["trials_failed"] = sum(r[STATUS] != Status.OK for r in rows)

@@ -119,7 +119,7 @@ class StudyArgs:
                                        f"a look every N seeds instead of {GROUP_LOOKS} looks equally spaced from the "
                                        "first to the last")
     name: str = _opt("", "--name", WHERE, record=True)  # default and help: the script's name
-    output_dir: str = _opt("outputs", "--output-dir", WHERE)  # with --tracking-uri: dcl_core.cli's store options
+    output_dir: str = _opt("outputs", "--output-dir", WHERE)  # with --tracking-uri: dcl_core.cli_common's store options
     tracking_uri: str | None = _opt(None, None, WHERE)
     storage: str | None = _opt(None, "--storage", WHERE,
                                "Ray storage path or URI (default: OUTPUT_DIR/ray_results)")

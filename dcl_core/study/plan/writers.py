@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from dcl_core.files import write_with
 from dcl_core.study.analysis.columns import COLUMN_NAMES, FLOAT_COLUMNS, Row
-from dcl_core.study.analysis.report import Rect, pyplot
+from dcl_core.study.analysis.figures import Rect, pyplot
 
 
 def write_table(rows: Sequence[Row], out_dir: Path, stem: str = "results") -> tuple[Path, Path]:

@@ -3,10 +3,10 @@ both only (``ray.tune.Callback``, ``tune.report`` / ``ray.train.report``, ``Mlfl
 
 A job a module:
 
-- :mod:`.reporting`: the trainer's epoch callbacks reporting to Ray Tune / Ray Train, checkpoints Ray hands back,
+- :mod:`.trial_reporters`: the trainer's epoch callbacks reporting to Ray Tune / Ray Train, checkpoints Ray hands back,
   a trial's final report, where a trial's files go.
 - :mod:`.preflight`: a tracking URI checked in seconds, before Ray starts.
-- :mod:`.runs`: the study's runs in MLflow (its experiment, the parent run, a nested child run per trial, found
+- :mod:`.mlflow_runs`: the study's runs in MLflow (its experiment, the parent run, a nested child run per trial, found
   again by their tags) and one tracking operation applied to MLflow.
 - :mod:`.tracker`: :class:`StudyTracker`, the study's tracking operations, applied now or journaled: MLflow
   being down never stops a study.
@@ -38,7 +38,9 @@ if TYPE_CHECKING:
         Journal,
         journal_problem,
     )
-    from dcl_core.study.tracking.reporting import (
+    from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
+    from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
+    from dcl_core.study.tracking.trial_reporters import (
         TrainReporter,
         TuneReporter,
         report_diverged,
@@ -46,10 +48,8 @@ if TYPE_CHECKING:
         restore_latest_checkpoint,
         trial_context,
     )
-    from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
-    from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
 
-# Each name's module, imported on first use: a Ray trial worker needs only .reporting, and the driver's MLflow
+# Each name's module, imported on first use: a Ray trial worker needs only .trial_reporters, and the driver's MLflow
 # (~1 s of a worker's start-up on 2 cores) stays out of every trial's process.
 _MODULES = {
     "redact_uri": "dcl_core.study.plan.storage",
@@ -57,8 +57,8 @@ _MODULES = {
     **dict.fromkeys(("FILES_DIR", "IDS_FILE", "JOURNAL_FILE", "LOCAL_ID", "Journal", "journal_problem"),
                     "dcl_core.study.tracking.journal"),
     **dict.fromkeys(("TrainReporter", "TuneReporter", "report_diverged", "report_failed",
-                     "restore_latest_checkpoint", "trial_context"), "dcl_core.study.tracking.reporting"),
-    **dict.fromkeys(("SUMMARY_TAG", "TRIAL_TAG", "local_ui_port", "runs_page"), "dcl_core.study.tracking.runs"),
+                     "restore_latest_checkpoint", "trial_context"), "dcl_core.study.tracking.trial_reporters"),
+    **dict.fromkeys(("SUMMARY_TAG", "TRIAL_TAG", "local_ui_port", "runs_page"), "dcl_core.study.tracking.mlflow_runs"),
     **dict.fromkeys(("StudyTracker", "git_commit", "metric_name"), "dcl_core.study.tracking.tracker"),
 }
 

@@ -13,7 +13,7 @@ from ray import tune
 
 from dcl_core import metric_names as M
 from dcl_core.config import LossSource, loss_label
-from dcl_core.study.analysis.report import q_hist_edges, q_hist_epochs_figure
+from dcl_core.study.analysis.figures import q_hist_edges, q_hist_epochs_figure
 from dcl_core.study.analysis.rows import trial_row
 from dcl_core.study.plan.spec import TrialTags
 from dcl_core.study.plan.writers import save_figure

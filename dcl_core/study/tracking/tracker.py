@@ -23,9 +23,9 @@ from dcl_core.study.analysis.colours import SUMMARY_COLOUR
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, SUMMARIZE, Journal
+from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
 from dcl_core.study.tracking.mlflow_view import RUN_COLOR_TAG
 from dcl_core.study.tracking.notes import NOTE_TAG, is_literal_markdown, summary_note, verdict_lines
-from dcl_core.study.tracking.runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
 
 log = logging.getLogger(__name__)
 

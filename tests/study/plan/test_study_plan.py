@@ -1,0 +1,70 @@
+"""A study request prepared once (:func:`dcl_core.study.plan.study_plan.prepare_plan`): a round of
+``--until-resolved`` (``plan.next_round(n)``) is exactly the study a resume at ``n`` seeds per cell prepares from
+scratch, without making the plan's checks again; a dry run and a re-analysis plan nothing to run. No Ray here: the
+plan's floor never imports it (tests/test_layering.py)."""
+
+import importlib.util
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from dcl_core.study.cli.options import build_parser, request_of
+from dcl_core.study.plan import prepared, study_plan
+from dcl_core.study.plan.study_plan import Script, prepare_plan
+from tests.cifar10_present import cifar10_present
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "docs" / "examples" / "my_losses.py"
+pytestmark = pytest.mark.skipif(not cifar10_present(), reason="a study's plan checks its data: needs CIFAR-10")
+
+
+def script(name="temperature_sweep"):
+    spec = importlib.util.spec_from_file_location(f"plan_{name}", REPO / "studies" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return Script(module.__doc__, name, module.build_spec, tuple(module.PRESETS))
+
+
+def planned(tmp_path, *argv, name="temperature_sweep"):
+    s = script(name)
+    ns = build_parser(s.doc, s.name, s.presets).parse_args(["--output-dir", str(tmp_path / "out"), *argv])
+    return prepare_plan(s, request_of(ns))
+
+
+ROUNDS = ("--smoke", "--seeds", "2", "--until-resolved", "--max-seeds", "4", "--seeds-per-round", "1")
+
+
+def test_a_round_is_the_resume_at_its_seeds_prepared_from_scratch(tmp_path):
+    plan = planned(tmp_path, *ROUNDS, "--losses", f"{EXAMPLE}:PositiveWeighted,dcl")
+    assert plan.study is not None and not plan.dry_run and plan.spec.design is not None
+    assert plan.study.spec.loss_sources  # the user loss, checked once
+    for seeds in (3, 4):
+        got = plan.next_round(seeds)
+        args = replace(plan.args, seeds=seeds)
+        resumed = replace(plan.options, command=plan.script.command(args), resume=True, overwrite=False)
+        fresh = prepared.prepare(plan.script.build(args, plan.data_root), resumed)
+        assert got == fresh
+        assert got.options.command["seeds"] == seeds and got.options.command["design"] == plan.args.design
+
+
+def test_a_round_makes_none_of_the_plans_checks_again(tmp_path, monkeypatch):
+    plan = planned(tmp_path, *ROUNDS, "--losses", f"{EXAMPLE}:PositiveWeighted,dcl")
+    for name in ("check_user_losses", "check_output_dir", "check_no_links", "check_storage", "check_fits"):
+        monkeypatch.setattr(prepared, name, lambda *a, _name=name, **k: pytest.fail(f"{_name} ran again"))
+    assert plan.next_round(3).spec.base.loss.name == plan.study.spec.base.loss.name
+
+
+def test_a_dry_run_and_a_reanalysis_plan_nothing_to_run(tmp_path):
+    dry = planned(tmp_path, "--smoke", "--dry-run")
+    assert dry.study is None and dry.dry_run[0].startswith("dry run of study temperature_sweep (preset smoke")
+    assert not (tmp_path / "out").exists()  # nothing written
+    again = planned(tmp_path, "--smoke", "--reanalyze", "--compare", "dcl,infonce")
+    assert again.study is None and not again.dry_run and again.recorded == {} and not again.another_question
+
+
+def test_the_plans_design_is_recorded_with_its_command(tmp_path):
+    plan = planned(tmp_path, *ROUNDS)
+    assert plan.options.command == plan.script.command(plan.args)
+    assert plan.args.design == study_plan.rounds.to_record(plan.spec.design)
+    assert plan.spec.design.looks == (2, 3, 4)
