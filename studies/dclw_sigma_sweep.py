@@ -62,4 +62,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "dclw_sigma_sweep", build_spec, presets=tuple(PRESETS)))
+    sys.exit(main(__doc__, "dclw_sigma_sweep", build_spec, presets=PRESETS))

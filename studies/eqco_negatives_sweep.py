@@ -72,4 +72,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "eqco_negatives_sweep", build_spec, presets=tuple(PRESETS)))
+    sys.exit(main(__doc__, "eqco_negatives_sweep", build_spec, presets=PRESETS))

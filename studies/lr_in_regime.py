@@ -67,4 +67,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "lr_in_regime", build_spec, presets=("smoke", "cpu", "cpu_long")))
+    sys.exit(main(__doc__, "lr_in_regime", build_spec, presets=PRESETS))

@@ -86,4 +86,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "sweep", build_spec, presets=tuple(PRESETS), extra=("key", "values")))
+    sys.exit(main(__doc__, "sweep", build_spec, presets=PRESETS, extra=("key", "values")))

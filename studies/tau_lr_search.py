@@ -52,4 +52,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 if __name__ == "__main__":
     sys.exit(main(__doc__, "tau_lr_search", build_spec, defaults={"search": "optuna"},
-                  presets=tuple(PRESETS)))
+                  presets=PRESETS))

@@ -76,4 +76,4 @@ def build_spec(args: StudyArgs) -> StudySpec:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, "temperature_sweep", build_spec, presets=tuple(PRESETS)))
+    sys.exit(main(__doc__, "temperature_sweep", build_spec, presets=PRESETS))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from dcl_core import cli_common
@@ -43,16 +43,17 @@ def preset_run(args: StudyArgs, presets: Mapping[str, StudyPreset], *, fixed_los
 
 
 def main(doc: str, default_name: str, build_spec: SpecBuilder, argv: list[str] | None = None,
-         defaults: dict[str, Any] | None = None, presets: tuple[str, ...] = ("smoke", "cpu", "paper"),
+         defaults: dict[str, Any] | None = None, presets: Iterable[str] = ("smoke", "cpu", "paper"),
          extra: tuple[str, ...] = ()) -> int:
     """A study script's command line. Parse, validate (exit 2 on bad input), run the study, print the table, plot
     path and experiment; with ``--dry-run``, print what it would run and cost instead (no Ray, nothing written);
     with ``--reanalyze``, recompute a finished run's answer from its stored results.
 
     ``defaults`` changes option defaults for one study (e.g. ``{"search": "optuna"}``); ``presets`` are the
-    study's preset names; ``extra`` the options only this study takes (e.g. the generic sweep's ``key``)."""
-    script = Script(doc, default_name, build_spec, presets, defaults or {}, extra, defined_in(build_spec))
-    parser = build_parser(doc, default_name, presets, extra)
+    study's presets (their names: the script's ``PRESETS`` mapping itself); ``extra`` the options only this study
+    takes (e.g. the generic sweep's ``key``)."""
+    script = Script(doc, default_name, build_spec, tuple(presets), defaults or {}, extra, defined_in(build_spec))
+    parser = build_parser(doc, default_name, script.presets, extra)
     parser.set_defaults(**script.defaults)
     ns = parser.parse_args(argv)
     setup_logging(ns.verbose, quiet=ns.quiet)

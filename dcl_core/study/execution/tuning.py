@@ -335,7 +335,7 @@ def _search(spec: StudySpec, experiment: TuneExperiment, options: StudyOptions) 
                  if k not in searched}
     # TPE models the trials after its random start-up ones; with the small CPU budgets that start-up phase
     # (Optuna's default: 10) would be the whole search.
-    sampler = TPESampler(seed=options.seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
+    sampler = TPESampler(seed=options.search_seed, n_startup_trials=max(2, min(10, spec.num_samples // 2)))
     # The Optuna study persists in OUTPUT_DIR/optuna.db under the experiment's name, for optuna-dashboard and
     # optuna.load_study (Tune still checkpoints the searcher itself for --resume).
     search_alg = OptunaSearch(space=to_optuna(spec.search, constants), metric=M.KNN_TOP1, mode="max",

@@ -36,6 +36,7 @@ GPU_PRESET = "paper"  # every study's GPU protocol: one GPU per worker unless --
 SMOKE_OUTPUT_DIR = "outputs/smoke"  # --smoke's folder, beside outputs/ of the real study (the quick start's next)
 WHAT, ROUNDS, WHERE, RESOURCES = "what to run", "seeds until resolved", "where results go", "resources"
 QUESTION = "your own question (docs/own-loss.md): replaces the paper's"
+RUN = StudyOptions()  # how a study runs: the defaults of its options of the same name, declared there
 
 
 def _opt(default: Any, flag: str | None, group: str | None, help: str = "", *, record: bool = False,
@@ -68,7 +69,7 @@ class StudyArgs:
                        record=True, limit=40, choices=("grid", "optuna"))
     num_samples: int | None = _opt(None, "--num-samples", WHAT, "trials per Optuna search (default: preset's)",
                                    record=True, bounds=(1, MAX_SAMPLES))
-    asha: bool = _opt(False, "--asha", WHAT, "early-stop poor Optuna trials with ASHA", record=True)
+    asha: bool = _opt(RUN.asha, "--asha", WHAT, "early-stop poor Optuna trials with ASHA", record=True)
     losses: str | None = _opt(None, "--losses", WHAT, "comma-separated losses (default: preset's)", record=True)
     seeds: int | None = _opt(None, "--seeds", WHAT, "number of seeds per cell (default: preset's)", record=True,
                              bounds=(1, MAX_SEEDS))
@@ -119,26 +120,28 @@ class StudyArgs:
                                        f"a look every N seeds instead of {GROUP_LOOKS} looks equally spaced from the "
                                        "first to the last")
     name: str = _opt("", "--name", WHERE, record=True)  # default and help: the script's name
-    output_dir: str = _opt("outputs", "--output-dir", WHERE)  # with --tracking-uri: dcl_core.cli_common's store options
-    tracking_uri: str | None = _opt(None, None, WHERE)
-    storage: str | None = _opt(None, "--storage", WHERE,
+    # with --tracking-uri: dcl_core.cli_common's store options
+    output_dir: str = _opt(str(RUN.output_dir), "--output-dir", WHERE)
+    tracking_uri: str | None = _opt(RUN.tracking_uri, None, WHERE)
+    storage: str | None = _opt(RUN.storage, "--storage", WHERE,
                                "Ray storage path or URI (default: OUTPUT_DIR/ray_results)")
-    resume: bool = _opt(False, "--resume", WHERE,
+    resume: bool = _opt(RUN.resume, "--resume", WHERE,
                         "continue an interrupted study from its storage; with a larger --seeds, extend a finished "
                         "study by the new seeds only")
-    overwrite: bool = _opt(False, "--overwrite", WHERE, "delete an existing study of the same name first")
-    save_checkpoints: bool = _opt(False, "--save-checkpoints", WHERE,
+    overwrite: bool = _opt(RUN.overwrite, "--overwrite", WHERE, "delete an existing study of the same name first")
+    save_checkpoints: bool = _opt(RUN.save_checkpoints, "--save-checkpoints", WHERE,
                                   "log each trial's final checkpoint to MLflow")
-    workers: int = _opt(1, "--workers", RESOURCES, "DDP workers per trial (TorchTrainer when > 1)")
-    cpus_per_worker: float = _opt(1.0, "--cpus-per-worker", RESOURCES, "CPUs per worker; also its torch threads")
+    workers: int = _opt(RUN.workers, "--workers", RESOURCES, "DDP workers per trial (TorchTrainer when > 1)")
+    cpus_per_worker: float = _opt(RUN.cpus_per_worker, "--cpus-per-worker", RESOURCES,
+                                  "CPUs per worker; also its torch threads")
     gpus_per_worker: float | None = _opt(None, "--gpus-per-worker", RESOURCES,
                                          "GPUs per worker (default: 1 with --preset paper, the papers' GPU protocol; "
                                          "else 0)")
-    max_concurrent: int | None = _opt(None, "--max-concurrent", RESOURCES, "cap on concurrent trials")
-    max_failures: int = _opt(2, "--max-failures", RESOURCES, "retries of a crashed trial")
-    address: str | None = _opt(None, "--address", RESOURCES,
+    max_concurrent: int | None = _opt(RUN.max_concurrent, "--max-concurrent", RESOURCES, "cap on concurrent trials")
+    max_failures: int = _opt(RUN.max_failures, "--max-failures", RESOURCES, "retries of a crashed trial")
+    address: str | None = _opt(RUN.address, "--address", RESOURCES,
                                "Ray cluster address (default: local, or $RAY_ADDRESS)")
-    num_cpus: int | None = _opt(None, "--num-cpus", RESOURCES, "CPUs for a local Ray (default: all)")
+    num_cpus: int | None = _opt(RUN.num_cpus, "--num-cpus", RESOURCES, "CPUs for a local Ray (default: all)")
     verbose: bool = _opt(False, "--verbose", None,
                          "Ray Tune's status tables and the trials' own logs (default: a progress line and one line "
                          "per finished trial)", short="-v")

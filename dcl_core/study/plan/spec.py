@@ -78,10 +78,12 @@ def _fixed(default: Any) -> Any:
 
 @dataclass(frozen=True)
 class StudyOptions:
-    """How one invocation of a study runs: where results go, resources, resume. Field names are the study
-    command line's option names (``--max-failures`` -> ``max_failures``); :meth:`resolved` fills in the
-    defaults that depend on ``output_dir``. ``asdict`` of it is written next to the summary, and a
-    ``--resume`` must match it in every field marked ``fixed_on_resume``."""
+    """How one invocation of a study runs: where results go, resources, resume. Each field but ``search_seed``,
+    ``verbosity`` and ``command`` is the study option of the same name (``--max-failures`` -> ``max_failures``),
+    whose default is declared here and read by :class:`~dcl_core.study.plan.args.StudyArgs` (a study's command line
+    resolves ``--gpus-per-worker``'s None by its preset); :meth:`resolved` fills in the defaults that depend on
+    ``output_dir``. ``asdict`` of it is written next to the summary, and a ``--resume`` must match it in every field
+    marked ``fixed_on_resume``."""
 
     output_dir: Path = Path("outputs")
     tracking_uri: str | None = _fixed(None)
@@ -94,7 +96,7 @@ class StudyOptions:
     max_concurrent: int | None = None
     asha: bool = _fixed(False)
     max_failures: int = 2
-    seed: int = 0
+    search_seed: int = 0  # the seed of an Optuna search's sampler (TPE): not an option; a trial's own is its config's
     address: str | None = None
     num_cpus: int | None = None
     save_checkpoints: bool = _fixed(False)

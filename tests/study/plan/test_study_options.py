@@ -80,9 +80,13 @@ def test_a_number_outside_its_declared_bounds_is_one_line(field: str, value: int
 
 def test_the_run_s_options_are_the_command_line_s_of_the_same_name():
     # StudyOptions declares no option of its own: each of its fields but the seed of the searches, the recorded
-    # command and the console's verbosity (-q / -v) is a study option of the same name
-    own = {f.name for f in dataclasses.fields(StudyOptions)} - {"seed", "command", "verbosity"}
+    # command and the console's verbosity (-q / -v) is a study option of the same name, with the same default
+    own = {f.name for f in dataclasses.fields(StudyOptions)} - {"search_seed", "command", "verbosity"}
     assert own <= set(FIELDS)
+    defaults = StudyOptions()
+    assert {k: getattr(defaults, k) for k in own - {"output_dir", "gpus_per_worker"}} == {
+        k: FIELDS[k].default for k in own - {"output_dir", "gpus_per_worker"}}
+    assert str(defaults.output_dir) == FIELDS["output_dir"].default and FIELDS["gpus_per_worker"].default is None
     args = StudyArgs(output_dir="o", workers=2, cpus_per_worker=0.5, max_failures=0, asha=True, quiet=True)
     options = options_of(args)
     assert all(getattr(options, k) == getattr(args, k) for k in own - {"output_dir", "gpus_per_worker"})
