@@ -52,8 +52,13 @@ def test_a_memory_kill_is_told_from_other_failures_by_its_cause_or_its_text() ->
     assert "--num-cpus" in memory_loss.CAUSE and "\n" not in memory_loss.CAUSE
 
 
-def test_tunes_traceback_of_a_trial_lost_to_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    """Through Tune's own controller logger, as Tune logs it ("Trial task failed for trial X", exc_info)."""
+def test_tunes_traceback_of_a_trial_lost_to_memory_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through Tune's own controller logger, as Tune logs it ("Trial task failed for trial X", exc_info). Tune's
+    loggers start without the study's filters, whatever an earlier test of this process installed (a study run in
+    the process adds the filter that keeps every other failure's traceback off its console), and get them back."""
+    for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller"):
+        monkeypatch.setattr(logging.getLogger(name), "filters", [])
     tune_state.quiet_tune_restore_advice()
     logger = logging.getLogger("ray.tune.execution.tune_controller")
     handler = logging.StreamHandler(sys.stderr)
