@@ -122,12 +122,11 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     """The plan of ``request``: every check that needs neither Ray nor the MLflow store, made once, in order;
     ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
     request.check()
-    args = continued(request.args, request.options)
+    args, recorded = continued(request.args, request.options)
     args, spec = _with_download(script, args, script.build(args))
     options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
-        return StudyPlan(script, args, spec, options,
-                         recorded=recorded_command(options.output_dir.expanduser().resolve(), spec.name))
+        return StudyPlan(script, args, spec, options, recorded=recorded)
     root, local_problems = trial_data_root(spec, options, args.dry_run)
     data_root = str(Path(root).expanduser().resolve()) if root is not None else None
     if data_root is not None:
@@ -147,10 +146,11 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     return StudyPlan(script, args, study.spec, options, data_root, study)
 
 
-def continued(args: StudyArgs, options: StudyOptions) -> StudyArgs:
-    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design."""
+def continued(args: StudyArgs, options: StudyOptions) -> tuple[StudyArgs, dict[str, Any]]:
+    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design; and the
+    command the study recorded (empty for a new study)."""
     if not (options.resume or args.reanalyze):
-        return args
+        return args, {}
     out = options.output_dir.expanduser().resolve()
     recorded = recorded_command(out, args.name)
     where = str(summary_dir(out, args.name) / OPTIONS_FILE)
@@ -163,7 +163,7 @@ def continued(args: StudyArgs, options: StudyOptions) -> StudyArgs:
     # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
     more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
     seeds = has if args.seeds is None or more else args.seeds
-    return replace(args, seeds=seeds, design=recorded.get("design"))
+    return replace(args, seeds=seeds, design=recorded.get("design")), recorded
 
 
 def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
