@@ -274,18 +274,22 @@ _RAY_INTERNAL = re.compile(
 
 # Ray Train's placement-group cleaner, a detached actor beside each DDP trial's controller: its lines are about Ray
 # Train's own bookkeeping (with a local Ray, which has no dashboard, "Failed to query Ray Train Controller actor
-# state" every few seconds: ray_env.setup_worker)
+# state" every few seconds: ray_env.setup_worker). The controller runs no user code either (the workers do): on a
+# loaded machine it printed "Failed to send resource request ... it's safe to ignore" with a GetTimeoutError
+# traceback; a trial that fails says so in the study's own line.
 _CLEANER = "PlacementGroupCleaner "
+_CONTROLLER = "TrainController "
 
 
 def ray_internal(line: str) -> bool:
     """Whether a line Ray forwarded to the driver is Ray's own (the raylet's messages, its C++ log and crash lines,
-    Ray Train's placement-group cleaner) rather than a trial's output."""
+    Ray Train's controller and placement-group cleaner) rather than a trial's output."""
     forwarded = _FORWARDED.match(ANSI.sub("", line))
     if forwarded is None:
         return False
     who = forwarded["who"]
-    return (who == "raylet" or who.startswith(("raylet,", _CLEANER)) or bool(_RAY_INTERNAL.match(forwarded["message"])))
+    return (who == "raylet" or who.startswith(("raylet,", _CLEANER, _CONTROLLER))
+            or bool(_RAY_INTERNAL.match(forwarded["message"])))
 
 
 class _WithoutRayLines:

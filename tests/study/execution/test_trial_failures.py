@@ -167,6 +167,12 @@ RAY_LINES = [
     "(trainable pid=12335) Fatal Python error: Segmentation fault",
     "\x1b[36m(PlacementGroupCleaner pid=1225)\x1b[0m Failed to query Ray Train Controller actor state. State API may "
     "be temporarily unavailable. Continuing to monitor.\x1b[32m [repeated 10x across cluster]\x1b[0m",
+    # Ray Train's controller on a loaded machine (seen in the full suite), its traceback forwarded line by line
+    "\x1b[36m(TrainController pid=31781)\x1b[0m Failed to send resource request for train-bc488edfbc07. If this only "
+    "happens transiently during network partition or CPU being overloaded, it's safe to ignore this error.",
+    "\x1b[36m(TrainController pid=31781)\x1b[0m Traceback (most recent call last):",
+    "\x1b[36m(TrainController pid=31781)\x1b[0m ray.exceptions.GetTimeoutError: Get timed out: some object(s) not "
+    "ready.",
 ]
 TRIAL_LINES = ["(trainable pid=12335) WARNING my_losses: the loss saw a NaN", "[1/4] dcl_s0_t0.1_00000  kNN 10.0%",
                "(trainable pid=1, ip=10.0.0.2) restarting the trial from scratch: its latest checkpoint is unreadable",
