@@ -186,7 +186,20 @@ def _not_for_this_study(record: logging.LogRecord) -> bool:
         return False  # Ctrl-C, SIGTERM, a full disk's stop: the study says it in its own one line
     if "Error handling checkpoint" in message and _deleting_a_deleted_checkpoint(record):
         return False  # a resumed experiment's state names a checkpoint its killed run had already deleted
-    return not (DISK_FULL.is_set() and record.levelno >= logging.ERROR and "Saving experiment state" in message)
+    if DISK_FULL.is_set() and record.levelno >= logging.ERROR and "Saving experiment state" in message:
+        return False  # the study stops on a full disk and says so in its own line
+    if message.startswith("Saving experiment state to storage") and record.exc_info:
+        _one_line(record)  # a sync that failed or timed out (seen on a loaded machine): Tune saves again later
+    return True
+
+
+def _one_line(record: logging.LogRecord) -> None:
+    """The record's message with its exception's type and first line instead of the traceback."""
+    assert record.exc_info is not None
+    exc = record.exc_info[1]
+    why = f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if exc is not None and str(exc) else type(exc).__name__
+    record.msg, record.args = f"{record.getMessage().rstrip(': ')} ({why}); Tune saves it again at its next save", ()
+    record.exc_info, record.exc_text = None, None
 
 
 def _deleting_a_deleted_checkpoint(record: logging.LogRecord) -> bool:
@@ -207,8 +220,8 @@ def quiet_tune_restore_advice() -> None:
     read (each ``--resume`` after ``kill -9``, Ctrl-C or a full disk printed "Failed to fetch metrics ...
     FileNotFoundError" for trials whose result file never reached the storage), no traceback of Tune deleting a
     checkpoint that a killed run had deleted already, no traceback of Tune's last save on a full disk (the study says
-    so in one line), and a trial lost to Ray's memory monitor in one line (:func:`memory_loss.one_line`). Called
-    before a study first reads Tune's state."""
+    so in one line), a failed save of the experiment state in one line, and a trial lost to Ray's memory monitor in
+    one line (:func:`memory_loss.one_line`). Called before a study first reads Tune's state."""
     for name in ("ray.tune.tune", "ray.tune.execution.experiment_state", "ray.tune.execution.tune_controller"):
         logger = logging.getLogger(name)
         if _not_for_this_study not in logger.filters:

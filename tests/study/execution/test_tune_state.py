@@ -74,3 +74,29 @@ def test_what_counts_as_a_full_disk():
     assert isinstance(err, DiskFullError) and str(err) == (
         "no space left on the device holding /data/out: free some space, then run the same command with --resume "
         "(finished trials are kept)")
+
+
+def test_a_failed_save_of_the_experiment_state_is_one_line(capsys, monkeypatch):
+    """Tune logs a failed or timed-out sync of its experiment state with a traceback (seen in the full suite on a
+    loaded machine, the study went on and finished): the study's console shows it in one line, the cause kept."""
+    import logging
+    import sys
+
+    from dcl_core.study.execution import tune_state
+
+    logger = logging.getLogger("ray.tune.execution.experiment_state")
+    monkeypatch.setattr(logger, "filters", [])
+    tune_state.quiet_tune_restore_advice()
+    handler = logging.StreamHandler(sys.stderr)
+    logger.addHandler(handler)
+    try:
+        try:
+            raise TimeoutError("sync did not finish in 1800 s")
+        except TimeoutError:
+            logger.error("Saving experiment state to storage at '/out/ray_results/x' failed with exception: ",
+                         exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err == ("Saving experiment state to storage at '/out/ray_results/x' failed with exception (TimeoutError: "
+                   "sync did not finish in 1800 s); Tune saves it again at its next save\n"), err
