@@ -120,8 +120,8 @@ def test_a_smoke_study_has_its_own_default_folder_beside_the_real_study_s():
     from dcl_core.study.cli.options import args_of, build_parser
 
     parser = build_parser("doc", "temperature_sweep")
-    assert args_of(parser.parse_args(["--smoke"])).output_dir == "outputs/smoke"
-    assert args_of(parser.parse_args(["--preset", "smoke"])).output_dir == "outputs/smoke"
-    assert args_of(parser.parse_args([])).output_dir == "outputs"
-    assert args_of(parser.parse_args(["--preset", "paper"])).output_dir == "outputs"
-    assert args_of(parser.parse_args(["--smoke", "--output-dir", "mine"])).output_dir == "mine"
+    assert args_of(parser.parse_args(["--smoke"])).run.output_dir == Path("outputs/smoke")
+    assert args_of(parser.parse_args(["--preset", "smoke"])).run.output_dir == Path("outputs/smoke")
+    assert args_of(parser.parse_args([])).run.output_dir == Path("outputs")
+    assert args_of(parser.parse_args(["--preset", "paper"])).run.output_dir == Path("outputs")
+    assert args_of(parser.parse_args(["--smoke", "--output-dir", "mine"])).run.output_dir == Path("mine")

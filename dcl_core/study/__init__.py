@@ -26,7 +26,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.study.plan.prepared import PreparedStudy, prepare
-from dcl_core.study.plan.spec import Resources, StudyOptions, StudySpec, grid_points, validate_spec, with_base
+from dcl_core.study.plan.run_options import Resources, StudyOptions
+from dcl_core.study.plan.spec import StudySpec, grid_points, validate_spec, with_base
 from dcl_core.study.plan.storage import storage_join, summary_dir
 
 if TYPE_CHECKING:

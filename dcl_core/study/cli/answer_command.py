@@ -18,9 +18,10 @@ from dcl_core import cli_common
 from dcl_core.config import ConfigError
 from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.mi_toy_answer import TOY
-from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser, options_of
+from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser
 from dcl_core.study.cli.script import Script, run_request
 from dcl_core.study.plan.record import check_signed
+from dcl_core.study.plan.run_options import PROGRESS, QUIET
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import OPTIONS_FILE, script_origin, script_sha256
 
@@ -73,15 +74,21 @@ def _script_of(command: Mapping[str, Any], given: Path | None, output_dir: Path,
                       f"unasked; re-analyse it with `{again}`")
 
 
-def reanalyze_recorded(script: Script, recorded: Mapping[str, Any], output_dir: Path, tracking_uri: str | None,
+def reanalyze_recorded(script: Script, record: Mapping[str, Any], output_dir: Path, tracking_uri: str | None,
                        quiet: bool) -> int:
-    """Re-analyse a study from the options its outputs recorded (``study_options.json``'s ``command``)."""
+    """Re-analyse a study from what its outputs recorded (``study_options.json``): the options that built its spec
+    (its ``command``), and of the run options the one that changes the spec, ``asha``."""
     ns = build_parser(script.doc, script.name, script.presets).parse_args([])
-    args = args_from_record(recorded, args_of(ns), f"{output_dir}/summary/{script.name}/{OPTIONS_FILE}")
+    where = f"{output_dir}/summary/{script.name}/{OPTIONS_FILE}"
+    args = args_from_record(record["command"], args_of(ns), where)
     if args.preset not in script.presets:
         raise ConfigError(f"the recorded preset {args.preset[:40]!r} is not one of {', '.join(script.presets)}")
-    args = replace(args, output_dir=str(output_dir), tracking_uri=tracking_uri, reanalyze=True, quiet=quiet)
-    return run_request(script, StudyRequest(args, options_of(args)))
+    asha = record.get("asha", False)
+    if not isinstance(asha, bool):
+        raise ConfigError(f"{where}'s asha must be true or false: the file is damaged or not a study's")
+    run = replace(args.run, output_dir=output_dir, tracking_uri=tracking_uri, asha=asha,
+                  verbosity=QUIET if quiet else PROGRESS)
+    return run_request(script, StudyRequest(replace(args, reanalyze=True, run=run)))
 
 
 def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None, quiet: bool,
@@ -109,7 +116,7 @@ def reanalyze_folder(study_dir: Path, output_dir: Path, tracking_uri: str | None
                           f"`python studies/<script>.py <the options it ran with> --output-dir {output_dir} "
                           "--reanalyze`")
     script = _script_of(command, given_script, output_dir, study_dir.name)
-    return reanalyze_recorded(script, command, output_dir, store.uri, quiet)
+    return reanalyze_recorded(script, recorded, output_dir, store.uri, quiet)
 
 
 ANSWER_DOC = """Re-analyse finished studies without training: recompute the answer from the stored results rows and

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dcl_core import cli_common
-from dcl_core.config import absolute_reference
+from dcl_core.config import ConfigError, absolute_reference
 from dcl_core.study.plan.args import (
     GPU_PRESET,
     PRESET_HELP,
@@ -18,28 +19,31 @@ from dcl_core.study.plan.args import (
     StudyArgs,
     StudyRequest,
     args_from_record,
-    options_of,
+    option_fields,
 )
+from dcl_core.study.plan.option_fields import GROUPS
+from dcl_core.study.plan.run_options import PROGRESS, VERBOSITY_FLAGS, StudyOptions
 
-__all__ = ["GPU_PRESET", "StudyArgs", "StudyRequest", "args_from_record", "args_of", "build_parser", "options_of",
-           "request_of"]
+__all__ = ["GPU_PRESET", "StudyArgs", "StudyRequest", "args_from_record", "args_of", "build_parser", "request_of"]
 
 
 def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke", "cpu", "paper"),
                  extra: tuple[str, ...] = ()) -> argparse.ArgumentParser:
     """The argument parser every study script shares, its description the study's docstring: one argument a
-    :class:`StudyArgs` field with a flag, in its group (a field declared ``only`` when ``extra`` names it)."""
+    study option's field with a flag (:func:`option_fields`), in its group (a field declared ``only`` when
+    ``extra`` names it); ``-v`` and ``-q`` set the verbosity."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
-    groups: dict[str | None, Any] = {None: p}
-    for f in dataclasses.fields(StudyArgs):
+    groups: dict[str | None, Any] = {None: p} | {g: p.add_argument_group(g) for g in GROUPS}
+    for f in option_fields():
         m = f.metadata
-        if m["flag"] is None or (m["only"] and f.name not in extra):
-            continue
-        if m["group"] not in groups:
-            groups[m["group"]] = p.add_argument_group(m["group"])
         g = groups[m["group"]]
-        if f.name == "preset":
+        if f.name == "verbosity":
+            for short, flag, _, help in VERBOSITY_FLAGS:
+                g.add_argument(short, flag, action="store_true", help=help)
+        elif m["flag"] is None or (m["only"] and f.name not in extra):
+            continue
+        elif f.name == "preset":
             g.add_argument("--preset", choices=presets, default=f.default,
                            help="; ".join(f"{n}: {PRESET_HELP.get(n, 'see the docstring')}" for n in presets))
             g.add_argument("--smoke", dest="preset", action="store_const", const="smoke", help="same as --preset smoke")
@@ -52,6 +56,8 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
                                   "study and the real one live side by side")
         elif f.name == "set":
             cli_common.add_set_option(g, m["help"])
+        elif f.name == "gpus_per_worker":  # not given: the preset's
+            g.add_argument(m["flag"], **_argument(f) | {"default": None})
         else:
             flags = (m["short"], m["flag"]) if m["short"] else (m["flag"],)
             g.add_argument(*flags, **_argument(f))
@@ -71,25 +77,37 @@ def _argument(f: dataclasses.Field) -> dict[str, Any]:
         kw["metavar"] = m["metavar"]
     if m["choices"]:
         kw["choices"] = m["choices"]
-    kind = f.type.split(" | ")[0]
+    kind = str(f.type).split(" | ")[0]
     if kind in ("int", "float"):
         kw["type"] = int if kind == "int" else float
     return kw
 
 
 def args_of(ns: argparse.Namespace) -> StudyArgs:
-    """The :class:`StudyArgs` of parsed options; a user loss's file in ``--losses`` made absolute, as the study
-    records it (its trials, and a later ``answer`` from another folder, find the same file)."""
-    given: dict[str, Any] = {f.name: getattr(ns, f.name) for f in dataclasses.fields(StudyArgs) if hasattr(ns, f.name)}
-    if given.get("output_dir", "") is None:  # not given: the preset's folder
-        given["output_dir"] = SMOKE_OUTPUT_DIR if given.get("preset") == "smoke" else StudyArgs.output_dir
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    """The :class:`StudyArgs` of parsed options, its ``run`` resolved where the command line left it to the preset
+    (``--output-dir``, ``--gpus-per-worker``); a user loss's file in ``--losses`` made absolute, as the study
+    records it (its trials, and a later ``answer`` from another folder, find the same file). ConfigError for an
+    empty ``--output-dir`` or bad resources."""
+    def given(cls: type) -> dict[str, Any]:
+        return {f.name: tuple(v) if isinstance(v := getattr(ns, f.name), list) else v
+                for f in dataclasses.fields(cls) if hasattr(ns, f.name)}
+
+    values, run = given(StudyArgs), given(StudyOptions)
+    preset = values.get("preset", StudyArgs.preset)
+    if run.get("output_dir", "") is None:  # not given: the preset's folder
+        run["output_dir"] = SMOKE_OUTPUT_DIR if preset == "smoke" else StudyOptions.output_dir
+    if not str(run.get("output_dir", "outputs")).strip():  # Path("") is the current folder
+        raise ConfigError("--output-dir is empty; name a folder (default: outputs)")
+    if "output_dir" in run:
+        run["output_dir"] = Path(run["output_dir"])
+    if run.get("gpus_per_worker", 0.0) is None:
+        run["gpus_per_worker"] = float(preset == GPU_PRESET)
+    run["verbosity"] = next((v for _, flag, v, _ in VERBOSITY_FLAGS[::-1] if getattr(ns, flag[2:], False)), PROGRESS)
     if values.get("losses"):
         values["losses"] = ",".join(absolute_reference(x.strip()) for x in values["losses"].split(","))
-    return StudyArgs(**values)
+    return StudyArgs(**values, run=StudyOptions(**run))
 
 
 def request_of(ns: argparse.Namespace, argv: Sequence[str] | None = None) -> StudyRequest:
     """The frozen request of parsed options (ConfigError for an empty ``--output-dir`` or bad resources)."""
-    args = args_of(ns)
-    return StudyRequest(args, options_of(args), None if argv is None else tuple(argv))
+    return StudyRequest(args_of(ns), None if argv is None else tuple(argv))

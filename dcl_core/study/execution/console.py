@@ -17,7 +17,7 @@ from ray import tune
 from dcl_core import metric_names as M
 from dcl_core.study.analysis.columns import Status
 from dcl_core.study.execution import trial_failures
-from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE
+from dcl_core.study.plan.run_options import PROGRESS, QUIET, VERBOSE
 
 __all__ = ["PROGRESS", "QUIET", "VERBOSE", "ConsoleProgress"]
 

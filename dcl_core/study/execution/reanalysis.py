@@ -18,7 +18,8 @@ from dcl_core.study.analysis.mi_toy_answer import TABLE_STEM, TOY, toy_answer
 from dcl_core.study.analysis.tables import read_table
 from dcl_core.study.execution.results import asked, summarize
 from dcl_core.study.plan.record import spec_fingerprint, study_changes
-from dcl_core.study.plan.spec import StudyOptions, StudySpec
+from dcl_core.study.plan.run_options import StudyOptions
+from dcl_core.study.plan.spec import StudySpec
 from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     atomic_write_text,

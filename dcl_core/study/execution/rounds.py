@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from dcl_core.study.analysis.sequential import Design
 from dcl_core.study.execution import ray_env
-from dcl_core.study.plan.spec import VERBOSE, grid_seeds
+from dcl_core.study.plan.run_options import VERBOSE
+from dcl_core.study.plan.spec import grid_seeds
 from dcl_core.study.plan.study_plan import StudyPlan
 
 if TYPE_CHECKING:

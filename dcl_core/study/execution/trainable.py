@@ -20,7 +20,7 @@ from dcl_core.study import tracking
 from dcl_core.study.analysis.rows import error_text
 from dcl_core.study.execution import memory_loss, trial_failures
 from dcl_core.study.execution.ray_env import setup_worker
-from dcl_core.study.plan.spec import Resources
+from dcl_core.study.plan.run_options import Resources
 
 # Fault injection for tests: every trial crashes once at this epoch / every attempt fails before training.
 CRASH_ENV = "DCL_CRASH_ONCE_AT_EPOCH"

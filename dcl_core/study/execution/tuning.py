@@ -48,10 +48,9 @@ from dcl_core.study.plan.record import (
     spec_fingerprint,
     write_record,
 )
+from dcl_core.study.plan.run_options import Resources, StudyOptions
 from dcl_core.study.plan.spec import (
-    Resources,
     StudyInterruptedError,
-    StudyOptions,
     StudySpec,
     TuneExperiment,
     grid_points,

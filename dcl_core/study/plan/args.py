@@ -1,10 +1,12 @@
 """Every option of a study script, declared once: :class:`StudyArgs`, one field an option, its flag, type, default,
-help and bounds in the field's metadata, as :mod:`dcl_core.config.schema` declares the config keys.
+help and bounds in the field's metadata (:func:`~dcl_core.study.plan.option_fields.option`), as
+:mod:`dcl_core.config.schema` declares the config keys; the options that say how the study runs are its ``run``, a
+:class:`~dcl_core.study.plan.run_options.StudyOptions` whose fields declare them the same way.
 
-From it come the command line's parser (:mod:`dcl_core.study.cli.options`), the record a study keeps of the options
-that built its spec (:meth:`StudyArgs.record`, ``study_options.json``'s ``command``), that record's validated
-replay (:func:`args_from_record`: a folder someone else wrote is input like a command line), the
-:class:`~dcl_core.study.plan.spec.StudyOptions` of how the study runs (:func:`options_of`) and the frozen
+From them come the command line's parser (:mod:`dcl_core.study.cli.options`, over :func:`option_fields`), the
+record a study keeps of the options that built its spec (:meth:`StudyArgs.record`, ``study_options.json``'s
+``command``, beside the run options it recorded: each option once), that record's validated replay
+(:func:`args_from_record`: a folder someone else wrote is input like a command line) and the frozen
 :class:`StudyRequest` a study is prepared from (:func:`dcl_core.study.plan.study_plan.prepare_plan`). Adding an option
 is one field.
 """
@@ -12,7 +14,7 @@ is one field.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,14 @@ from typing import Any
 from dcl_core.config import ConfigError
 from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.plan.design import check_caps, from_record
+from dcl_core.study.plan.option_fields import QUESTION, ROUNDS, WHAT, WHERE
+from dcl_core.study.plan.option_fields import option as _opt
 from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
-from dcl_core.study.plan.spec import PROGRESS, QUIET, VERBOSE, StudyOptions
+from dcl_core.study.plan.run_options import QUIET, StudyOptions
 from dcl_core.study.plan.storage import script_sha256
 
 MAX_SEEDS = 1000
 MAX_SAMPLES = 10_000  # Optuna trials per loss
-MAX_TEXT = 4096  # a recorded path, name or KEY=VALUE
 PRESET_HELP = {
     "smoke": "tests (~1 min)", "cpu": "answers the question on 2 CPU cores (default)",
     "cpu_long": "a longer CPU protocol that reaches the NPC regime (q_B <= 0.6, under an hour)",
@@ -34,30 +37,13 @@ PRESET_HELP = {
 }
 GPU_PRESET = "paper"  # every study's GPU protocol: one GPU per worker unless --gpus-per-worker says otherwise
 SMOKE_OUTPUT_DIR = "outputs/smoke"  # --smoke's folder, beside outputs/ of the real study (the quick start's next)
-WHAT, ROUNDS, WHERE, RESOURCES = "what to run", "seeds until resolved", "where results go", "resources"
-QUESTION = "your own question (docs/own-loss.md): replaces the paper's"
-RUN = StudyOptions()  # how a study runs: the defaults of its options of the same name, declared there
-
-
-def _opt(default: Any, flag: str | None, group: str | None, help: str = "", *, record: bool = False,
-         bounds: tuple[float, float | None] | None = None, limit: int = MAX_TEXT, items: int | None = None,
-         choices: tuple[str, ...] | None = None, metavar: str | None = None, short: str | None = None,
-         check: Callable[[Any], Any] | None = None, only: bool = False) -> Any:
-    """A field of :class:`StudyArgs`: its command-line ``flag`` (None: not on the command line) in ``group``;
-    ``only``: on the command line of the scripts that ask for it only (:func:`build_parser`'s ``extra``);
-    ``record``: kept in the study's record and replayed from it; ``bounds``: a number's (low, high or None);
-    ``limit`` and ``items``: a recorded text's length and a recorded list's length; ``check``: the recorded
-    value's own validation (ConfigError)."""
-    meta = {"flag": flag, "group": group, "help": help, "record": record, "bounds": bounds, "limit": limit,
-            "items": items, "choices": choices, "metavar": metavar, "short": short, "check": check, "only": only}
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class StudyArgs:
     """One study invocation's options, in the order ``--help`` lists them. A study script's ``build_spec`` reads
-    what decides the spec (``preset``, ``search``, ``losses``, ``seeds``, ...); the rest says how and where it
-    runs (:func:`options_of`) and in which mode."""
+    what decides the spec (``preset``, ``search``, ``losses``, ``seeds``, ...); ``run`` says how and where it runs,
+    the rest in which mode."""
 
     preset: str = _opt("cpu", "--preset", WHAT, record=True, limit=40)  # choices and help: the script's presets
     # the generic sweep's axis (studies/sweep.py)
@@ -69,7 +55,6 @@ class StudyArgs:
                        record=True, limit=40, choices=("grid", "optuna"))
     num_samples: int | None = _opt(None, "--num-samples", WHAT, "trials per Optuna search (default: preset's)",
                                    record=True, bounds=(1, MAX_SAMPLES))
-    asha: bool = _opt(RUN.asha, "--asha", WHAT, "early-stop poor Optuna trials with ASHA", record=True)
     losses: str | None = _opt(None, "--losses", WHAT, "comma-separated losses (default: preset's)", record=True)
     seeds: int | None = _opt(None, "--seeds", WHAT, "number of seeds per cell (default: preset's)", record=True,
                              bounds=(1, MAX_SEEDS))
@@ -120,46 +105,25 @@ class StudyArgs:
                                        f"a look every N seeds instead of {GROUP_LOOKS} looks equally spaced from the "
                                        "first to the last")
     name: str = _opt("", "--name", WHERE, record=True)  # default and help: the script's name
-    # with --tracking-uri: dcl_core.cli_common's store options
-    output_dir: str = _opt(str(RUN.output_dir), "--output-dir", WHERE)
-    tracking_uri: str | None = _opt(RUN.tracking_uri, None, WHERE)
-    storage: str | None = _opt(RUN.storage, "--storage", WHERE,
-                               "Ray storage path or URI (default: OUTPUT_DIR/ray_results)")
-    resume: bool = _opt(RUN.resume, "--resume", WHERE,
-                        "continue an interrupted study from its storage; with a larger --seeds, extend a finished "
-                        "study by the new seeds only")
-    overwrite: bool = _opt(RUN.overwrite, "--overwrite", WHERE, "delete an existing study of the same name first")
-    save_checkpoints: bool = _opt(RUN.save_checkpoints, "--save-checkpoints", WHERE,
-                                  "log each trial's final checkpoint to MLflow")
-    workers: int = _opt(RUN.workers, "--workers", RESOURCES, "DDP workers per trial (TorchTrainer when > 1)")
-    cpus_per_worker: float = _opt(RUN.cpus_per_worker, "--cpus-per-worker", RESOURCES,
-                                  "CPUs per worker; also its torch threads")
-    gpus_per_worker: float | None = _opt(None, "--gpus-per-worker", RESOURCES,
-                                         "GPUs per worker (default: 1 with --preset paper, the papers' GPU protocol; "
-                                         "else 0)")
-    max_concurrent: int | None = _opt(RUN.max_concurrent, "--max-concurrent", RESOURCES, "cap on concurrent trials")
-    max_failures: int = _opt(RUN.max_failures, "--max-failures", RESOURCES, "retries of a crashed trial")
-    address: str | None = _opt(RUN.address, "--address", RESOURCES,
-                               "Ray cluster address (default: local, or $RAY_ADDRESS)")
-    num_cpus: int | None = _opt(RUN.num_cpus, "--num-cpus", RESOURCES, "CPUs for a local Ray (default: all)")
-    verbose: bool = _opt(False, "--verbose", None,
-                         "Ray Tune's status tables and the trials' own logs (default: a progress line and one line "
-                         "per finished trial)", short="-v")
-    quiet: bool = _opt(False, "--quiet", None, "print only the answer (table and verdicts)", short="-q")
+    # how it runs: where results go, resources, resume; its fields are study options too, declared there
+    run: StudyOptions = field(default_factory=StudyOptions)
     # the sequential design of --until-resolved, once planned: recorded, never given
     design: Mapping[str, int | float | None] | None = _opt(None, None, None, record=True, check=from_record)
 
     def record(self, script: str, path: Path | None = None) -> dict[str, Any]:
         """The ``command`` a study's options record: its script (the name it runs under, and the file that ran with
         its SHA-256, by which ``answer`` tells a copy from the checkout's own) and the recorded options' values."""
-        values = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.metadata["record"]}
+        values = {f.name: _jsonable(getattr(self, f.name))
+                  for f in dataclasses.fields(self) if f.metadata.get("record")}
         where = {} if path is None else {"script_path": str(path), "script_sha256": script_sha256(path)}
         return {"script": script, **where, **values}
 
-    @property
-    def verbosity(self) -> int:
-        """QUIET (``-q``), VERBOSE (``-v``) or PROGRESS."""
-        return QUIET if self.quiet else VERBOSE if self.verbose else PROGRESS
+
+def option_fields() -> Iterator[dataclasses.Field]:
+    """Every study option's field in the order ``--help`` lists them: :class:`StudyArgs`'s own, with its ``run``'s
+    (:class:`StudyOptions`'s) where it holds them."""
+    for f in dataclasses.fields(StudyArgs):
+        yield from dataclasses.fields(StudyOptions) if f.name == "run" else (f,)
 
 
 def _jsonable(value: Any) -> Any:
@@ -171,7 +135,7 @@ def _jsonable(value: Any) -> Any:
 def check_bounds(args: StudyArgs) -> None:
     """ConfigError for the first number outside its declared bounds (``--seeds must be in [1, 1000], got 0``)."""
     for f in dataclasses.fields(args):
-        value, bounds = getattr(args, f.name), f.metadata["bounds"]
+        value, bounds = getattr(args, f.name), f.metadata.get("bounds")
         if bounds is None or value is None:
             continue
         low, high = bounds
@@ -191,7 +155,7 @@ def args_from_record(recorded: Mapping[str, Any], base: StudyArgs, where: str) -
     given: dict[str, Any] = {}
     for f in dataclasses.fields(StudyArgs):
         m = f.metadata
-        if not m["record"] or f.name not in recorded:
+        if not m.get("record") or f.name not in recorded:
             continue
         value = recorded[f.name]
         if m["check"] is not None:
@@ -223,13 +187,16 @@ def args_from_record(recorded: Mapping[str, Any], base: StudyArgs, where: str) -
 
 @dataclass(frozen=True)
 class StudyRequest:
-    """One invocation of a study, as parsed from its command line: its options (:class:`StudyArgs`), how it runs
-    (:class:`~dcl_core.study.plan.spec.StudyOptions`, derived from them) and the command line given (None:
-    ``sys.argv``), for the resume line."""
+    """One invocation of a study, as parsed from its command line: its options (:class:`StudyArgs`) and the command
+    line given (None: ``sys.argv``), for the resume line."""
 
     args: StudyArgs
-    options: StudyOptions
     argv: tuple[str, ...] | None = None
+
+    @property
+    def options(self) -> StudyOptions:
+        """How the study runs: its options' ``run``."""
+        return self.args.run
 
     @property
     def quiet(self) -> bool:
@@ -248,16 +215,3 @@ class StudyRequest:
         if a.download and o.cluster is not None:
             raise ConfigError("--download fetches the dataset to this machine, not to a cluster's nodes: put it on "
                               "them (or on storage they share) and pass --data-root")
-
-
-def options_of(args: StudyArgs) -> StudyOptions:
-    """The :class:`StudyOptions` of the options: each of its fields from the option of the same name
-    (ConfigError for an empty ``--output-dir`` or bad resources)."""
-    if not str(args.output_dir).strip():  # Path("") is the current folder
-        raise ConfigError("--output-dir is empty; name a folder (default: outputs)")
-    same = {f.name for f in dataclasses.fields(StudyOptions)} & {f.name for f in dataclasses.fields(StudyArgs)}
-    gpus = args.gpus_per_worker if args.gpus_per_worker is not None else float(args.preset == GPU_PRESET)
-    return StudyOptions(**{k: getattr(args, k) for k in same} | {
-        "output_dir": Path(args.output_dir), "verbosity": args.verbosity, "gpus_per_worker": gpus})
-
-

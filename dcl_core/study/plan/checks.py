@@ -9,7 +9,8 @@ import socket
 from typing import Any
 
 from dcl_core.config import ConfigError, apply_overrides, check_device
-from dcl_core.study.plan.spec import StudyOptions, StudySpec, grid_points
+from dcl_core.study.plan.run_options import StudyOptions
+from dcl_core.study.plan.spec import StudySpec, grid_points
 from search_spaces import keys_of
 
 

@@ -29,7 +29,8 @@ from dcl_core.config import Config, apply_overrides
 from dcl_core.data import DataError, split_location
 from dcl_core.data.packed import read_split
 from dcl_core.study.plan.flops import ModelFlops, train_flops_per_image
-from dcl_core.study.plan.spec import DDP_TRIAL_CPU, Resources, StudySpec, grid_points, tune_experiments
+from dcl_core.study.plan.run_options import DDP_TRIAL_CPU, Resources
+from dcl_core.study.plan.spec import StudySpec, grid_points, tune_experiments
 from dcl_core.training.schedule import steps_per_epoch
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 

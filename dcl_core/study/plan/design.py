@@ -90,8 +90,8 @@ def plan(spec: StudySpec, recorded_design: Any, max_seeds: int | None, max_minut
     ``--max-seeds`` or ``--seeds-per-round`` refused), else a :class:`GroupSequential` design with its first look
     at the study's seeds, 6 looks (or one every ``--seeds-per-round``), the last at ``--max-seeds`` or at the seeds
     the cost estimate fits in ``--max-minutes``. ``looks_ran``: the seeds per cell after each round a resumed study
-    already ran (:func:`~dcl_core.study.plan.record.recorded_looks`); a new design must count each of them as one
-    of its looks (they printed verdicts), so it can begin only at the study's first look."""
+    already ran (:class:`~dcl_core.study.plan.record.RecordedStudy`'s ``looks``); a new design must count each of
+    them as one of its looks (they printed verdicts), so it can begin only at the study's first look."""
     seeds = grid_seeds(spec)
     if not seeds:
         raise ConfigError("--until-resolved adds seeds to a grid study's cells, and this study has no seed grid")

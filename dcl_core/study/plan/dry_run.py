@@ -9,7 +9,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from dcl_core.study.analysis.columns import fmt_x
-from dcl_core.study.plan.spec import DDP_TRIAL_CPU, StudyOptions, StudySpec
+from dcl_core.study.plan.run_options import DDP_TRIAL_CPU, StudyOptions
+from dcl_core.study.plan.spec import StudySpec
 
 if TYPE_CHECKING:
     from dcl_core.study.plan.cost import Estimate, ExperimentPlan, TrialWork

@@ -11,17 +11,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dcl_core.config import ConfigError, InputError, LossSource, loss_reference
-from dcl_core.study.plan.spec import (
-    DDP_TRIAL_CPU,
-    Resources,
-    StudyOptions,
-    StudySpec,
-    TuneExperiment,
-    grid_points,
-    tune_experiments,
-    validate_spec,
-    with_asha,
-)
+from dcl_core.study.plan.run_options import DDP_TRIAL_CPU, Resources, StudyOptions
+from dcl_core.study.plan.spec import StudySpec, TuneExperiment, grid_points, tune_experiments, validate_spec, with_asha
 from dcl_core.study.plan.storage import check_no_links, check_output_dir, check_storage, study_entries, summary_dir
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ import json
 import logging
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -278,26 +278,44 @@ def check_not_moved(output_dir: Path, study: str) -> None:
         f"python -m dcl_core.study export {output_dir} --name {study} --best (a trained encoder)")
 
 
-def recorded_command(output_dir: Path, study: str) -> dict[str, Any]:
-    """The options a study in ``output_dir`` last ran with (its recorded command: ``--seeds``, the sequential
-    ``design``, …), so that a ``--resume`` or ``--reanalyze`` continues it. Empty when nothing readable is
-    recorded (the resume itself then says what is wrong); ChangedRecordError for a record changed since the study
-    signed it."""
+@dataclass(frozen=True)
+class RecordedStudy:
+    """What a study in an output folder recorded that a ``--resume`` or ``--reanalyze`` continues from, read once
+    (:func:`read_recorded`); empty when nothing readable is recorded (the resume itself then says what is wrong).
+
+    Attributes:
+        command: the options it last ran with (``--seeds``, the sequential ``design``, …).
+        seeds: how many seeds per cell its trials were started with (its ``seed_rounds``), or None.
+        looks: seeds per cell after each round (:func:`looks_ran`).
+    """
+
+    command: dict[str, Any] = field(default_factory=dict)
+    seeds: int | None = None
+    looks: tuple[int, ...] = ()
+
+
+def read_recorded(output_dir: Path, study: str) -> RecordedStudy:
+    """The record of the study in ``output_dir``, its command's design checked against the rounds it ran
+    (ConfigError); ChangedRecordError for a record changed since the study signed it."""
     path = summary_dir(output_dir, study) / OPTIONS_FILE
     if not path.exists() and not path.is_symlink():
-        return {}
+        return RecordedStudy()
     try:
         before = read_options(path)
     except ChangedRecordError:  # a record the study signed, changed since: its verdict must not be recomputed
         raise
     except ConfigError:
-        return {}
+        return RecordedStudy()
+    rounds = before.get("seed_rounds")
     command = before.get("command")
     if not isinstance(command, dict):
-        return {}
+        command = {}
     if command.get("design") is not None:  # the design must be the one its rounds ran under
-        check_looks_ran(from_record(command["design"]), looks_ran(before.get("seed_rounds")), path)
-    return command
+        check_looks_ran(from_record(command["design"]), looks_ran(rounds), path)
+    seeds = None
+    if isinstance(rounds, list) and all(isinstance(r, list) and all(isinstance(x, int) for x in r) for r in rounds):
+        seeds = len({x for r in rounds for x in r}) or None
+    return RecordedStudy(command, seeds, tuple(looks_ran(rounds) or ()))
 
 
 def looks_ran(seed_rounds: Any) -> list[int] | None:
@@ -334,28 +352,3 @@ def check_looks_ran(design: Design | None, looks: Sequence[int] | None, where: P
                           f"rounds ran under (seed_rounds: {', '.join(map(str, looks))} seeds per cell; every round "
                           f"ends at a look, the first at the first): {off[0]} seeds per cell is not a look, so the "
                           "file is damaged; --overwrite starts the study afresh")
-
-
-def recorded_round_seeds(output_dir: Path, study: str) -> int | None:
-    """How many seeds per cell the study's trials were started with (its recorded ``seed_rounds``), None when
-    nothing readable is recorded."""
-    path = summary_dir(output_dir, study) / OPTIONS_FILE
-    try:
-        rounds = read_options(path).get("seed_rounds") if path.is_file() else None
-    except ConfigError:
-        return None
-    if not (isinstance(rounds, list) and all(isinstance(r, list) and all(isinstance(x, int) for x in r)
-                                             for r in rounds)):
-        return None
-    return len({x for r in rounds for x in r}) or None
-
-
-def recorded_looks(output_dir: Path, study: str) -> list[int]:
-    """Seeds per cell after each round the study in ``output_dir`` recorded (:func:`looks_ran`); empty when nothing
-    readable is recorded."""
-    path = summary_dir(output_dir, study) / OPTIONS_FILE
-    try:
-        rounds = read_options(path).get("seed_rounds") if path.is_file() else None
-    except ConfigError:
-        return []
-    return looks_ran(rounds) or []

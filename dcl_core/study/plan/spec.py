@@ -1,5 +1,5 @@
-"""What a study runs and how: the :class:`StudySpec` (base config, grids, optional search space), the
-:class:`StudyOptions` of one invocation, and their validation, all before Ray starts.
+"""What a study runs: the :class:`StudySpec` (base config, grids, optional search space) and its validation, all
+before Ray starts (how one invocation runs it: :mod:`dcl_core.study.plan.run_options`).
 
 A study runs as one or more Tune experiments (:func:`experiments`): one per sub-grid, or, with a search, one
 Optuna search per grid point.
@@ -8,11 +8,9 @@ Optuna search per grid point.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dcl_core.config import (
@@ -26,7 +24,9 @@ from dcl_core.config import (
 )
 from dcl_core.study.analysis.columns import x_column
 from dcl_core.study.analysis.sequential import Design
-from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
+
+# Resources and StudyOptions lived here: a study Tune started before they moved unpickles them by this name
+from dcl_core.study.plan.run_options import Resources, StudyOptions  # noqa: F401
 from search_spaces import Choice, Conditional, Grid, LogUniform, Space, keys_of
 
 
@@ -34,32 +34,7 @@ class StudyInterruptedError(Exception):
     """The study stopped before every trial finished (Ctrl-C): nothing is summarized; ``--resume`` continues."""
 
 
-DDP_TRIAL_CPU = 0.01  # what a DDP trial reserves itself: it only drives a TorchTrainer, whose workers hold CPUs
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What one trial uses: ``num_workers`` DDP workers, each with these CPUs/GPUs."""
-
-    num_workers: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-
-    @property
-    def threads(self) -> int:
-        """Torch intra-op threads of each worker: its whole CPUs (at least one)."""
-        return max(1, math.floor(self.cpus_per_worker))
-
-    def trial_resources(self) -> dict[str, float]:
-        """Tune's resource request for one trial (a DDP trial's driver takes a fixed CPU share)."""
-        if self.num_workers <= 1:
-            return {"cpu": self.cpus_per_worker, "gpu": self.gpus_per_worker}
-        return {"cpu": DDP_TRIAL_CPU}
-
-
-MAX_FAILURES = 20  # retries of a crashed trial; more is a loop, not resilience
 MAX_TRIALS = 100_000  # a grid larger than this is a typo (e.g. --seeds 1000000), refused before validating it
-QUIET, PROGRESS, VERBOSE = 0, 1, 2  # a study's console (-q, default, -v): dcl_core.study.execution.console
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
@@ -69,87 +44,6 @@ def check_name(name: str) -> None:
     if not NAME.fullmatch(name) or ".." in name:
         raise ConfigError(f"study name {name!r} must be 1-100 letters, digits, '_', '.' or '-', start with a letter "
                           "or digit and not contain '..'")
-
-
-def _fixed(default: Any) -> Any:
-    """An option a resumed study must keep (Tune pickles the callbacks and scheduler it was started with)."""
-    return field(default=default, metadata={"fixed_on_resume": True})
-
-
-@dataclass(frozen=True)
-class StudyOptions:
-    """How one invocation of a study runs: where results go, resources, resume. Each field but ``search_seed``,
-    ``verbosity`` and ``command`` is the study option of the same name (``--max-failures`` -> ``max_failures``),
-    whose default is declared here and read by :class:`~dcl_core.study.plan.args.StudyArgs` (a study's command line
-    resolves ``--gpus-per-worker``'s None by its preset); :meth:`resolved` fills in the defaults that depend on
-    ``output_dir``. ``asdict`` of it is written next to the summary, and a ``--resume`` must match it in every field
-    marked ``fixed_on_resume``."""
-
-    output_dir: Path = Path("outputs")
-    tracking_uri: str | None = _fixed(None)
-    storage: str | None = _fixed(None)
-    resume: bool = False
-    overwrite: bool = False
-    workers: int = _fixed(1)
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    max_concurrent: int | None = None
-    asha: bool = _fixed(False)
-    max_failures: int = 2
-    search_seed: int = 0  # the seed of an Optuna search's sampler (TPE): not an option; a trial's own is its config's
-    address: str | None = None
-    num_cpus: int | None = None
-    save_checkpoints: bool = _fixed(False)
-    verbosity: int = PROGRESS  # QUIET: only the answer (-q); PROGRESS: a progress line and a line per trial;
-    # VERBOSE: Ray Tune's tables and Ray's own messages (-v)
-    command: dict[str, Any] | None = None  # the study script and the options that built its spec (re-analysis)
-
-    def __post_init__(self) -> None:
-        if self.workers < 1 or not 0 < self.cpus_per_worker < math.inf or not 0 <= self.gpus_per_worker < math.inf:
-            raise ConfigError("--workers must be >= 1, --cpus-per-worker > 0 and --gpus-per-worker >= 0")
-        if self.resume and self.overwrite:
-            raise ConfigError("--resume and --overwrite exclude each other")
-        if not 0 <= self.max_failures <= MAX_FAILURES:
-            raise ConfigError(f"--max-failures must be in [0, {MAX_FAILURES}], got {self.max_failures}")
-        if self.num_cpus is not None and self.num_cpus < 1:
-            raise ConfigError(f"--num-cpus must be >= 1, got {self.num_cpus}")
-        if self.max_concurrent is not None and self.max_concurrent < 1:
-            raise ConfigError(f"--max-concurrent must be >= 1, got {self.max_concurrent}")
-
-    @property
-    def cluster(self) -> str | None:
-        """The Ray cluster the study attaches to (``--address``, else ``$RAY_ADDRESS``), or None: a local Ray."""
-        return self.address or os.environ.get("RAY_ADDRESS") or None
-
-    @property
-    def resources(self) -> Resources:
-        """The per-trial resources these options ask for."""
-        return Resources(self.workers, self.cpus_per_worker, self.gpus_per_worker)
-
-    def resolved(self) -> StudyOptions:
-        """Absolute output folder; Ray storage and MLflow store defaulting to folders inside it."""
-        out = self.output_dir.expanduser().resolve()
-        return replace(
-            self, output_dir=out,
-            storage=absolute_storage(self.storage) if self.storage else str(out / "ray_results"),
-            tracking_uri=self.tracking_uri or default_tracking_uri(out),
-        )
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The options as stored next to the summary; credentials in a tracking URI are redacted."""
-        out = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}
-        if out["tracking_uri"]:
-            out["tracking_uri"] = redact_uri(out["tracking_uri"])
-        return out
-
-    def check_resume(self, before: dict[str, Any]) -> None:
-        """ConfigError naming the first ``fixed_on_resume`` option that differs from ``before`` (the
-        :meth:`to_json_dict` the study started with)."""
-        now = self.to_json_dict()
-        for f in fields(self):
-            if f.metadata.get("fixed_on_resume") and f.name in before and before[f.name] != now[f.name]:
-                raise ConfigError(f"--resume must use the options the study started with: {f.name} was "
-                                  f"{before[f.name]!r}, now {now[f.name]!r}")
 
 
 @dataclass(frozen=True)

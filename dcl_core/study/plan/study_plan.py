@@ -22,9 +22,9 @@ from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.prepared import PreparedStudy, prepare
 from dcl_core.study.plan.questions import with_own_question
-from dcl_core.study.plan.record import check_not_moved, recorded_command, recorded_looks, recorded_round_seeds
+from dcl_core.study.plan.record import RecordedStudy, check_not_moved, read_recorded
+from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import (
-    StudyOptions,
     StudySpec,
     grid_seeds,
     tune_experiments,
@@ -126,14 +126,14 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     args, spec = _with_download(script, args, script.build(args))
     options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
-        return StudyPlan(script, args, spec, options, recorded=recorded)
+        return StudyPlan(script, args, spec, options, recorded=recorded.command)
     root, local_problems = trial_data_root(spec, options, args.dry_run)
     data_root = str(Path(root).expanduser().resolve()) if root is not None else None
     if data_root is not None:
         spec = with_base(spec, {"data.root": data_root})
     wall_seconds_at: Callable[[int], float | None] = lambda n: None  # noqa: E731
     if args.until_resolved:
-        design, wall_seconds_at = _plan_design(script, args, spec, options, data_root)
+        design, wall_seconds_at = _plan_design(script, args, spec, options, data_root, recorded.looks)
         args = replace(args, design=rounds.to_record(design))
         options = replace(options, command=script.command(args))
         spec = replace(spec, design=design)
@@ -146,24 +146,24 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     return StudyPlan(script, args, study.spec, options, data_root, study)
 
 
-def continued(args: StudyArgs, options: StudyOptions) -> tuple[StudyArgs, dict[str, Any]]:
-    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design; and the
-    command the study recorded (empty for a new study)."""
+def continued(args: StudyArgs, options: StudyOptions) -> tuple[StudyArgs, RecordedStudy]:
+    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design; and what
+    the study recorded, read once (empty for a new study)."""
     if not (options.resume or args.reanalyze):
-        return args, {}
+        return args, RecordedStudy()
     out = options.output_dir.expanduser().resolve()
-    recorded = recorded_command(out, args.name)
+    recorded = read_recorded(out, args.name)
     where = str(summary_dir(out, args.name) / OPTIONS_FILE)
-    checked = args_from_record({k: recorded[k] for k in ("seeds", "design") if k in recorded}, StudyArgs(), where)
-    has = checked.seeds
-    ran = recorded_round_seeds(out, args.name)
+    command = recorded.command
+    checked = args_from_record({k: command[k] for k in ("seeds", "design") if k in command}, StudyArgs(), where)
+    has, ran = checked.seeds, recorded.seeds
     if has is not None and ran is not None and has != ran:
         raise ConfigError(f"{where}'s command.seeds ({has}) disagrees with the {ran} seed(s) per cell its trials "
                           "were started with (seed_rounds): the file is damaged; --overwrite starts the study afresh")
     # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
     more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
     seeds = has if args.seeds is None or more else args.seeds
-    return replace(args, seeds=seeds, design=recorded.get("design")), recorded
+    return replace(args, seeds=seeds, design=command.get("design")), recorded
 
 
 def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
@@ -193,17 +193,17 @@ def _with_download(script: Script, args: StudyArgs, spec: StudySpec) -> tuple[St
     return args, spec
 
 
-def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions,
-                 data_root: str | None) -> tuple[Any, Callable[[int], float | None]]:
+def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions, data_root: str | None,
+                 looks: tuple[int, ...]) -> tuple[Any, Callable[[int], float | None]]:
     """The ``--until-resolved`` design, fixed before the first look, and the estimated wall-clock seconds of the
-    study at ``n`` seeds per cell (what --dry-run's worst case prints)."""
+    study at ``n`` seeds per cell (what --dry-run's worst case prints); ``looks``: the rounds a resumed study ran."""
     def wall_seconds_at(n: int) -> float | None:
         return estimate_study(script.build(replace(args, seeds=n), data_root), options)[2].wall_seconds
 
     first = len(grid_seeds(spec) or ())
     design = rounds.plan(spec, args.design, args.max_seeds, args.max_minutes, args.seeds_per_round,
                          lambda: (w / first if (w := wall_seconds_at(first)) else None),
-                         recorded_looks(options.resolved().output_dir, spec.name) if options.resume else ())
+                         looks if options.resume else ())
     return design, wall_seconds_at
 
 

@@ -20,7 +20,8 @@ from dcl_core.study.cli.options import args_of, build_parser
 from dcl_core.study.cli.script import main
 from dcl_core.study.plan import cost
 from dcl_core.study.plan import flops as flop_count
-from dcl_core.study.plan.spec import Resources, StudySpec, grid_points, num_grid_points, tune_experiments
+from dcl_core.study.plan.run_options import Resources
+from dcl_core.study.plan.spec import StudySpec, grid_points, num_grid_points, tune_experiments
 from dcl_core.training.builders import build_model
 from search_spaces import Grid, LogUniform
 

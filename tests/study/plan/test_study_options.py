@@ -1,48 +1,60 @@
-"""A study's options are declared once (:class:`StudyArgs`' fields): the parser, the record, its validated replay and
-the run's :class:`StudyOptions` all come from that declaration."""
+"""A study's options are declared once (:class:`StudyArgs`' fields, and its ``run``'s: :class:`StudyOptions`'): the
+parser, the record, its validated replay and the run's options all come from that declaration."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dcl_core.config import ConfigError
 from dcl_core.study.cli.options import args_of, build_parser
-from dcl_core.study.plan.args import MAX_SAMPLES, MAX_SEEDS, StudyArgs, args_from_record, check_bounds, options_of
-from dcl_core.study.plan.spec import QUIET, StudyOptions
+from dcl_core.study.plan.args import MAX_SAMPLES, MAX_SEEDS, StudyArgs, args_from_record, check_bounds, option_fields
+from dcl_core.study.plan.run_options import PROGRESS, QUIET, VERBOSE, StudyOptions
 
-FIELDS = {f.name: f for f in dataclasses.fields(StudyArgs)}
-RECORDED = [name for name, f in FIELDS.items() if f.metadata["record"]]
+FIELDS = {f.name: f for f in option_fields()}
+RECORDED = [f.name for f in dataclasses.fields(StudyArgs) if f.metadata.get("record")]
 
 
 def test_every_declared_flag_is_parsed_into_its_field():
     parser = build_parser("doc", "temperature_sweep")
     dests = {a.dest for a in parser._actions if a.dest != "help"}
     flagged = {name for name, f in FIELDS.items()
-               if (f.metadata["flag"] and not f.metadata["only"]) or name == "tracking_uri"}
+               if (f.metadata["flag"] and not f.metadata["only"]) or name == "tracking_uri"} | {"verbose", "quiet"}
     assert dests == flagged  # no parser option without a field, no field with a flag left out
     only = {name for name, f in FIELDS.items() if f.metadata["only"]}  # the generic sweep's key and values
     extra = build_parser("doc", "sweep", extra=tuple(only))
     assert {a.dest for a in extra._actions if a.dest != "help"} == flagged | only
     args = args_of(parser.parse_args(["--seeds", "3", "--set", "optim.epochs=2", "--set", "seed=1", "--asha",
                                       "--max-minutes", "7.5", "-q", "--workers", "2"]))
-    assert (args.seeds, args.set, args.asha, args.max_minutes, args.quiet, args.workers) == (
-        3, ("optim.epochs=2", "seed=1"), True, 7.5, True, 2)
+    assert (args.seeds, args.set, args.run.asha, args.max_minutes, args.run.verbosity, args.run.workers) == (
+        3, ("optim.epochs=2", "seed=1"), True, 7.5, QUIET, 2)
     assert args.name == "temperature_sweep"  # the script's name is the default
 
 
+def test_each_option_is_declared_once():
+    # a run option is a field of StudyOptions only, what to run a field of StudyArgs only: none in both, and none
+    # recorded both in the record's command and among its run options
+    own, run = {f.name for f in dataclasses.fields(StudyArgs)}, {f.name for f in dataclasses.fields(StudyOptions)}
+    assert own & run == set() and "run" in own
+    assert set(RECORDED) & set(StudyOptions().to_json_dict()) == set()
+    assert len(FIELDS) == len(own) - 1 + len(run)
+
+
 def test_every_recorded_option_replays_to_itself():
-    given = StudyArgs(preset="smoke", search="optuna", num_samples=7, asha=True, losses="dcl,infonce", seeds=4,
+    given = StudyArgs(preset="smoke", search="optuna", num_samples=7, losses="dcl,infonce", seeds=4,
                       data_root="/data", effect_of_interest=("std_difference=1.0",), set=("optim.epochs=2",),
                       name="mine", design={"first": 3, "max_seeds": 9, "looks": 3})
     record = given.record("temperature_sweep")
     assert record["script"] == "temperature_sweep" and set(record) == {"script", *RECORDED}
     replayed = args_from_record(record, StudyArgs(), "x")
     assert all(getattr(replayed, k) == getattr(given, k) for k in RECORDED)
-    # what is not recorded (how and where it ran) comes from the base, never from the file
-    assert args_from_record({**record, "workers": 9, "resume": True}, StudyArgs(), "x").workers == 1
+    # what is not recorded in the command (how and where it ran) comes from the base, never from the file
+    replayed = args_from_record({**record, "workers": 9, "resume": True, "asha": True}, StudyArgs(), "x")
+    assert replayed.run == StudyOptions()
 
 
 @pytest.mark.parametrize(("key", "value", "needle"), [
@@ -51,7 +63,7 @@ def test_every_recorded_option_replays_to_itself():
     ("num_samples", MAX_SAMPLES + 1, f"command.num_samples must be a whole number in [1, {MAX_SAMPLES}]"),
     ("preset", "x" * 41, "command.preset must be text of at most 40 characters"),
     ("search", "random", "command.search must be grid or optuna, got 'random'"),
-    ("asha", "yes", "command.asha must be true or false"),
+    ("name", 3, "command.name must be text of at most 4096 characters"),
     ("set", "optim.epochs=2", "command.set must be a list of KEY=VALUE texts"),
     ("effect_of_interest", ["a=1"] * 65, "command.effect_of_interest must be a list of KEY=VALUE texts"),
     ("losses", 3, "command.losses must be text of at most 4096 characters"),
@@ -78,21 +90,31 @@ def test_a_number_outside_its_declared_bounds_is_one_line(field: str, value: int
     check_bounds(StudyArgs(**{field: 1}))
 
 
-def test_the_run_s_options_are_the_command_line_s_of_the_same_name():
-    # StudyOptions declares no option of its own: each of its fields but the seed of the searches, the recorded
-    # command and the console's verbosity (-q / -v) is a study option of the same name, with the same default
-    own = {f.name for f in dataclasses.fields(StudyOptions)} - {"search_seed", "command", "verbosity"}
-    assert own <= set(FIELDS)
-    defaults = StudyOptions()
-    assert {k: getattr(defaults, k) for k in own - {"output_dir", "gpus_per_worker"}} == {
-        k: FIELDS[k].default for k in own - {"output_dir", "gpus_per_worker"}}
-    assert str(defaults.output_dir) == FIELDS["output_dir"].default and FIELDS["gpus_per_worker"].default is None
-    args = StudyArgs(output_dir="o", workers=2, cpus_per_worker=0.5, max_failures=0, asha=True, quiet=True)
-    options = options_of(args)
-    assert all(getattr(options, k) == getattr(args, k) for k in own - {"output_dir", "gpus_per_worker"})
-    assert str(options.output_dir) == "o" and options.verbosity == QUIET
+@pytest.mark.parametrize(("argv", "run"), [
+    ([], StudyOptions()),
+    (["--smoke"], StudyOptions(output_dir=Path("outputs/smoke"))),
+    (["--output-dir", "o", "--workers", "2", "--cpus-per-worker", "0.5", "--max-failures", "0", "--asha", "-q"],
+     StudyOptions(output_dir=Path("o"), workers=2, cpus_per_worker=0.5, max_failures=0, asha=True, verbosity=QUIET)),
+    (["-v"], StudyOptions(verbosity=VERBOSE)),
+    (["-v", "-q"], StudyOptions(verbosity=QUIET)),  # the quieter wins
+])
+def test_the_command_line_s_run_options_are_the_study_s_options(argv: list[str], run: StudyOptions):
+    assert args_of(build_parser("doc", "temperature_sweep").parse_args(argv)).run == run
+    assert StudyOptions().verbosity == PROGRESS
+
+
+def test_an_empty_output_folder_is_one_line():
     with pytest.raises(ConfigError, match="--output-dir is empty"):
-        options_of(StudyArgs(output_dir=" "))
+        args_of(build_parser("doc", "temperature_sweep").parse_args(["--output-dir", " "]))
+
+
+def test_a_re_analysis_replays_the_recorded_asha_and_checks_it(tmp_path):
+    from dcl_core.study.cli.answer_command import _load_script, reanalyze_recorded
+
+    script = _load_script("temperature_sweep")
+    command = StudyArgs(preset="smoke", name="temperature_sweep").record("temperature_sweep")
+    with pytest.raises(ConfigError, match="asha must be true or false"):
+        reanalyze_recorded(script, {"command": command, "asha": "yes"}, tmp_path, None, quiet=True)
 
 
 @pytest.mark.parametrize(("argv", "gpus"), [([], 0.0), (["--preset", "smoke"], 0.0), (["--preset", "paper"], 1.0),
@@ -101,7 +123,7 @@ def test_the_run_s_options_are_the_command_line_s_of_the_same_name():
 def test_the_paper_preset_plans_one_gpu_a_worker_unless_told_otherwise(argv: list[str], gpus: float):
     """--help says the paper preset's default is one GPU: the options (and so the dry run's plan) say the same."""
     parser = build_parser("doc", "temperature_sweep", ("smoke", "cpu", "paper"))
-    assert options_of(args_of(parser.parse_args(argv))).gpus_per_worker == gpus
+    assert args_of(parser.parse_args(argv)).run.gpus_per_worker == gpus
     assert "default: 1 with --preset paper" in " ".join(parser.format_help().split())
 
 
@@ -115,3 +137,12 @@ def test_the_calibrate_and_mi_toy_commands_refuse_bad_input_in_one_line(capsys):
     presets = {"cpu": {"mis": (2.0,), "ks": (16,), "steps": 1, "repeats": 1, "seeds": 1}}
     assert toy_main("doc", presets, ["--alpha", "0"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["error: --alpha must be > 0, got 0.0"]
+
+
+def test_help_lists_each_option_once_in_its_section_s_order():
+    from dcl_core.study.plan.option_fields import GROUPS
+
+    text = build_parser("doc", "temperature_sweep").format_help()
+    assert [t for t in text.splitlines() if t.rstrip(":") in GROUPS] == [f"{g}:" for g in GROUPS]
+    flags = [f.metadata["flag"] for f in option_fields() if f.metadata["flag"] and not f.metadata["only"]]
+    assert all(len(re.findall(rf"^ +(?:-\w, )?{flag}(?=[ \n])", text, re.M)) == 1 for flag in flags)

@@ -68,3 +68,23 @@ def test_the_plans_design_is_recorded_with_its_command(tmp_path):
     assert plan.options.command == plan.script.command(plan.args)
     assert plan.args.design == study_plan.rounds.to_record(plan.spec.design)
     assert plan.spec.design.looks == (2, 3, 4)
+
+
+def test_a_resume_reads_the_study_s_record_once(tmp_path, monkeypatch):
+    """Its seeds, its design and the rounds it ran come from one reading of ``study_options.json`` (it was read
+    three times, by three functions that each opened and checked it)."""
+    from dcl_core.study.plan import record
+    from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's signing key
+    first = planned(tmp_path, *ROUNDS)
+    path = summary_dir(tmp_path / "out", "temperature_sweep") / OPTIONS_FILE
+    path.parent.mkdir(parents=True)
+    command = {**first.options.command, "seeds": 3}
+    record.write_record(path, {"spec": {}, "command": command, "seed_rounds": [[0, 1], [2]]})
+    reads = []
+    real = record.read_options
+    monkeypatch.setattr(record, "read_options", lambda p: reads.append(p) or real(p))
+    plan = planned(tmp_path, *ROUNDS, "--resume", "--dry-run")
+    assert reads == [path]
+    assert plan.args.seeds == 3 and plan.spec.design.looks == (2, 3, 4)
