@@ -117,6 +117,23 @@ def test_a_re_analysis_replays_the_recorded_asha_and_checks_it(tmp_path):
         reanalyze_recorded(script, {"command": command, "asha": "yes"}, tmp_path, None, quiet=True)
 
 
+
+@pytest.mark.parametrize("asha", [True, False])
+def test_a_re_analysis_runs_with_the_recorded_asha_and_its_own_folder(tmp_path, monkeypatch, asha):
+    from dcl_core.study.cli import answer_command
+
+    script = answer_command._load_script("temperature_sweep")
+    command = StudyArgs(preset="smoke", search="optuna", name="temperature_sweep").record("temperature_sweep")
+    asked = []
+    monkeypatch.setattr(answer_command, "run_request", lambda _script, request: asked.append(request) or 0)
+    answer_command.reanalyze_recorded(script, {"command": command, "asha": asha, "output_dir": "/elsewhere"},
+                                      tmp_path, "sqlite:///x.db", quiet=True)
+    (request,) = asked
+    assert request.args.reanalyze and request.args.search == "optuna" and request.args.preset == "smoke"
+    assert request.options == StudyOptions(output_dir=tmp_path, tracking_uri="sqlite:///x.db", asha=asha,
+                                           verbosity=QUIET)  # never the recorded folder
+
+
 @pytest.mark.parametrize(("argv", "gpus"), [([], 0.0), (["--preset", "smoke"], 0.0), (["--preset", "paper"], 1.0),
                                             (["--preset", "paper", "--gpus-per-worker", "0"], 0.0),
                                             (["--gpus-per-worker", "0.5"], 0.5)])
