@@ -43,9 +43,35 @@ def _ddp_rank(rank: int, port: int, name: str, params: str, out_dir: str) -> Non
     try:
         z1, z2 = batch()
         out, g1, g2 = value_and_grads(loss_factory(name, params)(0.2, True), z1[_rows(rank)], z2[_rows(rank)])
-        torch.save((out.loss.detach(), g1, g2), Path(out_dir) / f"rank{rank}.pt")
+        partial = Path(out_dir) / f"rank{rank}.partial"
+        torch.save((out.loss.detach(), g1, g2), partial)
+        partial.replace(Path(out_dir) / f"rank{rank}.pt")
+        # Neither rank closes its connections before both saved: gloo's transport thread aborts a process whose
+        # peer hung up while it still computed (std::terminate on "Connection closed by peer": SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _join(ctx: mp.ProcessContext) -> str:
+    """Wait for both ranks (at most :data:`DDP_TIMEOUT_S`): ``""`` when both ended with status 0, else why not.
+    Ranks still running at the end are terminated."""
+    deadline = time.monotonic() + DDP_TIMEOUT_S
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                return f"no result within {DDP_TIMEOUT_S:g} s"
+    except mp.ProcessRaisedException as err:
+        last = [line for line in str(err).splitlines() if line.strip()][-1]
+        return f"a rank failed: {last}"[:200]
+    except mp.ProcessExitedException as err:  # a rank that ended its process (os._exit, a signal)
+        return f"a rank ended: {err}"[:200]
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+    return ""
 
 
 def check_ddp(make: LossFactory, name: str, params: str) -> Check:
@@ -57,24 +83,12 @@ def check_ddp(make: LossFactory, name: str, params: str) -> Check:
     with tempfile.TemporaryDirectory(prefix="dcl-ddp-check-") as tmp:
         ctx = mp.spawn(_ddp_rank, args=(_free_port(), name, params, tmp), nprocs=WORLD,  # type: ignore[no-untyped-call]
                        join=False)
-        deadline = time.monotonic() + DDP_TIMEOUT_S
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    return Check("ddp", setting, False, detail=f"no result within {DDP_TIMEOUT_S:g} s")
-        except mp.ProcessRaisedException as err:
-            last = [line for line in str(err).splitlines() if line.strip()][-1]
-            return Check("ddp", setting, False, detail=f"a rank failed: {last}"[:200])
-        except mp.ProcessExitedException as err:  # a rank that ended its process (os._exit, a signal)
-            return Check("ddp", setting, False, detail=f"a rank ended: {err}"[:200])
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.terminate()
-                    p.join(5)
+        failed = _join(ctx)
         missing = [r for r in range(WORLD) if not (Path(tmp) / f"rank{r}.pt").is_file()]
-        if missing:  # a rank whose process ended with status 0 before it saved its result
-            return Check("ddp", setting, False, detail=f"rank {missing[0]} ended without a result")
+        if missing:  # a rank that failed, or whose process ended (with any status) before it saved its result
+            return Check("ddp", setting, False, detail=failed or f"rank {missing[0]} ended without a result")
+        # Both ranks saved their results after the loss's forward and backward and before they left the barrier:
+        # a failure after that (the process group's teardown) is not the loss's, and the results stand.
         ranks = [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     loss = sum(r[0] for r in ranks) / WORLD
     grads = torch.cat([torch.cat([r[1], r[2]]) for r in ranks])

@@ -255,10 +255,18 @@ def test_a_loss_that_cannot_be_loaded_is_one_line_and_exit_2(argv, message):
     (planted("PositiveWeighted"), '{"positive_weight": 0.5}', True),
     ("lightly.loss:DCLLoss", "{}", True),  # lightly gathers with its own gather_distributed
     (planted("LocalNegatives"), "{}", False),
+    # a rank that ends by a signal after both saved their results (gloo's teardown under load): the results stand
+    (planted("AbortsAtTeardown"), "{}", True),
 ])
 def test_ddp_two_gloo_processes_equal_one_on_the_full_batch(loss, params, ok):
     ddp = next(c for c in check(loss, params, ddp=True) if c.name == "ddp")
     assert ddp.ok is ok, ddp
+
+
+@pytest.mark.slow  # spawns 2 gloo processes
+def test_a_rank_that_ends_before_its_result_fails_the_ddp_row_and_says_how():
+    ddp = next(c for c in check(planted("AbortsInDDP"), ddp=True) if c.name == "ddp")
+    assert not ddp.ok and "SIGABRT" in ddp.detail, ddp
 
 
 def documented_checks() -> list[str]:
