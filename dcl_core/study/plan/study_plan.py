@@ -61,6 +61,10 @@ class Script:
         """The spec ``args`` describe, validated: the script's spec with its question as description, the
         recorded or planned sequential design and, when given, the data root the trials read."""
         spec = self.build_spec(args)
+        if spec.name != args.name:  # its record, a resume and `answer` are found under --name: one place
+            raise ConfigError(f"{self.name}'s build_spec named its study {spec.name!r}, not {args.name!r} (--name, "
+                              "default the script's name): a study is recorded, resumed and answered under "
+                              "--name, so build_spec passes name=args.name to StudySpec")
         if not spec.description:  # the docstring's first paragraph: the question and the paper's table
             spec = replace(spec, description=" ".join(self.doc.strip().split("\n\n")[0].split()))
         design = rounds.from_record(args.design)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dcl_core.config import ConfigError
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.plan import prepared, study_plan
 from dcl_core.study.plan.study_plan import Script, prepare_plan
@@ -88,3 +89,15 @@ def test_a_resume_reads_the_study_s_record_once(tmp_path, monkeypatch):
     plan = planned(tmp_path, *ROUNDS, "--resume", "--dry-run")
     assert reads == [path]
     assert plan.args.seeds == 3 and plan.spec.design.looks == (2, 3, 4)
+
+
+def test_a_script_that_names_its_study_otherwise_than_name_is_one_line_before_anything(tmp_path):
+    """A copied script whose build_spec writes its own name (not ``args.name``) would record its study under one
+    name and look for it under another on --resume and `answer`: refused, saying what to pass."""
+    s = script()
+    own = replace(s, build_spec=lambda args: replace(s.build_spec(args), name="my_sweep"))
+    ns = build_parser(s.doc, s.name, s.presets).parse_args(["--output-dir", str(tmp_path / "out"), "--smoke"])
+    with pytest.raises(ConfigError, match=r"named its study 'my_sweep', not 'temperature_sweep' .*name=args\.name"):
+        prepare_plan(own, request_of(ns))
+    assert not (tmp_path / "out").exists()
+    assert planned(tmp_path, "--smoke", "--name", "other", "--dry-run").spec.name == "other"
