@@ -131,9 +131,9 @@ def summarize(spec: StudySpec, rows: list[Row], output_dir: Path, tracker: Study
                         headline=answer_output.headline(found.verdicts), cells=answer_output.cells_table(found))
     shown_files = [parquet, csv, png, *files[len(stored) + 1:]]
     return StudyOutcome(rows, table, rob, shown_files, spec.name, tracker.tracking_uri,
-                        verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs_url(),
-                        answer_url=tracker.run_url(tracker.parent_run_id),
-                        compare_url=tracker.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
+                        verdicts=[v.line() for v in found.verdicts], runs_url=tracker.runs.runs_url(),
+                        answer_url=tracker.runs.run_url(tracker.parent_run_id),
+                        compare_url=tracker.runs.runs_url(view_query()), answer=answer_text, resolved=found.resolved,
                         power=[p.strip() for v in found.verdicts if (p := v.power_line())])
 
 

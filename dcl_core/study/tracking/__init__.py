@@ -6,10 +6,10 @@ A job a module:
 - :mod:`.trial_reporters`: the trainer's epoch callbacks reporting to Ray Tune / Ray Train, checkpoints Ray hands back,
   a trial's final report, where a trial's files go.
 - :mod:`.preflight`: a tracking URI checked in seconds, before Ray starts.
-- :mod:`.mlflow_runs`: the study's runs in MLflow (its experiment, the parent run, a nested child run per trial, found
-  again by their tags) and one tracking operation applied to MLflow.
-- :mod:`.tracker`: :class:`StudyTracker`, the study's tracking operations, applied now or journaled: MLflow
-  being down never stops a study.
+- :mod:`.mlflow_runs`: :class:`StudyRuns`, the study's runs in MLflow (its experiment, the parent run, a nested child
+  run per trial, found again by their tags), one tracking operation applied to them, and metrics as MLflow takes them.
+- :mod:`.tracker`: :class:`StudyTracker`, the study's tracking operations, applied now (through its ``runs``) or
+  journaled: MLflow being down never stops a study.
 - :mod:`.journal`: what MLflow did not take, on disk (``summary/<study>/pending_mlflow.jsonl``), replayed later
   (:meth:`StudyTracker.sync`, ``python -m dcl_core.study sync``); only lines a tracker can have written.
 - :mod:`.transport`: short timeouts, credentials out of the URI, transient vs refused failures.
@@ -38,8 +38,8 @@ if TYPE_CHECKING:
         Journal,
         journal_problem,
     )
-    from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, runs_page
-    from dcl_core.study.tracking.tracker import StudyTracker, git_commit, metric_name
+    from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, local_ui_port, metric_name, runs_page
+    from dcl_core.study.tracking.tracker import StudyTracker, git_commit
     from dcl_core.study.tracking.trial_reporters import (
         TrainReporter,
         TuneReporter,
@@ -58,8 +58,9 @@ _MODULES = {
                     "dcl_core.study.tracking.journal"),
     **dict.fromkeys(("TrainReporter", "TuneReporter", "report_diverged", "report_failed",
                      "restore_latest_checkpoint", "trial_context"), "dcl_core.study.tracking.trial_reporters"),
-    **dict.fromkeys(("SUMMARY_TAG", "TRIAL_TAG", "local_ui_port", "runs_page"), "dcl_core.study.tracking.mlflow_runs"),
-    **dict.fromkeys(("StudyTracker", "git_commit", "metric_name"), "dcl_core.study.tracking.tracker"),
+    **dict.fromkeys(("SUMMARY_TAG", "TRIAL_TAG", "local_ui_port", "metric_name", "runs_page"),
+                    "dcl_core.study.tracking.mlflow_runs"),
+    **dict.fromkeys(("StudyTracker", "git_commit"), "dcl_core.study.tracking.tracker"),
 }
 
 

@@ -1,14 +1,13 @@
-"""A study's MLflow experiment through one ``MlflowClient`` (:class:`StudyTracker`): the parent run, a nested child
-run per trial, the summary on the parent. MLflow being down never stops a study: what it does not take goes to the
-study's :class:`~dcl_core.study.tracking.journal.Journal` and is replayed later."""
+"""A study's tracking operations (:class:`StudyTracker`): the parent run, a nested child run per trial, the summary
+on the parent, each applied to MLflow now through the study's :class:`~.mlflow_runs.StudyRuns`, or kept. MLflow
+being down never stops a study: what it does not take goes to the study's
+:class:`~dcl_core.study.tracking.journal.Journal` and is replayed later."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
-import re
 import subprocess
 import time
 import uuid
@@ -16,14 +15,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from dcl_core.study.analysis.colours import SUMMARY_COLOUR
 from dcl_core.study.plan.storage import redact_uri
 from dcl_core.study.tracking import transport
 from dcl_core.study.tracking.journal import JOURNAL_FILE, LOCAL_ID, PARENT_TAG, SUMMARIZE, Journal
-from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns
+from dcl_core.study.tracking.mlflow_runs import SUMMARY_TAG, TRIAL_TAG, StudyRuns, metric_name, rounded
 from dcl_core.study.tracking.mlflow_view import RUN_COLOR_TAG
 from dcl_core.study.tracking.notes import NOTE_TAG, is_literal_markdown, summary_note, verdict_lines
 
@@ -35,32 +33,6 @@ assert PARENT_TAG == MLFLOW_PARENT_RUN_ID  # the journal names MLflow's tag with
 # What makes a run the study's summary run, a trial's run, or a child of the study's run: set only when the run is
 # created (:meth:`StudyTracker.open`, :meth:`StudyTracker.trial_run`), so a ``tag`` line setting one was planted.
 IDENTITY_TAGS = frozenset((SUMMARY_TAG, TRIAL_TAG, MLFLOW_PARENT_RUN_ID))
-
-MAX_KEY = 250  # MLflow's longest metric key: one longer fails the whole batch (a study's every summary metric)
-
-
-def metric_name(name: str) -> str:
-    """An MLflow-valid metric name: characters MLflow rejects (``+ ( ) =`` …) become ``_``; a name longer than
-    MLflow takes is cut, with a digest of the whole name appended so that two long names stay two metrics."""
-    clean = re.sub(r"[^/\w.\- :]", "_", name)
-    if len(clean) > MAX_KEY:
-        clean = f"{clean[:MAX_KEY - 9]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    return clean
-
-
-SIGNIFICANT_DIGITS = 6  # of a metric value logged to MLflow
-
-
-def rounded(value: float) -> float:
-    """A metric as MLflow should show it: 6 significant digits, integers untouched. MLflow's table and charts print
-    the double in full, and a float32 measurement is noise from its 8th digit on: 28.2 arrives as
-    28.200000762939453. Float32's own shortest repr would clean that one but not a float32 scaled in float64
-    (100 · float32(0.075) = 7.500000298023224, no float32 at all); 6 digits clean both and still resolve more than
-    any metric here measures (kNN top-1 on 10,000 images moves in steps of 0.01, its 4th digit)."""
-    if not math.isfinite(value) or value.is_integer():
-        return value
-    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-
 
 def git_commit() -> str:
     """The repository's HEAD commit (``unknown`` outside a git checkout, e.g. under ``ray job submit``)."""
@@ -75,7 +47,7 @@ def git_commit() -> str:
 
 
 
-class StudyTracker(StudyRuns):
+class StudyTracker:
     """A study's MLflow experiment through one ``MlflowClient``: the parent run, a child run per trial, the
     summary on the parent.
 
@@ -90,6 +62,10 @@ class StudyTracker(StudyRuns):
     only what MLflow did not take. :meth:`open` (so a ``--resume``) and ``python -m dcl_core.study sync`` replay it too.
     Without a ``journal_dir`` failed operations are logged and dropped.
 
+    What MLflow does with each operation is its :class:`~dcl_core.study.tracking.mlflow_runs.StudyRuns`'
+    (``runs``: the experiment, the summary run, the trials' runs); this class decides when an operation is
+    applied, journaled, replayed or dropped.
+
     Picklable (Tune saves its callbacks with the experiment, and restores them on ``--resume``): the client is
     dropped when pickled and made again on first use.
     """
@@ -100,26 +76,21 @@ class StudyTracker(StudyRuns):
                  experiment_tags: Mapping[str, str] | None = None) -> None:
         self.tracking_uri = transport.move_credentials(tracking_uri)
         self.experiment = experiment
-        self.description = description
-        self.experiment_tags = dict(experiment_tags or {})
-        self.artifact_root = artifact_root
         self.tags = dict(tags or {})
         self.journal_dir = Path(journal_dir).resolve() if journal_dir is not None else None
         self.cooldown = cooldown
         self.http_timeout = http_timeout
         self.http_retries = http_retries
-        self.experiment_id: str | None = None
+        self.runs = StudyRuns(self.tracking_uri, experiment, artifact_root=artifact_root,
+                              journal_dir=self.journal_dir, description=description,
+                              experiment_tags=experiment_tags, http_timeout=http_timeout)
+        self.runs.on_refused = self._drop
         self.parent_run_id: str | None = None
         self.dropped = 0  # operations lost: refused by MLflow, or failed without a journal
         self.last_error: str | None = None
-        self._client: MlflowClient | None = None
-        self._ids: dict[str, str] = {}
         self._offline_until = 0.0  # time.monotonic() before which MLflow is not called
         self._outage = False  # warned about the current outage
         self._warned_refused: set[str] = set()
-        self._mine: set[str] = set()  # run ids known to be in this study's experiment
-        self._summary_ids: set[str] = set()  # run ids of the study's summary run
-        self._env_added: list[str] = []  # the MLflow env vars _short_http set (not the user's)
         self._unjournaled = False  # within log_summary's answer: what MLflow does not take now is not journaled
         self.summary_missed = False  # the answer did not reach MLflow (log_summary; a replayed SUMMARIZE marker)
         self.replay_refused = 0  # journal lines a replay refused to apply (:meth:`_replay_problem`)
@@ -128,12 +99,44 @@ class StudyTracker(StudyRuns):
         self._flushed = (0, 0, 0)  # the last replay's operations pushed, refused by MLflow, not replayed
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_client": None, "_offline_until": 0.0, "_outage": False, "_env_added": []}
+        return {**self.__dict__, "_offline_until": 0.0, "_outage": False}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # Defaults first: a study started before the journal existed resumes with its pickled tracker.
-        StudyTracker.__init__(self, state["tracking_uri"], state["experiment"])
+        state = dict(state)
+        StudyTracker.__init__(self, state["tracking_uri"], state["experiment"],
+                              artifact_root=state.get("artifact_root"), journal_dir=state.get("journal_dir"),
+                              description=state.get("description", ""), experiment_tags=state.get("experiment_tags"),
+                              http_timeout=state.get("http_timeout", 10))
+        if "runs" not in state:  # pickled when the tracker held its MLflow state itself: hand that to its runs
+            self.runs.experiment_id = state.get("experiment_id")
+            self.runs.ids.update(state.get("_ids") or {})
+            self.runs._mine.update(state.get("_mine") or ())
+            self.runs._summary_ids.update(state.get("_summary_ids") or ())
+        for key in _RUNS_STATE:
+            state.pop(key, None)
         self.__dict__.update(state)
+        self.runs.on_refused = self._drop
+
+    @property
+    def experiment_id(self) -> str | None:
+        """The experiment's id, once MLflow was asked (None before, or while it was unreachable)."""
+        return self.runs.experiment_id
+
+    def _real(self, run_id: str) -> str:
+        return self.runs.real(run_id)
+
+    def _apply(self, rec: dict[str, Any]) -> str | None:
+        """One operation record against MLflow. A SUMMARIZE marker is nothing for MLflow: whoever replays it
+        recomputes the answer (`sync`). A replayed ``open`` makes the parent run's placeholder real."""
+        if rec["op"] == SUMMARIZE:
+            self.summary_missed = True
+            self.markers += 1
+            return None
+        result = self.runs.apply(rec)
+        if rec["op"] == "open" and self.parent_run_id in (None, rec["id"]):
+            self.parent_run_id = result
+        return result
 
     @property
     def journal(self) -> Path | None:
@@ -184,7 +187,7 @@ class StudyTracker(StudyRuns):
             return 0
         try:
             with self._short_http():
-                history = self.client.get_metric_history(self._real(run_id), metric_name(key))
+                history = self.runs.client.get_metric_history(self._real(run_id), metric_name(key))
         except Exception:  # tracking never stops the study; a duplicate point is the worst outcome
             return 0
         return max((m.step for m in history), default=0)
@@ -321,7 +324,7 @@ class StudyTracker(StudyRuns):
                         if error is not None:
                             raise error
                     result = self._apply(rec)
-                self._ids.pop(rec.get("id", ""), None)  # only runs made by a replay need the id map
+                self.runs.ids.pop(rec.get("id", ""), None)  # only runs made by a replay need the id map
                 self._back_online(done)
                 return result
             except Exception as exc:  # tracking never stops the study
@@ -331,13 +334,6 @@ class StudyTracker(StudyRuns):
                 self._went_offline(exc)
         self._append(rec, temporary)
         return rec.get("id")
-
-    def _known_ids(self) -> dict[str, str]:
-        journal = self._journal()
-        return journal.known_ids() if journal is not None else {}
-
-    def _dropped(self, rec: dict[str, Any], exc: BaseException) -> None:
-        self._drop(rec, exc)
 
     def _flush(self) -> tuple[int, BaseException | None]:
         """Replay the journal in order until an operation fails transiently; keep only what is left. Returns
@@ -365,7 +361,7 @@ class StudyTracker(StudyRuns):
                     journal.release(rec)
                     done += 1
             finally:
-                journal.rewrite(records[done:], self._ids, self._real)
+                journal.rewrite(records[done:], self.runs.ids, self._real)
                 self._flushed = (self.pushed - before[0], self.dropped - before[1], self.replay_refused - before[2])
         return done, error
 
@@ -386,7 +382,7 @@ class StudyTracker(StudyRuns):
             return "a run description that is not literal text (a tracker escapes every description it writes)"
         if rec["op"] not in ("tag", "metrics", "params", "dict", "artifact"):
             return None
-        if self.is_summary_run(self._real(rec["run"])):
+        if self.runs.is_summary_run(self._real(rec["run"])):
             return ("a line writing a summary run's answer (never journaled: `python -m dcl_core.study answer` "
                     "logs it from the study's results)")
         return None
@@ -419,11 +415,11 @@ class StudyTracker(StudyRuns):
     def _short_http(self) -> Iterator[None]:
         """This tracker's calls: few retries, a short timeout (:func:`transport.short_http`)."""
         with transport.short_http(self.http_retries, self.http_timeout) as added:
-            self._env_added = added
+            self.runs.env_added = added
             try:
                 yield
             finally:
-                self._env_added = []
+                self.runs.env_added = []
 
     def _went_offline(self, exc: BaseException) -> None:
         self._offline_until = time.monotonic() + self.cooldown
@@ -460,6 +456,11 @@ class StudyTracker(StudyRuns):
         self._warned_refused.add(rec["op"])
         log.warning("MLflow refused an operation (%s on run %s): %s; it is dropped", rec["op"],
                     rec.get("run") or rec.get("trial_id") or self.experiment, transport.reason(exc))
+
+
+# What a tracker pickled by an older version held itself and its runs hold now (:meth:`StudyTracker.__setstate__`).
+_RUNS_STATE = ("description", "experiment_tags", "artifact_root", "experiment_id", "_client", "_ids", "_mine",
+               "_summary_ids", "_env_added")
 
 
 def _local_id() -> str:

@@ -178,11 +178,11 @@ def test_the_ui_urls_port_follows_mlflow_port(monkeypatch, tmp_path):
     lines = summary_lines(StudyOutcome([], "table", {}, files, "s", "sqlite:////x/mlflow.db"))
     assert any(line.strip().endswith("--host 127.0.0.1 --port 5123") for line in lines)
     tracker = StudyTracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "s")
-    assert tracker.runs_url().startswith("http://127.0.0.1:5123/#/experiments/")
+    assert tracker.runs.runs_url().startswith("http://127.0.0.1:5123/#/experiments/")
     monkeypatch.setenv("MLFLOW_PORT", "not-a-port")  # mlflow ui itself refuses it; the hint keeps MLflow's default
-    assert tracker.runs_url().startswith("http://127.0.0.1:5000/")
+    assert tracker.runs.runs_url().startswith("http://127.0.0.1:5000/")
     server = StudyTracker("http://127.0.0.1:8080", "s")  # a server's own address, whatever MLFLOW_PORT says
-    assert server.runs_url().startswith("http://127.0.0.1:8080/#/experiments/")
+    assert server.runs.runs_url().startswith("http://127.0.0.1:8080/#/experiments/")
 
 
 @pytest.mark.slow  # runs studies/temperature_sweep.py as a subprocess (~15 CPU-s each)

@@ -28,8 +28,8 @@ from dcl_core.study.analysis.measures import STD_DIFFERENCE
 from dcl_core.study.analysis.sequential import GroupSequential
 from dcl_core.study.analysis.tables import read_table
 from dcl_core.study.execution import ray_session
+from dcl_core.study.tracking.mlflow_runs import rounded
 from dcl_core.study.tracking.mlflow_view import read_tag
-from dcl_core.study.tracking.tracker import rounded
 from dcl_core.training.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]

@@ -327,7 +327,8 @@ def test_tracker_keeps_credentials_out_of_its_uri(monkeypatch):
 def test_tracker_pickles_without_its_client(tmp_path):
     tracker = StudyTracker(f"sqlite:///{tmp_path / 'm.db'}", "pickled", journal_dir=tmp_path / "j").open()
     copy = pickle.loads(pickle.dumps(tracker))
-    assert copy._client is None and copy.parent_run_id == tracker.parent_run_id
+    assert copy.runs._client is None and copy.parent_run_id == tracker.parent_run_id
+    assert copy.experiment_id == tracker.experiment_id and copy.runs.on_refused == copy._drop
     assert copy.pending() == 0 and not (tmp_path / "j" / JOURNAL_FILE).exists()
 
 
@@ -342,6 +343,24 @@ def test_a_tracker_pickled_before_the_journal_existed_still_works(tmp_path):
     tracker.log_metrics(run, {"train/loss": 1.0}, 1)
     assert tracker.pending() == 0 and tracker.dropped == 0
     assert MlflowClient(uri).get_run(run).data.metrics == {"train/loss": 1.0}
+
+
+def test_a_tracker_pickled_when_it_held_its_mlflow_state_itself_hands_it_to_its_runs(tmp_path):
+    """A study started before the tracker held its runs (``StudyRuns``) resumes with the tracker Tune pickled then:
+    its experiment, its runs and placeholder ids reach the runs; none of it stays on the tracker."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    first = StudyTracker(uri, "flat", journal_dir=tmp_path / "j", description="Q?").open()
+    flat = {k: v for k, v in first.__getstate__().items() if k != "runs"} | {
+        "description": "Q?", "experiment_tags": {}, "artifact_root": None, "experiment_id": first.experiment_id,
+        "_client": None, "_ids": {"offline-x": first.parent_run_id}, "_mine": {first.parent_run_id},
+        "_summary_ids": {first.parent_run_id}, "_env_added": []}
+    tracker = StudyTracker.__new__(StudyTracker)
+    tracker.__setstate__(flat)
+    assert tracker.experiment_id == first.experiment_id and tracker.runs.description == "Q?"
+    assert tracker.runs.real("offline-x") == first.parent_run_id and tracker.runs.is_summary_run(first.parent_run_id)
+    assert not {"_ids", "_mine", "experiment_id", "description"} & set(vars(tracker))
+    run = tracker.open().trial_run("t1", "t1", {}, {"a": 1})
+    assert tracker.parent_run_id == first.parent_run_id and run != first.parent_run_id
 
 
 def test_temporary_artifacts_are_copied_only_when_journaled(tmp_path):

@@ -16,8 +16,8 @@ from dcl_core.study.analysis.colours import SUMMARY_COLOUR, series_colour
 from dcl_core.study.plan.spec import trial_tags
 from dcl_core.study.plan.storage import default_tracking_uri
 from dcl_core.study.tracking import MLflowTrialCallback, StudyTracker
+from dcl_core.study.tracking.mlflow_runs import rounded
 from dcl_core.study.tracking.notes import summary_note, verdict_lines
-from dcl_core.study.tracking.tracker import rounded
 from search_spaces import Grid
 
 
