@@ -4,8 +4,6 @@ rows (DDP's averaging then gives the full-batch gradient)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import tempfile
 import time
 from datetime import timedelta
@@ -24,22 +22,17 @@ DDP_TIMEOUT_S = 120.0
 TOL_DDP = 10 * TOL_EXACT  # fp32 sums over a gathered batch, in another order
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rows(rank: int) -> slice:
     return slice(rank * N // WORLD, (rank + 1) * N // WORLD)
 
 
-def _ddp_rank(rank: int, port: int, name: str, params: str, out_dir: str) -> None:
-    """One rank of :func:`check_ddp`: its half of the batch through the gathering loss, saved for the parent."""
+def _ddp_rank(rank: int, name: str, params: str, out_dir: str) -> None:
+    """One rank of :func:`check_ddp`: its half of the batch through the gathering loss, saved for the parent. The
+    ranks meet through a file in the check's own folder, not a TCP port: a free port picked beforehand can be taken
+    by another process (a test beside it, Ray, MLflow) before the store binds it."""
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=f"file://{Path(out_dir) / 'rendezvous'}", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=60))
     try:
         z1, z2 = batch()
         out, g1, g2 = value_and_grads(loss_factory(name, params)(0.2, True), z1[_rows(rank)], z2[_rows(rank)])
@@ -81,7 +74,7 @@ def check_ddp(make: LossFactory, name: str, params: str) -> Check:
         return Check("ddp", setting, False, detail="torch.distributed with gloo is not available")
     out, g1, g2 = value_and_grads(make(0.2, False), *batch())
     with tempfile.TemporaryDirectory(prefix="dcl-ddp-check-") as tmp:
-        ctx = mp.spawn(_ddp_rank, args=(_free_port(), name, params, tmp), nprocs=WORLD,  # type: ignore[no-untyped-call]
+        ctx = mp.spawn(_ddp_rank, args=(name, params, tmp), nprocs=WORLD,  # type: ignore[no-untyped-call]
                        join=False)
         failed = _join(ctx)
         missing = [r for r in range(WORLD) if not (Path(tmp) / f"rank{r}.pt").is_file()]
