@@ -129,6 +129,9 @@ class Question:
                 return PaperValue(None, "no number in the paper")
             few = f"only {x_label} {_xs(shared)} shared with ours" if shared else "none shared with ours"
             where = f"over its own {x_label} {_xs(theirs)}, {few}"
+        used = {s: {x: v for x, v in c.items() if (x in shared if like_for_like else self.in_range(x))}
+                for s, c in curves.items()}
+        spread = self.statistic.lipschitz(self, self._restrict(used)) * claim.rounding
         value = round(value, 9)
         text = f"{value:+.2f} {where}"
         if claim.compares:
@@ -136,7 +139,7 @@ class Question:
         reported = claim.headline if self.paper_key is None else None
         if reported is not None and abs(reported - value) > 0.005:
             text += f"; it reports {reported:+.2f}: {claim.headline_source}"
-        return PaperValue(value, text, like_for_like)
+        return PaperValue(value, text, like_for_like, spread if math.isfinite(spread) else 0.0)
 
 
 def _xs(xs: Sequence[Any]) -> str:
@@ -146,11 +149,15 @@ def _xs(xs: Sequence[Any]) -> str:
 @dataclass(frozen=True)
 class PaperValue:
     """The paper's value of a question's statistic (None: the paper prints none) and how it was obtained;
-    ``like_for_like``: computed over x values both grids share (only then is it a default effect of interest)."""
+    ``like_for_like``: computed over x values both grids share (only then is it a default effect of interest);
+    ``spread``: how far the rounding of the table's cells leaves it open (the statistic's
+    :meth:`~dcl_core.study.analysis.measures.Statistic.lipschitz` constant times the table's rounding): the paper's
+    measured cells give a value within ±spread of ``value``."""
 
     value: float | None
     text: str
     like_for_like: bool = False
+    spread: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,7 @@ class Verdict:
     seeds_needed: int | None
     delta: float | None = None
     size: verdicts.Size | None = None
+    spread: float = 0.0  # δ is known to within ±spread (the paper's table's rounding; 0 for a given δ)
 
     @property
     def paper_value(self) -> float | None:
@@ -212,7 +220,18 @@ class Verdict:
         given = (f"; effect of interest {self.delta:+.2f} (--effect-of-interest)"
                  if self.delta_given and self.delta is not None else "")
         source = self.paper.text if self.question.own else f"paper: {self.paper.text}"
+        if self.rounding_decided and self.delta is not None:
+            given += (f"; its table's rounding allows {self.delta - self.spread:+.2f} to "
+                      f"{self.delta + self.spread:+.2f}")
         return f"{self.question.claim}{scope}: {self.phrase()} — {value} ({source}{given})"
+
+    @property
+    def rounding_decided(self) -> bool:
+        """Whether the words differ from those an exact δ would give: the interval excludes the paper's value
+        but not every value its rounded table allows (the line then names that range)."""
+        e, sign = self.estimate, self.question.paper_sign
+        return self.spread > 0 and (self.words, self.size) != (verdicts.verdict(e, sign, self.delta),
+                                                              verdicts.size(e, sign, self.delta))
 
     def deciding_bound(self) -> str | None:
         """Where a bound other than the 95% interval's decided the verdict (a group-sequential look rules δ out by
@@ -391,13 +410,14 @@ def build_answer(rows: Sequence[Mapping[str, Any]], x_key: str, x_label: str, qu
 
 def judge(question: Question, est: intervals.Estimate, paper: PaperValue) -> Verdict:
     """The verdict on ``question`` of its estimate: the words, weighed against δ (the question's
-    ``effect_of_interest``, else the paper's value), and the seeds an unresolved one would need."""
-    delta = question.effect_of_interest
+    ``effect_of_interest``, taken as exact; else the paper's value, to within its table's rounding), and the seeds
+    an unresolved one would need."""
+    delta, spread = question.effect_of_interest, 0.0
     if delta is None and paper.like_for_like:  # a value over the paper's own x (few epochs: 100/200) is no δ here
-        delta = paper.value
-    words = verdicts.verdict(est, question.paper_sign, delta)
+        delta, spread = paper.value, paper.spread
+    words = verdicts.verdict(est, question.paper_sign, delta, spread)
     return Verdict(question, est, words, paper, sequential.seeds_needed(est, est.n), delta,
-                   verdicts.size(est, question.paper_sign, delta))
+                   verdicts.size(est, question.paper_sign, delta, spread), spread)
 
 
 def regime_line(q_b: Mapping[str, Mapping[Any, float]], series: Sequence[str]) -> str:

@@ -128,6 +128,23 @@ def gap_slope(cell_means: CellMeans, better: str, base: str, log2_x: bool = True
     return float(np.sum((u - u.mean()) * (g - g.mean())) / np.sum((u - u.mean()) ** 2))
 
 
+def std_difference_lipschitz(cell_means: CellMeans, worse: str, better: str) -> float:
+    """A bound for Δstd (ddof 1) over n common x: each std moves by at most the std of the change, whose largest
+    value over a box of half-width h is h·sqrt((n − (n mod 2)/n) / (n − 1)), alternating signs; twice that."""
+    n = len(_common(cell_means, better, worse))
+    return 2 * math.sqrt((n - (n % 2) / n) / (n - 1)) if n >= 2 else nan
+
+
+def gap_slope_lipschitz(cell_means: CellMeans, better: str, base: str, log2_x: bool = True) -> float:
+    """The slope is Σ w_x (better_x − base_x) with w = (u − ū) / Σ(u − ū)², u = log2 x: 2 Σ|w_x| (nan with fewer than
+    2 distinct x)."""
+    u = np.array(sorted({math.log2(x) if log2_x else float(x) for x in _slope_xs(cell_means, better, base, log2_x)}))
+    if len(u) < 2:
+        return nan
+    centred = u - u.mean()
+    return float(2 * np.sum(np.abs(centred)) / np.sum(centred**2))
+
+
 def best_margin(cell_means: CellMeans, series: str, baseline_x: Any) -> float:
     """``max over x != baseline_x of means[series][x] − means[series][baseline_x]``; nan when missing."""
     means = cell_means.get(series, {})
@@ -166,18 +183,28 @@ class Statistic:
         question's range (:meth:`~dcl_core.study.analysis.answer.Question.function`)."""
         raise NotImplementedError
 
+    def lipschitz(self, q: Compared, means: CellMeans) -> float:
+        """L such that moving each cell the statistic reads by at most h moves its value by at most L·h (nan where
+        the statistic is undefined): how far a paper's table, rounded to ±h a cell, leaves the paper's value open."""
+        raise NotImplementedError
+
 
 @dataclass(frozen=True, repr=False)
 class Smooth(Statistic):
     """A smooth statistic: a t-interval over seeds of each seed's own statistic over the cells ``reads`` names."""
 
     reads: Callable[[Compared, CellMeans], set[Cell]]
+    lipschitz_of: Callable[[Compared, CellMeans], float]
 
     kind = Kind.SMOOTH
 
     def inputs(self, q: Compared, means: CellMeans) -> set[Cell]:
         """The cells the statistic reads (a seed missing one of them has no value of it)."""
         return self.reads(q, means)
+
+    def lipschitz(self, q: Compared, means: CellMeans) -> float:
+        """Its own bound (``lipschitz_of``): the sum of |weights| of a linear statistic, a std's bound for Δstd."""
+        return self.lipschitz_of(q, means)
 
     def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
                  inputs: Callable[[Means], Iterable[Cell]], design: sequential.Boundary | None) -> intervals.Estimate:
@@ -198,6 +225,10 @@ class Best(Statistic):
     def inputs(self, q: Compared, means: CellMeans) -> set[Cell]:
         """Every cell of every contrast."""
         return {cell for group in self.contrasts(q, means) for contrast in group for cell in contrast}
+
+    def lipschitz(self, q: Compared, means: CellMeans) -> float:
+        """2: each contrast a − b moves by at most 2h, and so does a max of mins of them."""
+        return 2.0 if self.contrasts(q, means) else nan
 
     def estimate(self, q: Compared, data: intervals.Data, function: Callable[[Means], float],
                  inputs: Callable[[Means], Iterable[Cell]], design: sequential.Boundary | None) -> intervals.Estimate:
@@ -237,16 +268,20 @@ def _tuned_contrasts(q: Compared, means: Cells) -> list[list[Contrast]]:
 
 STD_DIFFERENCE = Smooth(
     "std_difference", "Δstd across x", lambda q, m: std_difference(m, worse=q.base, better=q.better),
-    reads=lambda q, m: {(s, x) for s in (q.base, q.better) for x in _common(m, q.better, q.base)})
+    reads=lambda q, m: {(s, x) for s in (q.base, q.better) for x in _common(m, q.better, q.base)},
+    lipschitz_of=lambda q, m: std_difference_lipschitz(m, worse=q.base, better=q.better))
 GAP_AT = Smooth(
     "gap_at", "gap at one x vs baseline x", lambda q, m: gap_between(m, *_at_cells(q)),
-    reads=lambda q, m: _present(m, _at_cells(q)))
+    reads=lambda q, m: _present(m, _at_cells(q)),
+    lipschitz_of=lambda q, m: 2.0 if len(_present(m, _at_cells(q))) == 2 else nan)
 GAP_AT_SMALLEST = Smooth(
     "gap_at_smallest", "gap at smallest x", lambda q, m: gap_at_smallest(m, better=q.better, base=q.base),
-    reads=lambda q, m: {(s, x) for s in (q.better, q.base) for x in _common(m, q.better, q.base)[:1]})
+    reads=lambda q, m: {(s, x) for s in (q.better, q.base) for x in _common(m, q.better, q.base)[:1]},
+    lipschitz_of=lambda q, m: 2.0 if _common(m, q.better, q.base) else nan)
 GAP_SLOPE = Smooth(
     "gap_slope", "gap slope per doubling", lambda q, m: gap_slope(m, better=q.better, base=q.base),
-    reads=lambda q, m: {(s, x) for s in (q.better, q.base) for x in _slope_xs(m, q.better, q.base)})
+    reads=lambda q, m: {(s, x) for s in (q.better, q.base) for x in _slope_xs(m, q.better, q.base)},
+    lipschitz_of=lambda q, m: gap_slope_lipschitz(m, better=q.better, base=q.base))
 BEST_MARGIN = Best(
     "best_margin", "best margin (max over x)", lambda q, m: best_margin(m, series=q.better, baseline_x=q.baseline_x),
     contrasts=_margin_contrasts)

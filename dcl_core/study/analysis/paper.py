@@ -67,6 +67,12 @@ class PaperClaim:
     note: str = ""  # e.g. "ImageNet-100, linear top-1: compare the shape, not the level"
     comparable: bool = True  # False: the series give no like-for-like value of the question (e.g. one shared run)
     compares: str = ""  # what the paper's number compares when that is not what the name says
+    decimals: int = 1  # the decimals its tables print: each cell is the paper's number to ±half a unit of the last
+
+    @property
+    def rounding(self) -> float:
+        """How far a printed cell may lie from the number the paper measured: half a unit of its last decimal."""
+        return 0.5 * 10.0**-self.decimals
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "series", MappingProxyType(dict(self.series)))

@@ -363,6 +363,68 @@ def test_verdict_against_the_effect_of_interest(lo, hi, sign, delta, words, size
     assert stats_size(est, sign, delta) == size
 
 
+# δ known only to within ±spread (a paper's value from its rounded table): the words need the interval beyond every
+# value in [δ − spread, δ + spread]; with spread 0 the same intervals give the words of the exact δ beside them
+@pytest.mark.parametrize(("lo", "hi", "sign", "delta", "spread", "words", "size", "exact"), [
+    # the MI toy: EqCo Table 5's slope +0.67, ±0.08 from its one-decimal cells; the toy's interval lies just below
+    (0.666, 0.669, +1, 0.67, 0.08, VerdictWord.SUPPORTS, None, (VerdictWord.SUPPORTS, Size.SMALLER)),
+    (0.30, 0.58, +1, 0.67, 0.08, VerdictWord.SUPPORTS, Size.SMALLER, (VerdictWord.SUPPORTS, Size.SMALLER)),
+    (0.70, 0.74, +1, 0.67, 0.08, VerdictWord.SUPPORTS, None, (VerdictWord.SUPPORTS, Size.LARGER)),
+    (0.76, 0.90, +1, 0.67, 0.08, VerdictWord.SUPPORTS, Size.LARGER, (VerdictWord.SUPPORTS, Size.LARGER)),
+    # Table 18's Δstd +1.38, ±0.115 over four τ
+    (-0.45, 0.87, +1, 1.38, 0.115, VerdictWord.RULES_OUT, None, (VerdictWord.RULES_OUT, None)),
+    (-0.45, 1.30, +1, 1.38, 0.115, VerdictWord.NOT_RESOLVED, None, (VerdictWord.RULES_OUT, None)),
+    # a negative δ: its nearest value to 0 is δ + spread
+    (-2.0, 1.0, -1, -3.0, 0.5, VerdictWord.RULES_OUT, None, (VerdictWord.RULES_OUT, None)),
+    (-2.6, 1.0, -1, -3.0, 0.5, VerdictWord.NOT_RESOLVED, None, (VerdictWord.RULES_OUT, None)),
+    (-2.4, -0.5, -1, -3.0, 0.5, VerdictWord.SUPPORTS, Size.SMALLER, (VerdictWord.SUPPORTS, Size.SMALLER)),
+    (-2.6, -0.5, -1, -3.0, 0.5, VerdictWord.SUPPORTS, None, (VerdictWord.SUPPORTS, Size.SMALLER)),
+    # a table that allows an effect of 0: no size is ruled out, nothing is smaller than it
+    (-0.10, 0.05, +1, 0.10, 0.20, VerdictWord.NOT_RESOLVED, None, (VerdictWord.RULES_OUT, None)),
+    (0.01, 0.02, +1, 0.10, 0.20, VerdictWord.SUPPORTS, None, (VerdictWord.SUPPORTS, Size.SMALLER)),
+])
+def test_verdict_against_a_paper_value_known_to_within_its_rounding(lo, hi, sign, delta, spread, words, size, exact):
+    est = Estimate((lo + hi) / 2, lo, hi, 3)
+    assert (verdict(est, sign, delta, spread), stats_size(est, sign, delta, spread)) == (words, size)
+    assert (verdict(est, sign, delta), stats_size(est, sign, delta)) == exact
+
+
+def test_a_futility_bound_rules_out_only_beyond_every_value_the_table_allows():
+    est = Estimate(0.3, -0.5, 1.6, 12, futility=(-0.2, 1.2))
+    assert verdict(est, +1, 1.38) is VerdictWord.RULES_OUT
+    assert verdict(est, +1, 1.38, 0.115) is VerdictWord.RULES_OUT  # 1.2 < 1.265
+    assert verdict(est, +1, 1.30, 0.115) is VerdictWord.NOT_RESOLVED  # 1.2 > 1.185
+
+
+def test_a_paper_value_known_to_within_its_rounding_is_said_no_smaller_unless_every_value_is_excluded():
+    """Simulated studies whose truth is a value the paper's rounded table allows (its nearest to 0, δ − spread, the
+    hardest): a narrow interval (20 seeds, noise 0.02) says "smaller than the paper's" or "rules out the paper's
+    size" at most 2.5% of the time (+ Monte Carlo error); weighed against the exact δ it would say so almost
+    always. And the words still find a truth below the range: at δ − 3·spread they say "smaller" nearly always."""
+    delta, spread, studies = 0.67, 0.08, 400
+    rng = np.random.default_rng(5)
+    q = Question("MI toy slope", GAP_AT, "better", "base", at_x=1)
+
+    def rates(truth, width):
+        smaller = exact_smaller = 0
+        for _ in range(studies):
+            data = {"better": {1: dict(enumerate(rng.normal(truth, 0.02, 20)))},
+                    "base": {1: dict.fromkeys(range(20), 0.0)}}
+            est = q.estimate(data)
+            said = {verdict(est, 1, delta, width), stats_size(est, 1, delta, width)}
+            smaller += bool(said & {Size.SMALLER, VerdictWord.RULES_OUT})
+            exact_smaller += stats_size(est, 1, delta) is Size.SMALLER
+        return smaller / studies, exact_smaller / studies
+
+    at_edge, exact_at_edge = rates(delta - spread, spread)
+    assert at_edge <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / studies)
+    assert exact_at_edge > 0.95
+    inside, exact_inside = rates(delta - spread / 2, spread)
+    assert inside == 0 and exact_inside > 0.95
+    below, _ = rates(delta - 3 * spread, spread)
+    assert below > 0.95
+
+
 def test_verdict_rejects_a_bad_sign():
     with pytest.raises(ValueError):
         verdict(Estimate(1.0, 0.5, 1.5, 3), 0)

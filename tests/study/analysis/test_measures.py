@@ -135,3 +135,61 @@ def test_a_seed_missing_a_declared_input_is_left_out():
     del data["infonce"][0.13][1]  # the smallest x both have: seed 1 lacks an input
     del data["infonce"][1.7][2]  # not an input: seed 2 stays
     assert sorted(per_seed(data, q.function(), q.inputs)) == [0, 2, 3]
+
+
+def _moves(q: Question, means, h: float) -> list[float]:
+    """How far the statistic moves at every corner of the box ±h around the cells it reads, and at random points
+    inside it: what a table rounded to ±h a cell leaves open."""
+    f, point = q.function(), q.function()(means)
+    cells = sorted(q.inputs(means), key=repr)
+    rng = random.Random(0)
+    shifts = [[h * (1 if bits >> i & 1 else -1) for i in range(len(cells))] for bits in range(2 ** len(cells))]
+    shifts += [[rng.uniform(-h, h) for _ in cells] for _ in range(200)]
+    out = []
+    for shift in shifts:
+        moved = {s: dict(by_x) for s, by_x in means.items()}
+        for (s, x), d in zip(cells, shift, strict=True):
+            moved[s][x] += d
+        out.append(abs(f(moved) - point))
+    return out
+
+
+@pytest.mark.parametrize("q", CASES, ids=lambda q: q.claim)
+@pytest.mark.parametrize("rng_seed", range(3))
+def test_the_lipschitz_constant_bounds_what_rounding_the_cells_can_do_and_is_reached(q, rng_seed):
+    """|f(m + e) − f(m)| ≤ L·h for every change of at most h a cell; the linear and best-of statistics reach it at
+    a corner, Δstd (a difference of two stds, each moving by at most the std of the change) comes within a
+    factor 2 of it."""
+    means, h = generic_means(rng_seed), 0.05
+    bound = q.statistic.lipschitz(q, q._restrict(means)) * h
+    moves = _moves(q, means, h)
+    assert max(moves) <= bound + 1e-9
+    reached = 0.5 if q.statistic is STD_DIFFERENCE else 1.0 - 1e-9
+    assert max(moves) >= reached * bound
+
+
+def test_the_lipschitz_constants_by_hand():
+    """Plain transcriptions: a gap reads two cells (2); a slope over log2 x = 0, 1, 2 has weights −1/2, 0, +1/2 in
+    each series (2 · 1 = 2); over 4 evenly spaced x, weights ∓0.3, ∓0.1 (2 · 0.8 = 1.6); Δstd over 4 x:
+    2·sqrt(4/3), over 3 x: 2·sqrt((3 − 1/3)/2); a best-of: 2."""
+    means = {"dcl": {32: 1.0, 64: 2.0, 128: 4.0, 256: 3.0}, "infonce": {32: 0.5, 64: 1.0, 128: 2.5, 256: 2.0}}
+    three = {s: {x: v for x, v in by_x.items() if x < 256} for s, by_x in means.items()}
+    slope, flat = Question("s", GAP_SLOPE, "dcl", "infonce"), Question("f", STD_DIFFERENCE, "dcl", "infonce")
+    assert GAP_SLOPE.lipschitz(slope, three) == pytest.approx(2.0)
+    assert GAP_SLOPE.lipschitz(slope, means) == pytest.approx(1.6)
+    assert STD_DIFFERENCE.lipschitz(flat, means) == pytest.approx(2 * math.sqrt(4 / 3))
+    assert STD_DIFFERENCE.lipschitz(flat, three) == pytest.approx(2 * math.sqrt((3 - 1 / 3) / 2))
+    assert GAP_AT_SMALLEST.lipschitz(slope, means) == GAP_AT.lipschitz(Question("a", GAP_AT, "dcl", "infonce",
+                                                                                 at_x=64), means) == 2.0
+    assert BEST_GAP.lipschitz(slope, means) == BEST_MARGIN.lipschitz(Question("m", BEST_MARGIN, "dcl",
+                                                                             baseline_x=32), means) == 2.0
+    one = {s: {32: v[32]} for s, v in means.items()}
+    assert math.isnan(GAP_SLOPE.lipschitz(slope, one)) and math.isnan(STD_DIFFERENCE.lipschitz(flat, one))
+
+
+def test_the_lipschitz_property_catches_a_bound_too_small():
+    """A slope's bound without its factor 2 (one series' weights only) is caught."""
+    half = dataclasses.replace(GAP_SLOPE, lipschitz_of=lambda q, m: GAP_SLOPE.lipschitz(q, m) / 2)
+    q = Question("wrong", half, "dcl", "infonce")
+    means, h = generic_means(), 0.05
+    assert max(_moves(q, means, h)) > half.lipschitz(q, q._restrict(means)) * h

@@ -214,3 +214,46 @@ def test_the_mi_toy_reads_table5_and_the_claim_matches_it():
     for method, by_mi in P.PAPER_TABLE5.items():
         for mi, row in by_mi.items():
             assert tuple(series[f"{method}/MI={mi}"].values.items()) == tuple(zip(P.PAPER_KS, row, strict=True))
+
+
+def _toy_rows(slope: float, noise: float = 0.0005, seeds: int = 3) -> list[dict]:
+    """MI toy rows at true MI 10: I_NCE grows by ``slope`` nats per doubling of K from 4.1, I_EqCo stays at 6.0."""
+    import random
+
+    rng = random.Random(1)
+    return [{"true_mi": 10.0, "k": k, "seed": s, "method": m,
+             "mi_estimate": (4.1 + slope * math.log2(k / 64) if m == "infonce" else 6.0) + rng.gauss(0, noise)}
+            for s in range(seeds) for k in P.PAPER_KS for m in ("infonce", "eqco")]
+
+
+def test_a_paper_value_carries_the_rounding_of_its_table():
+    """Each cell printed to one decimal lies within ±0.05 of the paper's number: Table 18's Δstd over 4 τ is open
+    by 2·0.05·sqrt(4/3), Table 1's gap by 2·0.05, Table 5's slope over K 64-512 by 2·0.05·(Σ|w| = 0.8) = 0.08."""
+    assert PAPER["temperature_sweep"].rounding == 0.05
+    flat = Question("f", STD_DIFFERENCE, "dcl", "infonce").paper(PAPER["temperature_sweep"], [0.07, 0.2, 0.5, 1.0],
+                                                                 "tau")
+    assert flat.spread == pytest.approx(0.1 * math.sqrt(4 / 3))
+    gap = Question("g", GAP_AT_SMALLEST, "dcl", "infonce").paper(PAPER["batch_size_sweep"], [32, 64], "batch")
+    assert (gap.value, gap.spread) == (pytest.approx(4.8), pytest.approx(0.1))
+    toy = Question("s", GAP_SLOPE, "infonce/MI=10", "eqco/MI=10").paper(PAPER["eqco_mi_toy"], P.PAPER_KS, "K")
+    assert (toy.value, toy.spread) == (pytest.approx(0.67), pytest.approx(0.08))
+
+
+def test_the_mi_toy_within_its_table_s_rounding_is_not_called_smaller_and_its_line_says_why():
+    """The toy's slope, +0.667 nats per doubling with three critics agreeing to 0.003, lies just below Table 5's
+    +0.67: a slope the table's one-decimal cells allow anywhere in [+0.59, +0.75]. "Smaller than the paper's"
+    would be a claim about the rounding: the verdict supports the paper and names the range; a slope of +0.40 is
+    smaller than any the table allows, and says so without the range."""
+    from dcl_core.study.analysis.mi_toy_answer import toy_verdict
+    from dcl_core.study.analysis.verdicts import Size, VerdictWord
+
+    close = toy_verdict(_toy_rows(0.667))
+    assert close.estimate.hi < close.paper_value and close.spread == pytest.approx(0.08)
+    assert (close.words, close.size, close.rounding_decided) == (VerdictWord.SUPPORTS, None, True)
+    assert ": supports the paper — slope" in close.line()
+    assert close.line().endswith("(paper: +0.67 over K 64, 128, 256, 512; its table's rounding allows +0.59 to "
+                                 "+0.75)")
+    far = toy_verdict(_toy_rows(0.40))
+    assert (far.words, far.size, far.rounding_decided) == (VerdictWord.SUPPORTS, Size.SMALLER, False)
+    assert ": supports the paper, smaller than the paper's — slope" in far.line()
+    assert "rounding" not in far.line()
