@@ -169,8 +169,9 @@ def answer_metrics(answer: Answer) -> dict[str, float]:
 
 def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
     """The summary run's metrics of the ``i``-th verdict (``verdict/<statistic>_<i>/estimate``, ``ci_lo``,
-    ``ci_hi``, ``supports``, ``contradicts``, ``rules_out``, ``paper``, ``effect_of_interest``,
-    ``seeds_needed``; at a group-sequential look also ``futility_lo``/``futility_hi``), finite values only."""
+    ``ci_hi``, ``supports``, ``contradicts``, ``rules_out``, ``paper``, ``effect_of_interest``, ``effect_spread``
+    (how far the paper's table's rounding leaves δ open; absent for a given δ), ``seeds_needed``; at a
+    group-sequential look also ``futility_lo``/``futility_hi``), finite values only."""
     key = f"verdict/{v.question.statistic.name}_{i}"
     futility = v.estimate.futility or (None, None)
     out = {f"{key}/estimate": v.estimate.estimate, f"{key}/ci_lo": v.estimate.lo, f"{key}/ci_hi": v.estimate.hi,
@@ -178,7 +179,7 @@ def verdict_metrics(i: int, v: Verdict) -> dict[str, float]:
            f"{key}/contradicts": float(v.words is VerdictWord.CONTRADICTS),
            f"{key}/rules_out": float(v.words is VerdictWord.RULES_OUT),
            f"{key}/paper": v.paper_value, f"{key}/effect_of_interest": v.delta,
-           f"{key}/seeds_needed": v.seeds_needed,
+           f"{key}/effect_spread": v.spread if v.spread > 0 else None, f"{key}/seeds_needed": v.seeds_needed,
            f"{key}/futility_lo": futility[0], f"{key}/futility_hi": futility[1]}
     return {k: float(x) for k, x in out.items() if x is not None and math.isfinite(float(x))}
 

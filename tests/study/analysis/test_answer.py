@@ -72,12 +72,15 @@ def test_a_null_that_excludes_the_papers_size_rules_it_out_and_a_given_effect_of
     metrics, tags = answer_metrics(a), answer_tags(a)
     assert metrics["verdict/std_difference_0/rules_out"] == 1.0 and metrics["verdict/std_difference_0/supports"] == 0
     assert metrics["verdict/std_difference_0/effect_of_interest"] == pytest.approx(v.paper_value)
+    assert metrics["verdict/std_difference_0/effect_spread"] == pytest.approx(v.spread) and v.spread > 0
     assert tags["verdict_0"] == "rules out the paper's size"
 
     inside = Question(**{**FLATTER.__dict__, "effect_of_interest": v.estimate.hi / 2})
     (w,) = build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [inside], paper="temperature_sweep").verdicts
     assert w.words is VerdictWord.NOT_RESOLVED and w.delta == pytest.approx(v.estimate.hi / 2)
     assert "(--effect-of-interest)" in w.line() and w.paper_value == v.paper_value  # the paper's still printed
+    assert w.spread == 0 and "verdict/std_difference_0/effect_spread" not in answer_metrics(  # a given δ is exact
+        build_answer(rows(effect=0.0, noise=0.3), "temperature", "tau", [inside], paper="temperature_sweep"))
 
 
 def test_the_figure_states_the_verdict_s_numbers_as_its_line_rounds_them():
