@@ -707,6 +707,9 @@ def test_until_resolved_adds_seeds_in_rounds_under_its_recorded_design(tmp_path,
     # MLflow gets 6 significant digits (tracker.rounded): 3.979845795 arrives as 3.97985
     assert logged["verdict/std_difference_0/ci_lo"] == rounded(sequential.lo)
     assert logged["verdict/std_difference_0/ci_hi"] == rounded(sequential.hi)
+    # δ, Table 18's Δstd over the smoke's τ, with how far its one-decimal cells leave it open
+    paper = build_answer(rows, x, "tau", [question], paper="temperature_sweep").verdicts[0]
+    assert paper.spread > 0 and logged["verdict/std_difference_0/effect_spread"] == rounded(paper.spread)
 
     run(study_cmd("temperature_sweep.py", out, "--smoke", "--reanalyze", "-q", head=ray_head), env=ray_head.env)
     assert (summary / "table.txt").read_text() == table  # the recorded design, re-applied
