@@ -11,7 +11,8 @@ every epoch; each writes ``OUT/<loss>_s<seed>/metrics.jsonl`` as it goes. Once `
 still going are stopped (SIGTERM), so the comparison is made at the last epoch every run finished: kNN top-1 per
 epoch and loss, mean q_B (the NPC regime), and the platform's paired verdict on DCL − InfoNCE (by seed, a
 t-interval over seeds; :func:`dcl_core.study.analysis.verdicts.verdict` against Table 1's gap at this batch, its
-200-epoch value, labelled with the epochs run here). Table 1 trains at τ 0.07; ``--tau`` defaults to 0.1.
+200-epoch value to within its two one-decimal cells' rounding, labelled with the epochs run here). Table 1 trains
+at τ 0.07; ``--tau`` defaults to 0.1.
 
 What ``--summarize`` reads is bounded (:data:`MAX_RUNS` run folders, :data:`benchmarks.common.MAX_METRICS_BYTES`
 and :data:`MAX_CONFIG_BYTES` a file, regular files only: :func:`dcl_core.files.read_bounded`); what it writes never goes
@@ -188,7 +189,8 @@ def summarize(out: Path, batch: int) -> str:
     delta = None
     if table1 is not None and batch in table1.series["dcl"].values:
         delta = table1.series["dcl"].values[batch] - table1.series["infonce"].values[batch]
-    said = verdict(est, paper_sign=+1, delta=delta)
+    spread = 2 * table1.rounding if table1 is not None else 0.0  # a gap of two cells, each printed to ±rounding
+    said = verdict(est, paper_sign=+1, delta=delta, spread=spread)
     lines += ["", "mean q_B at that epoch: " + ", ".join(
         f"{loss} {sum(v) / len(v):.3f}" for loss, v in q.items() if v),
               f"DCL − InfoNCE kNN top-1 at epoch {common}: {format_estimate(est, digits=2)} over "
