@@ -188,9 +188,11 @@ def summarize(out: Path, batch: int) -> str:
     table1 = paper.paper_claim("batch_size_sweep")  # DCL Table 1, CIFAR-10 kNN, 200 epochs
     delta = None
     if table1 is not None and batch in table1.series["dcl"].values:
-        delta = table1.series["dcl"].values[batch] - table1.series["infonce"].values[batch]
+        delta = round(table1.series["dcl"].values[batch] - table1.series["infonce"].values[batch], 9)
     spread = 2 * table1.rounding if table1 is not None else 0.0  # a gap of two cells, each printed to ±rounding
-    said = verdict(est, paper_sign=+1, delta=delta, spread=spread)
+    said = str(verdict(est, paper_sign=+1, delta=delta, spread=spread))
+    if delta is not None and said != verdict(est, paper_sign=+1, delta=delta):
+        said += f" (its table's rounding allows {delta - spread:+.2f} to {delta + spread:+.2f})"
     lines += ["", "mean q_B at that epoch: " + ", ".join(
         f"{loss} {sum(v) / len(v):.3f}" for loss, v in q.items() if v),
               f"DCL − InfoNCE kNN top-1 at epoch {common}: {format_estimate(est, digits=2)} over "

@@ -236,7 +236,8 @@ class Verdict:
     def deciding_bound(self) -> str | None:
         """Where a bound other than the 95% interval's decided the verdict (a group-sequential look rules δ out by
         its futility bound, which the 95% interval may not), that bound with its level:
-        ``the design's futility bound Δstd < +0.45 (one-sided 98.9% at this look) excludes +0.51``; else None."""
+        ``the design's futility bound Δstd < +0.45 (one-sided 98.9% at this look) excludes +0.51`` (a paper's δ:
+        ``… excludes +1.38 and every value its table's rounding allows (from +1.27)``); else None."""
         e = self.estimate
         if self.words is not VerdictWord.RULES_OUT or self.delta is None or e.futility is None:
             return None
@@ -246,8 +247,11 @@ class Verdict:
             pct = 100 * e.futility_tail
             digits = 1 if pct >= 0.1 else math.ceil(-math.log10(pct)) + 1  # 98.9%, 99.95%: the tail shows
             level = f" (one-sided {100 - 100 * e.futility_tail:.{digits}f}% at this look)"
-        return (f"the design's futility bound {self.question.label} {side} {bound:+.2f}{level} excludes "
-                f"{self.delta:+.2f}")
+        excluded = f"{self.delta:+.2f}"
+        near = verdicts.nearest(self.delta, self.spread)
+        if self.spread > 0 and near is not None:
+            excluded += f" and every value its table's rounding allows (from {near:+.2f})"
+        return f"the design's futility bound {self.question.label} {side} {bound:+.2f}{level} excludes {excluded}"
 
     def value_text(self) -> str:
         """The statistic, its estimate and interval as every place that states the verdict writes them (its line,

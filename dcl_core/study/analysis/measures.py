@@ -129,10 +129,18 @@ def gap_slope(cell_means: CellMeans, better: str, base: str, log2_x: bool = True
 
 
 def std_difference_lipschitz(cell_means: CellMeans, worse: str, better: str) -> float:
-    """A bound for Δstd (ddof 1) over n common x: each std moves by at most the std of the change, whose largest
-    value over a box of half-width h is h·sqrt((n − (n mod 2)/n) / (n − 1)), alternating signs; twice that."""
-    n = len(_common(cell_means, better, worse))
-    return 2 * math.sqrt((n - (n % 2) / n) / (n - 1)) if n >= 2 else nan
+    """A bound for Δstd (ddof 1) over the common x: each series' std over its n finite means moves by at most the
+    std of the change, whose largest value over a box of half-width 1 is sqrt((n − (n mod 2)/n) / (n − 1)),
+    alternating signs; the sum of the two."""
+    if worse not in cell_means or better not in cell_means:
+        return nan
+    common = _common(cell_means, better, worse)
+
+    def one(series: str) -> float:
+        n = sum(math.isfinite(cell_means[series][x]) for x in common)
+        return math.sqrt((n - (n % 2) / n) / (n - 1)) if n >= 2 else nan
+
+    return one(worse) + one(better)
 
 
 def gap_slope_lipschitz(cell_means: CellMeans, better: str, base: str, log2_x: bool = True) -> float:

@@ -113,6 +113,12 @@ def test_a_group_sequential_look_rules_out_by_its_futility_bound_and_says_which_
     # the 95% interval holds δ, so the line, the figure and MLflow name the bound that decided, with its level
     assert f"95% CI [{v.estimate.lo:+.2f}, {v.estimate.hi:+.2f}]; {deciding} (paper: " in v.line()
     assert figure_note(v).endswith(f"; {deciding}, rules out the paper's size")
+    # the paper's own δ (Table 18's +1.38, ±0.12 from its rounding): the bound must clear the range's nearer end
+    quiet = rows(effect=0.0, noise=0.05)
+    (p,) = build_answer(quiet, "temperature", "tau", [FLATTER], paper="temperature_sweep", design=design).verdicts
+    assert p.words is VerdictWord.RULES_OUT and p.estimate.futility[1] < p.delta - p.spread
+    assert p.deciding_bound().endswith(f"excludes {p.delta:+.2f} and every value its table's rounding allows "
+                                       f"(from {p.delta - p.spread:+.2f})")
     assert verdict_tags(a.verdicts)["verdict_0_line"] == v.line()
     assert 0 < look.futility_tail < sequential.FUTILITY_ERROR
     assert answer_metrics(a)["verdict/std_difference_0/futility_hi"] == pytest.approx(look.futility[1])

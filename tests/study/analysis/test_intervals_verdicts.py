@@ -397,32 +397,36 @@ def test_a_futility_bound_rules_out_only_beyond_every_value_the_table_allows():
 
 
 def test_a_paper_value_known_to_within_its_rounding_is_said_no_smaller_unless_every_value_is_excluded():
-    """Simulated studies whose truth is a value the paper's rounded table allows (its nearest to 0, δ − spread, the
-    hardest): a narrow interval (20 seeds, noise 0.02) says "smaller than the paper's" or "rules out the paper's
-    size" at most 2.5% of the time (+ Monte Carlo error); weighed against the exact δ it would say so almost
-    always. And the words still find a truth below the range: at δ − 3·spread they say "smaller" nearly always."""
-    delta, spread, studies = 0.67, 0.08, 400
+    """Simulated studies whose truth is a value the paper's rounded table allows, at the range's ends (the
+    hardest): a narrow interval (20 seeds, noise 0.02) says "smaller than the paper's" at the nearer end, or "larger"
+    at the farther, at most 2.5% of the time (+ Monte Carlo error), and a wide one (noise 0.45, δ 0.3 ± 0.1)
+    "rules out the paper's size" at most 2.5%; weighed against the exact δ the narrow ones would say so almost
+    always, the wide ones several times too often. And the words still find a truth beyond the range: at
+    δ − 3·spread they say "smaller" nearly always."""
+    studies = 400
     rng = np.random.default_rng(5)
     q = Question("MI toy slope", GAP_AT, "better", "base", at_x=1)
+    allowed = 0.025 + 3 * math.sqrt(0.025 * 0.975 / studies)
 
-    def rates(truth, width):
-        smaller = exact_smaller = 0
+    def rates(truth, noise, delta, spread, words):
+        said = exact = 0
         for _ in range(studies):
-            data = {"better": {1: dict(enumerate(rng.normal(truth, 0.02, 20)))},
+            data = {"better": {1: dict(enumerate(rng.normal(truth, noise, 20)))},
                     "base": {1: dict.fromkeys(range(20), 0.0)}}
             est = q.estimate(data)
-            said = {verdict(est, 1, delta, width), stats_size(est, 1, delta, width)}
-            smaller += bool(said & {Size.SMALLER, VerdictWord.RULES_OUT})
-            exact_smaller += stats_size(est, 1, delta) is Size.SMALLER
-        return smaller / studies, exact_smaller / studies
+            said += words in {verdict(est, 1, delta, spread), stats_size(est, 1, delta, spread)}
+            exact += words in {verdict(est, 1, delta), stats_size(est, 1, delta)}
+        return said / studies, exact / studies
 
-    at_edge, exact_at_edge = rates(delta - spread, spread)
-    assert at_edge <= 0.025 + 3 * math.sqrt(0.025 * 0.975 / studies)
-    assert exact_at_edge > 0.95
-    inside, exact_inside = rates(delta - spread / 2, spread)
+    smaller, exact_smaller = rates(0.67 - 0.08, 0.02, 0.67, 0.08, Size.SMALLER)
+    assert smaller <= allowed and exact_smaller > 0.95
+    larger, exact_larger = rates(0.67 + 0.08, 0.02, 0.67, 0.08, Size.LARGER)
+    assert larger <= allowed and exact_larger > 0.95
+    ruled_out, exact_ruled_out = rates(0.3 - 0.1, 0.45, 0.3, 0.1, VerdictWord.RULES_OUT)
+    assert ruled_out <= allowed and exact_ruled_out > 0.06
+    inside, exact_inside = rates(0.67 - 0.04, 0.02, 0.67, 0.08, Size.SMALLER)
     assert inside == 0 and exact_inside > 0.95
-    below, _ = rates(delta - 3 * spread, spread)
-    assert below > 0.95
+    assert rates(0.67 - 3 * 0.08, 0.02, 0.67, 0.08, Size.SMALLER)[0] > 0.95
 
 
 def test_verdict_rejects_a_bad_sign():

@@ -171,7 +171,7 @@ def test_the_lipschitz_constant_bounds_what_rounding_the_cells_can_do_and_is_rea
 def test_the_lipschitz_constants_by_hand():
     """Plain transcriptions: a gap reads two cells (2); a slope over log2 x = 0, 1, 2 has weights −1/2, 0, +1/2 in
     each series (2 · 1 = 2); over 4 evenly spaced x, weights ∓0.3, ∓0.1 (2 · 0.8 = 1.6); Δstd over 4 x:
-    2·sqrt(4/3), over 3 x: 2·sqrt((3 − 1/3)/2); a best-of: 2."""
+    2·sqrt(4/3), over 3 x: 2·sqrt((3 − 1/3)/2), each series' term over its own finite means; a best-of: 2."""
     means = {"dcl": {32: 1.0, 64: 2.0, 128: 4.0, 256: 3.0}, "infonce": {32: 0.5, 64: 1.0, 128: 2.5, 256: 2.0}}
     three = {s: {x: v for x, v in by_x.items() if x < 256} for s, by_x in means.items()}
     slope, flat = Question("s", GAP_SLOPE, "dcl", "infonce"), Question("f", STD_DIFFERENCE, "dcl", "infonce")
@@ -183,6 +183,8 @@ def test_the_lipschitz_constants_by_hand():
                                                                                  at_x=64), means) == 2.0
     assert BEST_GAP.lipschitz(slope, means) == BEST_MARGIN.lipschitz(Question("m", BEST_MARGIN, "dcl",
                                                                              baseline_x=32), means) == 2.0
+    gapped = {"dcl": {**means["dcl"], 256: math.nan}, "infonce": means["infonce"]}  # std_across drops a NaN mean
+    assert STD_DIFFERENCE.lipschitz(flat, gapped) == pytest.approx(math.sqrt((3 - 1 / 3) / 2) + math.sqrt(4 / 3))
     one = {s: {32: v[32]} for s, v in means.items()}
     assert math.isnan(GAP_SLOPE.lipschitz(slope, one)) and math.isnan(STD_DIFFERENCE.lipschitz(flat, one))
 
