@@ -2,9 +2,8 @@
 ``--dry-run`` prints of it. :mod:`dcl_core.study.execution.rounds` runs the rounds.
 
 A question is settled when its verdict is anything but "not resolved": its interval excludes 0 (supports or
-contradicts the paper) or its futility bound excludes the effect of interest δ (a paper's δ with its table's rounding:
-rules out the paper's size). The
-verdicts are looked at after every round under a group-sequential design
+contradicts the paper) or its futility bound excludes the effect of interest δ, a paper's δ with its table's
+rounding (rules out the paper's size). The verdicts are looked at after every round under a group-sequential design
 (:class:`~dcl_core.study.analysis.sequential.GroupSequential`: 6 looks equally spaced from the study's seeds to the
 last look, or one every ``--seeds-per-round``): all looks together end at most 5% of null studies supporting or
 contradicting the paper, and at most 5% of studies whose truth is δ ruling δ out. The design (first look, last
