@@ -25,8 +25,9 @@ from dcl_core.study.plan.design import check_caps, from_record
 from dcl_core.study.plan.option_fields import QUESTION, ROUNDS, WHAT, WHERE
 from dcl_core.study.plan.option_fields import option as _opt
 from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
+from dcl_core.study.plan.record import RecordedStudy, read_recorded
 from dcl_core.study.plan.run_options import QUIET, StudyOptions
-from dcl_core.study.plan.storage import script_sha256
+from dcl_core.study.plan.storage import OPTIONS_FILE, script_sha256, summary_dir
 
 MAX_SEEDS = 1000
 MAX_SAMPLES = 10_000  # Optuna trials per loss
@@ -202,6 +203,29 @@ class StudyRequest:
     def quiet(self) -> bool:
         """Whether the study's console is quiet (``-q``)."""
         return self.options.verbosity == QUIET
+
+    def args_to_run(self) -> tuple[StudyArgs, RecordedStudy]:
+        """The request's arguments as the study runs them, checked, and what the study recorded, read once
+        (empty for a new study): a ``--resume`` or ``--reanalyze`` continues with every seed the study has, under
+        its recorded design."""
+        self.check()
+        args, options = self.args, self.options
+        if not (options.resume or args.reanalyze):
+            return args, RecordedStudy()
+        out = options.output_dir.expanduser().resolve()
+        recorded = read_recorded(out, args.name)
+        where = str(summary_dir(out, args.name) / OPTIONS_FILE)
+        command = recorded.command
+        checked = args_from_record({k: command[k] for k in ("seeds", "design") if k in command}, StudyArgs(), where)
+        has, ran = checked.seeds, recorded.seeds
+        if has is not None and ran is not None and has != ran:
+            raise ConfigError(f"{where}'s command.seeds ({has}) disagrees with the {ran} seed(s) per cell its trials "
+                              "were started with (seed_rounds): the file is damaged; --overwrite starts the study "
+                              "afresh")
+        # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
+        more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
+        seeds = has if args.seeds is None or more else args.seeds
+        return replace(args, seeds=seeds, design=command.get("design")), recorded
 
     def check(self) -> None:
         """One-line errors for options that no single value check catches, before anything runs."""

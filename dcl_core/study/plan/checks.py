@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
 
 from dcl_core.config import ConfigError, apply_overrides, check_device
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, grid_points
-from search_spaces import keys_of
 
 
 def check_ray_address(address: str, timeout: float = 5.0) -> None:
@@ -53,20 +51,6 @@ def check_trials_fit(spec: StudySpec, workers: int) -> None:
                 steps_per_epoch(n, cfg.optim.batch_size, workers)
                 if dc.loader == "memory":  # every trial decodes its images into one uint8 tensor
                     check_fits_in_memory(n * 3 * dc.image_size**2, f"{n} {dc.dataset} images at {dc.image_size} px")
-
-
-def check_set_not_swept(spec: Any, overrides: dict[str, str]) -> None:
-    """``--set`` of a key the study itself sets per trial would be silently overridden: refused; so is an empty
-    ``data.root``, which would silently fall back to the default data."""
-    if "output_dir" in overrides:
-        raise ConfigError("--set output_dir: a study gives every trial its own folder; use --output-dir")
-    if "data.root" in overrides and not overrides["data.root"].strip():
-        raise ConfigError("--set data.root is empty; name the data folder (or drop it for the default data)")
-    swept = set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set())
-    clash = sorted(swept & set(overrides))
-    if clash:
-        raise ConfigError(f"--set {clash[0]}: this study sets {clash[0]} per trial (its grid or search space), "
-                          "so a fixed value would be ignored; drop it (or use --losses / --seeds / --search)")
 
 
 def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tuple[str | None, list[str]]:

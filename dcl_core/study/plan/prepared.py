@@ -5,15 +5,14 @@ Ray storage, MLflow store), its Tune experiments and every check that needs no R
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dcl_core.config import ConfigError, InputError, LossSource, loss_reference
-from dcl_core.study.plan.run_options import DDP_TRIAL_CPU, Resources, StudyOptions
+from dcl_core.config import InputError, LossSource, loss_reference
+from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, TuneExperiment, grid_points, tune_experiments, validate_spec, with_asha
-from dcl_core.study.plan.storage import check_no_links, check_output_dir, check_storage, study_entries, summary_dir
+from dcl_core.study.plan.storage import check_output, study_entries, summary_dir
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,8 @@ class PreparedStudy:
 
 def prepare(spec: StudySpec, options: StudyOptions, *, validated: bool = False) -> PreparedStudy:
     """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec
-    (unless ``validated`` says a study script's build has just checked it), an unusable output folder or storage, a
-    link where the study writes, or a trial no local Ray could fit."""
+    (unless ``validated`` says a study script's build has just checked it), a trial no local Ray could fit, an
+    unusable output folder or storage, or a link where the study writes."""
     if not validated:
         validate_spec(spec)
     spec = replace(spec, loss_sources=check_user_losses(spec))
@@ -56,15 +55,13 @@ def prepare(spec: StudySpec, options: StudyOptions, *, validated: bool = False) 
     spec = with_asha(spec, options.asha)
     if spec.base.eval.knn_every != knn_every:
         log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
-    options = options.resolved()
-    assert options.storage is not None
-    check_output_dir(options.output_dir)
-    experiments = tuple(tune_experiments(spec))
-    check_no_links(options.output_dir, study_entries(spec.name, (e.name for e in experiments)))
-    check_storage(options.storage)
     local = options.cluster is None
     if local:
-        check_fits(options.resources, options.num_cpus or os.cpu_count() or 1)
+        options.resources.check_fits(options.num_cpus or os.cpu_count() or 1)
+    options = options.resolved()
+    assert options.storage is not None
+    experiments = tuple(tune_experiments(spec))
+    check_output(options.output_dir, options.storage, study_entries(spec.name, (e.name for e in experiments)))
     return PreparedStudy(spec, options, experiments, local)
 
 
@@ -99,16 +96,3 @@ def check_user_losses(spec: StudySpec) -> tuple[LossSource, ...]:
             raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
                              "every check)")
     return tuple(loss_sources(name) for name in users)
-
-
-def check_fits(resources: Resources, cpus: float) -> None:
-    """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
-    own = DDP_TRIAL_CPU if resources.num_workers > 1 else 0.0
-    need = resources.num_workers * resources.cpus_per_worker + own
-    if need > cpus + 1e-9:
-        fit = math.floor((cpus - own) / resources.num_workers * 100) / 100
-        hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
-        raise ConfigError(
-            f"one trial needs {need:g} CPUs ({resources.num_workers} worker(s) x {resources.cpus_per_worker:g}"
-            f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
-            f"use {hint}")

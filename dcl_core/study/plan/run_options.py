@@ -40,6 +40,18 @@ class Resources:
         """Torch intra-op threads of each worker: its whole CPUs (at least one)."""
         return max(1, math.floor(self.cpus_per_worker))
 
+    def check_fits(self, cpus: float) -> None:
+        """ConfigError unless one trial fits a local Ray of ``cpus`` CPUs (else it would wait forever)."""
+        own = DDP_TRIAL_CPU if self.num_workers > 1 else 0.0
+        need = self.num_workers * self.cpus_per_worker + own
+        if need > cpus + 1e-9:
+            fit = math.floor((cpus - own) / self.num_workers * 100) / 100
+            hint = f"--cpus-per-worker {fit:g}" if fit >= 0.01 else "fewer --workers"
+            raise ConfigError(
+                f"one trial needs {need:g} CPUs ({self.num_workers} worker(s) x {self.cpus_per_worker:g}"
+                f"{f' + {own:g} for the trial itself' if own else ''}) but the local Ray has {cpus:g} (--num-cpus); "
+                f"use {hint}")
+
     def trial_resources(self) -> dict[str, float]:
         """Tune's resource request for one trial (a DDP trial's driver takes a fixed CPU share)."""
         if self.num_workers <= 1:

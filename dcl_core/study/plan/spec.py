@@ -189,6 +189,20 @@ def validate_spec(spec: StudySpec) -> None:
     check_params_used(spec.base.loss.params, loss_names(spec))  # only a user loss takes them
 
 
+def check_set_not_swept(spec: StudySpec, overrides: dict[str, str]) -> None:
+    """``--set`` of a key the study itself sets per trial would be silently overridden: refused; so is an empty
+    ``data.root``, which would silently fall back to the default data."""
+    if "output_dir" in overrides:
+        raise ConfigError("--set output_dir: a study gives every trial its own folder; use --output-dir")
+    if "data.root" in overrides and not overrides["data.root"].strip():
+        raise ConfigError("--set data.root is empty; name the data folder (or drop it for the default data)")
+    swept = set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set())
+    clash = sorted(swept & set(overrides))
+    if clash:
+        raise ConfigError(f"--set {clash[0]}: this study sets {clash[0]} per trial (its grid or search space), "
+                          "so a fixed value would be ignored; drop it (or use --losses / --seeds / --search)")
+
+
 def loss_names(spec: StudySpec) -> set[str]:
     """Every ``loss.name`` a trial of the study can have: its base config's where no grid or search sets it, each
     grid's, and those its search chooses from."""

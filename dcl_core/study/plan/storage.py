@@ -147,6 +147,15 @@ def check_no_links(output_dir: Path, entries: Iterable[str]) -> None:
             raise ConfigError(f"{path} is {kind}, not a file or folder a study makes: not opened; remove it")
 
 
+def check_output(output_dir: Path, storage: str, entries: Iterable[str]) -> None:
+    """ConfigError (one line) for the first of: ``output_dir`` not a writable folder (:func:`check_output_dir`),
+    the Ray ``storage`` unusable (:func:`check_storage`), a link or special file where the study writes inside
+    the folder (``entries``, :func:`check_no_links`)."""
+    check_output_dir(output_dir)
+    check_storage(storage)
+    check_no_links(output_dir, entries)
+
+
 def study_entries(study: str, experiments: Iterable[str] = ()) -> list[str]:
     """What a study writes inside its output folder, for :func:`check_no_links`."""
     return ["summary", f"summary/{study}", "ray_results", *(f"ray_results/{e}" for e in experiments), "mlartifacts",

@@ -2,9 +2,9 @@
 making every step that needs neither Ray nor the MLflow store, in order, once: the options checked, a resume's or
 re-analysis's recorded seeds and design, ``--download``'s data, the spec (the script's science, its question, its
 sequential design), the trials' data root, ``--until-resolved``'s design, and then either what ``--dry-run``
-prints or the :class:`~dcl_core.study.plan.prepared.PreparedStudy` that runs (folder, storage, user losses, fit,
-a moved folder). Execution (:mod:`dcl_core.study.execution.rounds`) receives the plan and nothing else; a round of
-``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back into the command line.
+prints or the :class:`~dcl_core.study.plan.prepared.PreparedStudy` that runs (user losses, fit, folder, storage,
+links, a moved folder). Execution (:mod:`dcl_core.study.execution.rounds`) receives the plan and nothing else; a
+round of ``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back into the command line.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from typing import Any, Protocol
 
 from dcl_core.config import ConfigError, parse_overrides
 from dcl_core.study.plan import design as rounds
-from dcl_core.study.plan.args import StudyArgs, StudyRequest, args_from_record
-from dcl_core.study.plan.checks import check_set_not_swept, trial_data_root
+from dcl_core.study.plan.args import StudyArgs, StudyRequest
+from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.prepared import PreparedStudy, prepare
 from dcl_core.study.plan.questions import with_own_question
-from dcl_core.study.plan.record import RecordedStudy, check_not_moved, read_recorded
+from dcl_core.study.plan.record import check_not_moved
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import (
     StudySpec,
+    check_set_not_swept,
     grid_seeds,
     tune_experiments,
     validate_spec,
@@ -33,7 +34,7 @@ from dcl_core.study.plan.spec import (
     with_base,
     with_effects_of_interest,
 )
-from dcl_core.study.plan.storage import OPTIONS_FILE, check_output_dir, storage_exists, storage_join, summary_dir
+from dcl_core.study.plan.storage import check_output_dir, storage_exists, storage_join
 
 QUESTION_OPTIONS = ("compare", "statistic", "at", "claim", "effect_of_interest")  # what asks a study's question
 
@@ -57,9 +58,10 @@ class Script:
     extra: tuple[str, ...] = ()  # the options only this script takes (StudyArgs fields declared ``only``)
     path: Path | None = None  # the file that defines it (recorded, so that `answer` re-analyses with the same)
 
-    def build(self, args: StudyArgs, data_root: str | None = None) -> StudySpec:
+    def build(self, args: StudyArgs, data_root: str | None = None, download: bool = False) -> StudySpec:
         """The spec ``args`` describe, validated: the script's spec with its question as description, the
-        recorded or planned sequential design and, when given, the data root the trials read."""
+        recorded or planned sequential design and, when given, the data root the trials read (``download``: a dry
+        run's pre-flight, which fetches the data first)."""
         spec = self.build_spec(args)
         if spec.name != args.name:  # its record, a resume and `answer` are found under --name: one place
             raise ConfigError(f"{self.name}'s build_spec named its study {spec.name!r}, not {args.name!r} (--name, "
@@ -71,9 +73,13 @@ class Script:
         rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
         spec = with_own_question(spec, args.compare, args.statistic, args.at, args.claim)
         spec = with_effects_of_interest(replace(spec, design=design), args.effect_of_interest)
+        base: dict[str, Any] = {"data.root": data_root} if data_root is not None else {}
+        if download:
+            base["data.download"] = True
+        spec = with_base(spec, base) if base else spec
         validate_spec(spec)
         check_set_not_swept(spec, parse_overrides(list(args.set)))
-        return spec if data_root is None else with_base(spec, {"data.root": data_root})
+        return spec
 
     def command(self, args: StudyArgs) -> dict[str, Any]:
         """The record of the command that builds the spec of ``args`` (``study_options.json``'s ``command``)."""
@@ -125,8 +131,7 @@ class StudyPlan:
 def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     """The plan of ``request``: every check that needs neither Ray nor the MLflow store, made once, in order;
     ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
-    request.check()
-    args, recorded = continued(request.args, request.options)
+    args, recorded = request.args_to_run()
     args, spec = _with_download(script, args, script.build(args))
     options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
@@ -150,26 +155,6 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     return StudyPlan(script, args, study.spec, options, data_root, study)
 
 
-def continued(args: StudyArgs, options: StudyOptions) -> tuple[StudyArgs, RecordedStudy]:
-    """A ``--resume`` or ``--reanalyze`` continues with every seed the study has, under its recorded design; and what
-    the study recorded, read once (empty for a new study)."""
-    if not (options.resume or args.reanalyze):
-        return args, RecordedStudy()
-    out = options.output_dir.expanduser().resolve()
-    recorded = read_recorded(out, args.name)
-    where = str(summary_dir(out, args.name) / OPTIONS_FILE)
-    command = recorded.command
-    checked = args_from_record({k: command[k] for k in ("seeds", "design") if k in command}, StudyArgs(), where)
-    has, ran = checked.seeds, recorded.seeds
-    if has is not None and ran is not None and has != ran:
-        raise ConfigError(f"{where}'s command.seeds ({has}) disagrees with the {ran} seed(s) per cell its trials "
-                          "were started with (seed_rounds): the file is damaged; --overwrite starts the study afresh")
-    # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
-    more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
-    seeds = has if args.seeds is None or more else args.seeds
-    return replace(args, seeds=seeds, design=command.get("design")), recorded
-
-
 def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
     """Whether ``args`` ask a question other than the one a study's ``recorded`` command asked (a record without
     a command, or from before questions were recorded, asks the study's own)."""
@@ -191,10 +176,7 @@ def _with_download(script: Script, args: StudyArgs, spec: StudySpec) -> tuple[St
     fetched = resolve_data_root(data.dataset, args.data_root, download=True) if args.dry_run else \
         fetch_dataset(data.dataset, args.data_root)
     args = replace(args, data_root=str(fetched))
-    spec = script.build(args)
-    if args.dry_run:  # its pre-flight: the data a real run fetches first
-        spec = with_base(spec, {"data.download": True})
-    return args, spec
+    return args, script.build(args, download=args.dry_run)
 
 
 def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions, data_root: str | None,

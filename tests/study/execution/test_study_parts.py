@@ -15,7 +15,7 @@ from dcl_core.config import ConfigError, apply_overrides, preset
 from dcl_core.study import StudyOptions, StudySpec
 from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, STATUS, Status
 from dcl_core.study.execution.search_findings import best_per_cell, best_rows
-from dcl_core.study.plan.checks import check_ray_address, check_set_not_swept
+from dcl_core.study.plan.checks import check_ray_address
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.record import (
     check_same_study,
@@ -24,6 +24,7 @@ from dcl_core.study.plan.record import (
     span,
     spec_fingerprint,
 )
+from dcl_core.study.plan.spec import check_set_not_swept
 from dcl_core.study.plan.study_presets import CPU_PROTOCOL, PAIR, SMOKE_DATA, cpu, smoke
 from dcl_core.study.tracking.transport import UnreplayableError, is_refused, move_credentials, reason
 from search_spaces import Grid

@@ -12,6 +12,7 @@ import pytest
 from dcl_core.config import ConfigError
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.plan import prepared, study_plan
+from dcl_core.study.plan.run_options import Resources
 from dcl_core.study.plan.study_plan import Script, prepare_plan
 from tests.cifar10_present import cifar10_present
 
@@ -51,8 +52,9 @@ def test_a_round_is_the_resume_at_its_seeds_prepared_from_scratch(tmp_path):
 
 def test_a_round_makes_none_of_the_plans_checks_again(tmp_path, monkeypatch):
     plan = planned(tmp_path, *ROUNDS, "--losses", f"{EXAMPLE}:PositiveWeighted,dcl")
-    for name in ("check_user_losses", "check_output_dir", "check_no_links", "check_storage", "check_fits"):
+    for name in ("check_user_losses", "check_output"):
         monkeypatch.setattr(prepared, name, lambda *a, _name=name, **k: pytest.fail(f"{_name} ran again"))
+    monkeypatch.setattr(Resources, "check_fits", lambda *a, **k: pytest.fail("check_fits ran again"))
     assert plan.next_round(3).spec.base.loss.name == plan.study.spec.base.loss.name
 
 
@@ -101,3 +103,23 @@ def test_a_script_that_names_its_study_otherwise_than_name_is_one_line_before_an
         prepare_plan(own, request_of(ns))
     assert not (tmp_path / "out").exists()
     assert planned(tmp_path, "--smoke", "--name", "other", "--dry-run").spec.name == "other"
+
+
+def test_what_the_command_line_alone_decides_is_refused_before_the_folders_are_looked_at(tmp_path):
+    """The plan's checks run in one order, so a command with two faults names the same one each time: a trial no
+    local Ray fits (the options alone) before an unusable output folder, and an unusable ``--storage`` before a
+    link planted where the study writes."""
+    (tmp_path / "a_file").write_text("not a folder")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "ray_results").symlink_to(tmp_path)
+    cases = [
+        (["--output-dir", str(tmp_path / "a_file" / "x"), "--num-cpus", "1", "--workers", "2"], "one trial needs 2.01"),
+        (["--output-dir", str(linked), "--storage", str(tmp_path / "a_file")], "is a file, not a folder"),
+        (["--output-dir", str(linked)], "ray_results is a symbolic link"),
+    ]
+    s = script()
+    for argv, first in cases:
+        ns = build_parser(s.doc, s.name, s.presets).parse_args(["--smoke", *argv])
+        with pytest.raises(ConfigError, match=first):
+            prepare_plan(s, request_of(ns))
