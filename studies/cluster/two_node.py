@@ -46,13 +46,21 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+
+def _interrupted_before_the_cluster() -> NoReturn:
+    print("two_node: interrupted before the cluster was built; nothing to tear down", file=sys.stderr)
+    sys.exit(130)
+
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # dcl_core is imported where it is used (it imports torch: seconds), a Ctrl-C held until the import is done.
-
-from studies.cluster.job import REPO, STUDY_ARGS, Run, ctrl_c_deferred, planned_trials, study_command
-from studies.cluster.netns import HEAD_IP, WORKER_IP, Cluster, UnusableError
+try:  # a Ctrl-C during this script's own imports: the same one line as during its checks
+    from studies.cluster.job import REPO, STUDY_ARGS, Run, ctrl_c_deferred, planned_trials, study_command
+    from studies.cluster.netns import HEAD_IP, WORKER_IP, Cluster, UnusableError
+except KeyboardInterrupt:
+    _interrupted_before_the_cluster()
 
 CLAIM = ".two_node"  # in the work folder: this run owns it
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -177,5 +185,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:  # before main's own handlers (the checks before the cluster, its imports)
-        print("two_node: interrupted before the cluster was built; nothing to tear down", file=sys.stderr)
-        sys.exit(130)
+        _interrupted_before_the_cluster()

@@ -7,6 +7,7 @@ nothing of the cluster may outlive the script, on success or on Ctrl-C.
 Needs root and network namespaces: without them the tests skip with the reason, except under ``CI=true``, where
 they fail (CI runs as root on a machine that has them)."""
 
+import contextlib
 import importlib
 import os
 import re
@@ -223,13 +224,27 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _wait_until_its_checks_begin(proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Until the script's own checks are under way: numpy mapped into the process (its Ctrl-C-deferred import of
+    dcl_core.data, past Python's start and the script's own imports). Counting from the start let Python's start
+    alone, under load, outlast 0.5 s: a Ctrl-C there kills any Python program before it has a handler."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if "/site-packages/numpy/" in Path(f"/proc/{proc.pid}/maps").read_text():
+                return
+        time.sleep(0.002)
+    raise AssertionError(f"the script never imported numpy (exit status {proc.poll()})")
+
+
 @pytest.mark.slow  # runs the two-node cluster script
-@pytest.mark.parametrize("after_s", [0.5, 1.0, 2.0])  # during its imports (torch's: a Ctrl-C there once aborted)
+@pytest.mark.parametrize("after_s", [0.0, 0.5, 2.0])  # in its deferred import, then its study's --dry-run
 def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path, after_s):
     """Pressed while the script checks the study's options (its --dry-run, seconds): no traceback, no namespace."""
     _require_capability()
     proc = subprocess.Popen(["bash", str(SCRIPT), "--work-dir", str(tmp_path / "w")], cwd=tmp_path, env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_ctrl_c_reaches_it)
+    _wait_until_its_checks_begin(proc)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -241,6 +256,26 @@ def test_ctrl_c_before_the_cluster_is_built_exits_130_in_one_line(tmp_path, afte
     assert not {f"dcl{proc.pid}h", f"dcl{proc.pid}w"} & set(names)
     if out.startswith("== 2 nodes: head"):
         assert _leftovers(out.splitlines()[0]) == []
+
+
+@pytest.mark.parametrize("module", ["studies.cluster.job", "studies.cluster.netns"])
+def test_ctrl_c_during_the_scripts_own_imports_is_the_same_one_line(module):
+    """The window before main's checks: a Ctrl-C delivered while two_node.py imports its modules (needs no root)."""
+    interrupt_at_import = (
+        "import builtins, os, runpy, signal, sys\n"
+        "real = builtins.__import__\n"
+        "def hook(name, *args, **kwargs):\n"
+        f"    if name == {module!r}:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = hook\n"
+        f"sys.argv = [{str(SCRIPT.with_suffix('.py'))!r}, '--help']\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", interrupt_at_import], capture_output=True, text=True, timeout=60,
+                          preexec_fn=_ctrl_c_reaches_it)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert proc.stderr == "two_node: interrupted before the cluster was built; nothing to tear down\n"
+    assert proc.stdout == ""
 
 
 @pytest.mark.slow  # runs the two-node cluster script
