@@ -94,6 +94,8 @@ DOCUMENTED_RAY_ENV = {
     "RAY_AUTH_TOKEN": "Ray security, token authentication: the token itself",
     "RAY_AUTH_TOKEN_PATH": "Ray security, token authentication: the token's file (default ~/.ray/auth_token)",
     "RAY_CHDIR_TO_TRIAL_DIR": "tune.Trainable: 0 keeps the driver's working directory in trials",
+    # read, never set: not in Ray's user guide, so tests/study/plan/test_ray_address.py pins it to Ray's own code
+    "RAY_TMPDIR": "Ray's default temp folder, where ray.init(address='auto') reads ray_current_cluster",
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "Ray Tune environment variables: 1 adds no default logger callbacks",
     "TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S": "Ray Tune environment variables",
     "TUNE_WARN_THRESHOLD_S": "Ray Tune environment variables: when an event loop operation is logged as slow",

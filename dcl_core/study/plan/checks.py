@@ -1,32 +1,100 @@
 """What a study checks before Ray starts, each in bounded time and with one line on failure: the cluster address
-answers, every trial fits this machine (device, batch vs data, decoded images vs memory), ``--set`` does not fight
-the study's own grid, and where the data is (on this machine or the cluster's nodes)."""
+(``auto`` as Ray resolves it) answers, every trial fits this machine (device, batch vs data, decoded images vs
+memory), ``--set`` does not fight the study's own grid, and where the data is (on this machine or the cluster's
+nodes)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+from collections.abc import Mapping
+from pathlib import Path
 
 from dcl_core.config import ConfigError, apply_overrides, check_device
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, grid_points
 
 
-def check_ray_address(address: str, timeout: float = 5.0) -> None:
+def check_ray_address(address: str, timeout: float = 5.0, environ: Mapping[str, str] = os.environ,
+                      proc: Path = Path("/proc")) -> None:
     """ConfigError (one line, within ``timeout``) unless something listens at a ``HOST:PORT`` (or ``ray://``)
-    cluster address: ``ray.init`` would retry a dead one for minutes. ``auto`` and job-server URLs are Ray's."""
-    target = address.removeprefix("ray://")
-    if not target or target == "auto" or "://" in target:
+    cluster address: ``ray.init`` would retry a dead one for minutes. ``auto`` is checked as :func:`auto_address`
+    resolves it (``environ``: the environment; ``proc``: where this machine lists its processes); a job-server URL
+    is Ray's."""
+    target, source = address.removeprefix("ray://"), ""
+    if target == "auto":
+        found = auto_address(environ, local_gcs_addresses(proc))
+        if found is None:
+            return
+        target, source = found[0].removeprefix("ray://"), f" ({found[0]}: {found[1]})"
+    if not target or "://" in target:
         return
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"--address {address}: expected HOST:PORT (e.g. 127.0.0.1:6379), ray://HOST:PORT or auto")
+        raise ConfigError(f"--address {address}{source}: expected HOST:PORT (e.g. 127.0.0.1:6379), ray://HOST:PORT "
+                          "or auto")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as err:
-        raise ConfigError(f"no Ray cluster answers at {address} ({err.strerror or err}); start one with `ray start "
-                          "--head`, or drop --address to run locally") from None
+        raise ConfigError(f"no Ray cluster answers at {address}{source} ({err.strerror or err}); start one with "
+                          "`ray start --head`, or drop --address to run locally") from None
+
+
+def auto_address(environ: Mapping[str, str], running: frozenset[str] | None) -> tuple[str, str] | None:
+    """What ``ray.init(address="auto")`` attaches to, by Ray 2.60's rule, and where it comes from: ``$RAY_ADDRESS``;
+    else the one Ray running on this machine (``running``: the GCS addresses of its raylets); else the cluster the
+    last ``ray start --head`` recorded in Ray's address file (also with several running). None where it is a Ray
+    running here, or where this machine's processes cannot be listed (``running`` None: Ray resolves it). A
+    ConfigError where there is nothing to attach to. The file outlives a head stopped without ``ray stop`` (killed,
+    crashed, docs/cluster.md's ``kill $HEAD_PID``): ``ray.init`` then waits for it for minutes."""
+    env = environ.get("RAY_ADDRESS", "")
+    if env and env != "auto":
+        return env, "$RAY_ADDRESS, which Ray takes over --address auto"
+    if running is None:
+        return None
+    file = ray_address_file(environ)
+    try:
+        with file.open("rb") as f:
+            recorded = f.read(1024).decode(errors="replace").strip()
+    except OSError:
+        recorded = ""
+    if recorded and len(running) != 1:
+        return recorded, (f"the cluster the last `ray start` recorded in {file}" +
+                          ("" if running else "; no Ray runs on this machine"))
+    if running:
+        return None
+    raise ConfigError(f"--address auto: no Ray runs on this machine and no `ray start` recorded a cluster ({file} "
+                      f"{'is empty' if file.is_file() else 'does not exist'}); start one with `ray start --head`, "
+                      "pass --address HOST:PORT, or drop --address to run locally")
+
+
+def ray_address_file(environ: Mapping[str, str]) -> Path:
+    """Where ``ray start --head`` records its cluster's address: Ray's temp folder (``$RAY_TMPDIR``, else
+    ``$TMPDIR``, else /tmp, then ``ray/``)."""
+    root = environ["RAY_TMPDIR"] if "RAY_TMPDIR" in environ else environ.get("TMPDIR") or "/tmp"
+    return Path(root) / "ray" / "ray_current_cluster"
+
+
+def local_gcs_addresses(proc: Path = Path("/proc")) -> frozenset[str] | None:
+    """The GCS addresses of the Ray nodes running on this machine, read from their raylets' command lines (``proc``:
+    Linux's process folder); None where there is no such folder (macOS, Windows)."""
+    if not proc.is_dir():
+        return None
+    found: set[str] = set()
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            with cmdline.open("rb") as f:
+                args = f.read(1 << 16).split(b"\0")
+        except OSError:  # a process that ended, or another user's
+            continue
+        if b"raylet" not in os.path.basename(args[0]):  # as Ray finds them
+            continue
+        for part in (p for arg in args for p in arg.split(b" ")):
+            if part.startswith(b"--gcs-address=") and part.split(b"=", 1)[1] not in (b"", b"None"):
+                found.add(part.split(b"=", 1)[1].decode(errors="replace"))
+    return frozenset(found)
 
 
 def check_trials_fit(spec: StudySpec, workers: int) -> None:
