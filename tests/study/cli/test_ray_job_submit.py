@@ -4,9 +4,11 @@ real ``mlflow server`` and read back through its REST API as the UI reads it."""
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -15,12 +17,15 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from dcl_core.config import ConfigError
 from dcl_core.data import resolve_data_root
 from dcl_core.study import summary_dir
 from dcl_core.study.analysis.tables import read_table
+from dcl_core.study.plan.checks import check_ray_address
 
 # Under pytest-xdist, never beside the two-node cluster (the same group, one worker): a `ray start --head` on this
-# machine and the cluster's head share /tmp/ray/ray_current_cluster, and a job's driver attached to the other.
+# machine and the cluster's head shared /tmp/ray/ray_current_cluster, and a job's driver attached to the other (the
+# recipe now runs with a TMPDIR of its own, so its head's address file is its own too).
 pytestmark = pytest.mark.xdist_group("ray_heads")
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,7 +88,7 @@ def test_readme_recipe_is_what_a_newcomer_types():
 
 @pytest.mark.slow  # a Ray head, ray job submit, an mlflow server
 @pytest.mark.skipif(not (resolve_data_root("cifar10", None) / "train").is_dir(), reason="no embedded CIFAR-10")
-def test_readme_cluster_recipe_runs_as_written(tmp_path):
+def test_readme_cluster_recipe_runs_as_written(tmp_path, request):
     """The recipe's block with only its values substituted (ports, the data's path), in a fresh home folder (no
     token yet, as on a new machine) and an environment without any RAY_ variable: the job succeeds, its log
     carries no traceback and no advice to disable auth, and the head's processes are gone after its kill."""
@@ -94,8 +99,12 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     recipe = recipe.replace("6379", str(gcs)).replace("8265", str(dash)).replace("/data/cifar10", str(data_root))
     home = tmp_path / "home"
     home.mkdir()
+    # Ray's temp folder ($TMPDIR/ray) of its own: the address file the head leaves is this test's, not /tmp/ray's
+    temp = Path(tempfile.mkdtemp(prefix="dclrecipe", dir="/tmp"))  # short: Ray's socket paths live under it
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env |= {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+    env |= {"HOME": str(home), "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0",
+            "TMPDIR": str(temp)}
     # As typed into a shell (no `set -e`). The script's status is its last command's, `wait`'s: the head's own
     # exit after SIGTERM (1 or 143 as Ray's shutdown path goes), not the job's; the job's is its "succeeded" line.
     try:
@@ -112,6 +121,13 @@ def test_readme_cluster_recipe_runs_as_written(tmp_path):
     # `kill $HEAD_PID; wait $HEAD_PID` stopped every process of this head (and only of this head)
     left = subprocess.run(["pgrep", "-f", f"gcs_server_port={gcs}"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+    # ... and left its address behind (docs/cluster.md): `--address auto` is refused in one line, not waited for
+    assert (temp / "ray" / "ray_current_cluster").read_text().strip().endswith(f":{gcs}")
+    nothing_runs = tmp_path / "proc"  # this machine's other Rays (other tests') aside
+    nothing_runs.mkdir()
+    with pytest.raises(ConfigError, match=f"no Ray cluster answers at auto .*:{gcs}: the cluster the last `ray start` "
+                                          "recorded in"):
+        check_ray_address("auto", timeout=5, environ={"TMPDIR": str(temp)}, proc=nothing_runs)
 
     out = home / "dcl-cluster" / "outputs"
     rows = read_table(summary_dir(out, "temperature_sweep") / "results.parquet")
@@ -173,13 +189,19 @@ def _rest_runs(tracking: str, experiment_id: str) -> tuple[dict, list[dict]]:
 
 
 @pytest.mark.slow  # a Ray head and a local Ray
-def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path):
+def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path, request):
     """With a cluster running on the machine, a study without --address still gets its own local Ray (plain
     ``ray.init()`` would attach to that cluster, the last one started here, and then reject num_cpus)."""
     token = tmp_path / "ray_auth_token"
     token.write_text("0" * 32 + "1" * 32)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
+    # Ray's temp folder ($TMPDIR/ray), where the head records itself as the last one started, of this test's own:
+    # the head's address file would otherwise outlive it in /tmp/ray (and name a dead head to `--address auto`)
+    temp = Path(tempfile.mkdtemp(prefix="dclhead", dir="/tmp"))  # short: Ray's socket paths live under it
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0",
+           "TMPDIR": str(temp)}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_TMPDIR", None)
     gcs = free_port()
     head = subprocess.Popen([str(BIN / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
                              f"--port={gcs}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
@@ -190,6 +212,7 @@ def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path
                              capture_output=True).returncode != 0:
             assert time.monotonic() < deadline and head.poll() is None, "the head did not come up"
             time.sleep(2)
+        assert (temp / "ray" / "ray_current_cluster").read_text().endswith(f":{gcs}")  # what ray.init() would take
         probe = subprocess.run(
             [sys.executable, "-c", "from dcl_core.study import init_ray; import ray; init_ray(None, 1); "
              "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU'])"],
