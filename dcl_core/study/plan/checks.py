@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 
 from dcl_core.config import ConfigError, apply_overrides, check_device
+from dcl_core.files import read_bounded
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, grid_points
+
+RECORDED_ADDRESS = re.compile(r"[\w.\-\[\]:%]{1,255}", re.ASCII)  # what an address file may hold to be read as one
 
 
 def check_ray_address(address: str, timeout: float = 5.0, environ: Mapping[str, str] = os.environ,
@@ -55,12 +59,12 @@ def auto_address(environ: Mapping[str, str], running: frozenset[str] | None) -> 
     if running is None:
         return None
     file = ray_address_file(environ)
-    try:
-        with file.open("rb") as f:
-            recorded = f.read(1024).decode(errors="replace").strip()
-    except OSError:
-        recorded = ""
+    # /tmp/ray is anyone's to write: a regular file only (a FIFO would block), bounded, printed only if plain
+    recorded = read_bounded(file, 1024).decode(errors="replace").strip() if os.path.lexists(file) else ""
     if recorded and len(running) != 1:
+        if not RECORDED_ADDRESS.fullmatch(recorded):
+            raise ConfigError(f"--address auto: {file} does not hold a cluster's HOST:PORT as `ray start --head` "
+                              "writes it: remove it, or pass --address HOST:PORT")
         return recorded, (f"the cluster the last `ray start` recorded in {file}" +
                           ("" if running else "; no Ray runs on this machine"))
     if running:

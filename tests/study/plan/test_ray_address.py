@@ -92,6 +92,29 @@ def test_an_empty_address_file_is_nothing_to_attach_to(tmp_path):
         auto_address({"RAY_TMPDIR": str(tmp_path)}, frozenset())
 
 
+@pytest.mark.parametrize("plant", ["fifo", "link", "escapes", "huge"])
+def test_an_address_file_planted_in_the_shared_temp_folder_is_refused_in_one_line(tmp_path, plant):
+    """/tmp/ray is anyone's to write: a FIFO there must not block the study, a link is not followed, and what the
+    file holds reaches the console only if it reads as an address (no newline, no terminal escape)."""
+    file = tmp_path / "ray" / "ray_current_cluster"
+    file.parent.mkdir()
+    if plant == "fifo":
+        os.mkfifo(file)
+    elif plant == "link":
+        (tmp_path / "elsewhere").write_text("127.0.0.1:6379")
+        file.symlink_to(tmp_path / "elsewhere")
+    else:
+        file.write_bytes(b"127.0.0.1:1\n\x1b[2Jerror: all good" if plant == "escapes" else b"1" * 5000)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as refused:
+        auto_address({"RAY_TMPDIR": str(tmp_path)}, frozenset())
+    assert time.monotonic() - started < 5
+    message = str(refused.value)
+    assert "\n" not in message and "\x1b" not in message and str(file) in message
+    assert {"fifo": "a FIFO", "link": "link", "escapes": "does not hold a cluster's HOST:PORT",
+            "huge": "holds more than 1,024 bytes"}[plant] in message
+
+
 def test_running_rays_are_found_by_their_raylets_command_lines(tmp_path):
     proc = tmp_path / "proc"
     planted = {
