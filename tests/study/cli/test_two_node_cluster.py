@@ -231,7 +231,7 @@ def _wait_until_its_checks_begin(proc: subprocess.Popen, timeout_s: float = 120.
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            if "/site-packages/numpy/" in Path(f"/proc/{proc.pid}/maps").read_text():
+            if "/numpy/" in Path(f"/proc/{proc.pid}/maps").read_text():
                 return
         time.sleep(0.002)
     raise AssertionError(f"the script never imported numpy (exit status {proc.poll()})")
