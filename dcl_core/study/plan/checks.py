@@ -37,7 +37,7 @@ def check_ray_address(address: str, timeout: float = 5.0, environ: Mapping[str, 
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
         raise ConfigError(f"--address {address}{source}: expected HOST:PORT (e.g. 127.0.0.1:6379), ray://HOST:PORT "
-                          "or auto")
+                          "or auto; drop --address to run on this machine")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
