@@ -75,7 +75,7 @@ def test_damaged_options_are_refused_in_one_line(tmp_path, content, why):
 def test_a_cluster_address_is_checked_in_bounded_time():
     with pytest.raises(ConfigError, match="expected HOST:PORT"):
         check_ray_address("localhost")
-    with pytest.raises(ConfigError, match="drop --address to run on this machine$"):  # Ray's "local": ours is no flag
+    with pytest.raises(ConfigError, match=r"drop --address to run on this machine$"):  # Ray's "local": ours is no flag
         check_ray_address("local")
     for fine in ("http://127.0.0.1:8265", ""):  # Ray's own forms: not checked here (auto: test_ray_address.py)
         check_ray_address(fine)
