@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import errno
 import hashlib
 import json
 import os
@@ -117,15 +118,43 @@ def storage_delete(uri: str, root: str) -> None:
     fs.delete_dir(path)
 
 
+# the path a study's own files add below its output folder (MLflow's artifacts, Tune's trial folders): a few hundred
+# bytes with a study name of 100 characters, the longest there is
+OUTPUT_PATH_ROOM = 1024
+
+
 def check_output_dir(output_dir: Path) -> None:
-    """ConfigError (one line) unless ``output_dir`` is, or can be made, a writable folder."""
+    """ConfigError (one line) unless ``output_dir`` is, or can be made, a writable folder: a name of it longer than
+    its filesystem allows, or a path leaving less than :data:`OUTPUT_PATH_ROOM` bytes of the system's limit for
+    the study's own files, is refused here rather than by the first file written."""
     existing = output_dir
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    try:
+        while not _exists(existing) and existing != existing.parent:
+            existing = existing.parent
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except OSError as err:  # a folder on the way this user may not look into
+        raise ConfigError(f"--output-dir {output_dir}: {err.strerror or err}") from None
     if not existing.is_dir():
         raise ConfigError(f"--output-dir {output_dir}: {existing} is a file, not a folder")
+    for name in output_dir.relative_to(existing).parts:
+        if 0 < name_max < len(os.fsencode(name)):  # pathconf's -1: no limit
+            raise ConfigError(f"--output-dir {output_dir}: a name of {len(os.fsencode(name))} bytes, longer than "
+                              f"the {name_max} its filesystem allows")
+    if 0 < path_max - OUTPUT_PATH_ROOM < len(os.fsencode(output_dir)):
+        raise ConfigError(f"--output-dir {output_dir}: a path of {len(os.fsencode(output_dir))} bytes leaves the "
+                          f"study's own files too little of the system's {path_max}: pass a shorter one")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"--output-dir {output_dir}: {existing} is not writable")
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False for a name too long to exist (which :meth:`Path.exists` raises for)."""
+    try:
+        return path.exists()
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:
+            return False
+        raise
 
 
 OPTUNA_DB = "optuna.db"  # the Optuna searches' storage, in the output folder

@@ -124,3 +124,22 @@ def test_what_the_command_line_alone_decides_is_refused_before_the_folders_are_l
         ns = build_parser(s.doc, s.name, s.presets).parse_args(["--smoke", *argv])
         with pytest.raises(ConfigError, match=first):
             prepare_plan(s, request_of(ns))
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_output_folder_the_filesystem_cannot_hold_is_refused_in_one_line(tmp_path, dry_run):
+    """Issue reproduction: a name of the folder longer than the filesystem's 255 bytes gave a traceback
+    (ENAMETOOLONG from ``Path.exists`` under an existing folder; from the lock's ``mkdir`` under a missing one,
+    which left that folder behind). A path leaving the study's own files too little of PATH_MAX is refused too."""
+    long = "a" * 300
+    deep = Path(tmp_path, "b" * 200, *(["d"] * 1600))  # every name short, the path ~3,400 bytes
+    cases = [(tmp_path / long, "a name of 300 bytes, longer than the 255"),
+             (tmp_path / "missing" / long / "x", "a name of 300 bytes, longer than the 255"),
+             (deep, r"a path of \d+ bytes leaves the study's own files too little of the system's 4096")]
+    s = script()
+    for out, why in cases:
+        ns = build_parser(s.doc, s.name, s.presets).parse_args(
+            ["--smoke", "--output-dir", str(out), *(["--dry-run"] if dry_run else [])])
+        with pytest.raises(ConfigError, match=f"^--output-dir {tmp_path}/.*: {why}"):
+            prepare_plan(s, request_of(ns))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made on the way
