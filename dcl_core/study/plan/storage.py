@@ -4,8 +4,8 @@ summary folder, through pyarrow's filesystems so every scheme Ray accepts works 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import errno
+import fcntl
 import hashlib
 import json
 import os
