@@ -12,6 +12,7 @@ otherwise turn the device into a file), and a file it reads from a folder a user
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import secrets
@@ -20,7 +21,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from dcl_core.config import ConfigError, RunFailedError
 
@@ -243,6 +244,16 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
         raise ConfigError(f"{path} holds more than {max_bytes:,} bytes ({max(size, len(data)):,}), more than such a "
                           "file ever holds: not read")
     return data
+
+
+def loads_json(text: str | bytes) -> Any:
+    """``json.loads`` for text that comes from outside (a file in a folder others can write, a server's answer): a
+    document nested deeper than Python's parser follows is refused as any text that is not JSON is, with a
+    ValueError (``json.JSONDecodeError``), not a RecursionError that no reader expects."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested deeper than this reader follows", "", 0) from None
 
 
 @contextmanager

@@ -1,14 +1,25 @@
 """dcl_core.files: files the project writes never follow a link planted at their name (issue: nothing outside the
 folder); whole files are replaced atomically; a folder where a file belongs is refused in one line."""
 
+import json
 import os
+import re
 import signal
 import stat
+from pathlib import Path
 
 import pytest
 
 from dcl_core.config import ConfigError
-from dcl_core.files import UnsafePathError, check_output_file, open_append, open_fd, read_bounded, write_text
+from dcl_core.files import (
+    UnsafePathError,
+    check_output_file,
+    loads_json,
+    open_append,
+    open_fd,
+    read_bounded,
+    write_text,
+)
 
 
 @pytest.fixture
@@ -148,3 +159,28 @@ def test_a_bounded_read_takes_regular_files_only_and_looks_before_reading(tmp_pa
             read_bounded(tmp_path / name, 1 << 20)
     with pytest.raises(ConfigError, match=r"^cannot read .*missing: No such file"):
         read_bounded(tmp_path / "missing", 10)
+
+
+def test_json_nested_too_deep_is_text_that_is_not_json():
+    """Python's parser raises RecursionError, which no reader expects, for a document nested ~1,000 deep."""
+    deep = "[" * 5000 + "]" * 5000
+    with pytest.raises(RecursionError):
+        json.loads(deep)
+    for text in (deep, deep.encode(), '{"a": ' + deep + "}"):
+        with pytest.raises(json.JSONDecodeError, match="nested deeper than this reader follows"):
+            loads_json(text)
+    assert loads_json(b'{"a": [[1]]}') == {"a": [[1]]}
+
+
+# json.loads of text that comes from outside the process is loads_json; these parse what this process or its own
+# child wrote, or catch RecursionError themselves
+OWN_JSON = {"dcl_core/losscheck/isolation.py", "dcl_core/study/plan/signing.py",
+            "dcl_core/study/tracking/mlflow_view.py", "dcl_core/config/user_loss.py", "dcl_core/data/packed.py",
+            "dcl_core/files.py"}
+
+
+def test_every_reader_of_outside_json_uses_loads_json():
+    repo = Path(__file__).resolve().parents[1]
+    found = {str(p.relative_to(repo)) for p in (repo / "dcl_core").rglob("*.py")
+             if re.search(r"\bjson\.loads?\(", p.read_text())}
+    assert found - OWN_JSON == set(), "parse outside JSON with dcl_core.files.loads_json"

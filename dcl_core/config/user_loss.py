@@ -109,6 +109,9 @@ def loss_params(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as err:
         raise ConfigError(f"loss.params must be a JSON object such as '{{\"weight\": 0.5}}': {err.msg} at "
                           f"character {err.pos}") from None
+    except RecursionError:  # 4096 characters can nest deeper than Python's parser follows
+        raise ConfigError("loss.params must be a JSON object such as '{\"weight\": 0.5}': it nests deeper than "
+                          "a keyword argument's value ever does") from None
     if not isinstance(params, dict):
         raise ConfigError(f"loss.params must be a JSON object such as '{{\"weight\": 0.5}}', got {text!r}")
     for key, value in params.items():

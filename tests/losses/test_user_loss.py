@@ -58,6 +58,7 @@ def test_a_bad_reference_is_one_line(name, message):
     ('{"w": NaN}', "must be finite"),
     ('{"temperature": 1}', "loss.params: temperature is set by loss.temperature"),
     ("{" + '"w": 1, ' * 1000 + "}", "characters; at most 4096"),
+    ('{"w": ' + "[" * 2000 + "]" * 2000 + "}", "it nests deeper than"),  # a RecursionError's traceback before
 ])
 def test_bad_params_are_one_line(params, message):
     with pytest.raises(ConfigError) as err:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dcl_core.files import is_regular_file, write_with
+from dcl_core.files import is_regular_file, loads_json, write_with
 from dcl_core.study.plan import signing
 from dcl_core.study.plan.signing import key as _key
 
@@ -149,7 +149,7 @@ def _dead_session(path: Path, output_dir: Path, study: str) -> str | None:
     session of its driver on this host, and that driver is dead; else None."""
     try:
         with path.open("rb") as f:
-            note = json.loads(f.read(NOTE_MAX_BYTES))
+            note = loads_json(f.read(NOTE_MAX_BYTES))
         pid, host, session = int(note["pid"]), str(note["host"]), str(note["session_dir"])
         signature = str(note["signature"])
     except (OSError, ValueError, TypeError, KeyError):

@@ -33,7 +33,7 @@ import pyarrow.fs
 from ray import tune
 
 from dcl_core.config import ConfigError
-from dcl_core.files import read_bounded, write_with
+from dcl_core.files import loads_json, read_bounded, write_with
 from dcl_core.study.plan import signing
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def _read(fs: pyarrow.fs.FileSystem, folder: str, experiment: str) -> Signed | N
                 return None
             with fs.open_input_stream(path) as f:
                 raw = f.read(MAX_MANIFEST_BYTES + 1)
-        data = json.loads(raw)
+        data = loads_json(raw)
     except (ConfigError, OSError, ValueError, pyarrow.ArrowException):
         return None
     if not (isinstance(data, dict) and data.get("experiment") == experiment

@@ -4,7 +4,6 @@ command line is ``python -m dcl_core.study export`` (:mod:`dcl_core.study.cli.ex
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError
-from dcl_core.files import is_regular_file
+from dcl_core.files import is_regular_file, loads_json
 from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, Status
 from dcl_core.study.execution.reanalysis import RESULTS_FILE, read_rows
 from dcl_core.study.plan.spec import EXPERIMENT_SEP
@@ -109,7 +108,7 @@ def _last_result(path: Path) -> dict[str, Any]:
         return {}
     lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
     try:
-        last = json.loads(lines[-1]) if lines else {}
+        last = loads_json(lines[-1]) if lines else {}
     except ValueError:
         return {}
     return last if isinstance(last, dict) else {}

@@ -18,7 +18,6 @@ one line that the disk is full (:data:`DISK_FULL`).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -32,7 +31,7 @@ from ray import tune
 
 from dcl_core import metric_names as M
 from dcl_core.config import ConfigError
-from dcl_core.files import DiskFullError, disk_full, file_kind, is_regular_file, no_space, write_files
+from dcl_core.files import DiskFullError, disk_full, file_kind, is_regular_file, loads_json, no_space, write_files
 from dcl_core.study.execution import memory_loss, state_signature
 from dcl_core.study.plan import signing
 
@@ -57,7 +56,7 @@ def readable_state(files: list[Path]) -> bool:
     for p in files:
         try:
             if p in states:
-                if not isinstance(json.loads(p.read_text()).get("trial_data"), list):
+                if not isinstance(loads_json(p.read_text()).get("trial_data"), list):
                     return False
             elif p.stat().st_size == 0:
                 return False

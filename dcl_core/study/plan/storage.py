@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
-from dcl_core.files import disk_full, file_kind, no_space, open_fd, read_bounded, write_text
+from dcl_core.files import disk_full, file_kind, loads_json, no_space, open_fd, read_bounded, write_text
 
 T = TypeVar("T")
 
@@ -294,7 +294,7 @@ def read_options_file(path: Path) -> Any:
     """The JSON a study's ``study_options.json`` at ``path`` holds, read within :data:`MAX_OPTIONS_BYTES` from a
     regular file only (:func:`dcl_core.files.read_bounded`: a FIFO is never waited on). Raises ConfigError (one
     line) for anything else there or a larger file, ValueError for a file that is not JSON."""
-    return json.loads(read_bounded(path, MAX_OPTIONS_BYTES))
+    return loads_json(read_bounded(path, MAX_OPTIONS_BYTES))
 
 
 def study_began(storage: str, study: str) -> bool:

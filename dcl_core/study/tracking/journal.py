@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError
-from dcl_core.files import file_kind, is_regular_file, open_append, read_bounded, write_text
+from dcl_core.files import file_kind, is_regular_file, loads_json, open_append, read_bounded, write_text
 
 try:
     import fcntl
@@ -190,7 +190,7 @@ class Journal:
         records, ignored = [], []
         for line in read_bounded(self.path, MAX_JOURNAL_BYTES).decode(errors="replace").splitlines():
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
             except ValueError:  # a line cut short by a crash while it was written
                 if line.strip():
                     log.warning("skipping an unreadable line of %s", self.path)
@@ -209,7 +209,7 @@ class Journal:
         """Placeholder run id -> MLflow run id, as replays (of any tracker of the study) recorded them."""
         ids_path = self.folder / IDS_FILE
         with contextlib.suppress(OSError, ValueError):  # ConfigError is a ValueError: a FIFO, a link, too large
-            known = json.loads(read_bounded(ids_path, MAX_JOURNAL_BYTES)) if ids_path.exists() else {}
+            known = loads_json(read_bounded(ids_path, MAX_JOURNAL_BYTES)) if ids_path.exists() else {}
             if _str_map(known):
                 return known
         return {}

@@ -4,7 +4,6 @@ retry an unreachable server for minutes, and a wrong URI would fail only inside 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import ssl
 import threading
@@ -16,6 +15,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from urllib.request import url2pathname
 
 from dcl_core.config import ConfigError
+from dcl_core.files import loads_json
 from dcl_core.study.plan.storage import redact_uri
 
 _DB_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy stores (``postgresql+psycopg2://`` too), not probed
@@ -147,7 +147,7 @@ def _probe_http(parts: Any, shown: str, timeout: float) -> None:
         why = redact_uri(str(reason)) or type(reason).__name__
         raise ConfigError(f"MLflow tracking URI {shown} is unreachable: {why}")
     try:
-        answer = json.loads(result)
+        answer = loads_json(result)
     except ValueError:
         answer = None
     if not isinstance(answer, dict):

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from dcl_core.config import ConfigError
-from dcl_core.files import read_bounded, write_text
+from dcl_core.files import loads_json, read_bounded, write_text
 from dcl_core.study.plan import signing
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def recorded(folder: Path) -> list[str]:
     if not os.path.lexists(path):
         return []
     try:
-        data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
+        data = loads_json(read_bounded(path, MAX_RECORD_BYTES))
     except (ConfigError, ValueError) as err:
         log.warning("%s is not a record of summary runs (%s): not followed; the answer goes on a new summary run",
                     path, str(err).splitlines()[0][:120] if str(err) else type(err).__name__)

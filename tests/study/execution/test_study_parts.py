@@ -60,7 +60,8 @@ def test_recorded_rounds_seeds_and_spans():
 
 
 @pytest.mark.parametrize(("content", "why"), [("{not json", "not JSON"), ('{"spec": []}', "not the options"),
-                                              ("[1, 2]", "not the options")])
+                                              ("[1, 2]", "not the options"),
+                                              ("[" * 100_000 + "]" * 100_000, "nested deeper")])  # a traceback
 def test_damaged_options_are_refused_in_one_line(tmp_path, content, why):
     path = tmp_path / "study_options.json"
     path.write_text(content)

@@ -512,3 +512,36 @@ def test_an_options_file_or_journal_past_its_bound_is_refused_unread(tmp_path, n
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"{path} holds more than" in errors[0] and "not read" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and time.monotonic() - started < 60
+
+
+DEEP = "[" * 30_000 + "]" * 30_000  # nested deeper than Python's parser follows; within every reader's bound
+
+
+def test_json_nested_too_deep_is_read_as_damaged_by_every_reader(tmp_path, capsys):
+    """Issue reproduction: a ``study_options.json`` of 100,000 nested brackets gave ``answer`` and ``--reanalyze``
+    a RecursionError's traceback. Every reader of a JSON file a folder holds takes such a document as it takes any
+    text that is not JSON: the record is refused in one line, the rest read as missing or damaged."""
+    import pyarrow.fs
+
+    from dcl_core.study.execution import ray_session, state_signature, trial_choice, tune_state
+    from dcl_core.study.tracking import summary_run
+    from dcl_core.study.tracking.journal import IDS_FILE, Journal
+
+    out = _study(tmp_path)
+    folder = out / "summary" / STUDY
+    (folder / "study_options.json").write_text(DEEP)
+    assert answer([str(out)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "nested deeper than this reader follows" in errors[0] and "Traceback" not in err
+
+    for name in (JOURNAL_FILE, IDS_FILE, summary_run.RECORD, state_signature.MANIFEST, "result.json",
+                 "experiment_state-1.json", "note.json"):
+        (folder / name).write_text(DEEP + "\n")
+    journal = Journal(folder, STUDY)
+    assert journal.read() == [] and journal.known_ids() == {}
+    assert summary_run.recorded(folder) == []
+    assert state_signature._read(pyarrow.fs.LocalFileSystem(), str(folder), STUDY) is None
+    assert trial_choice._last_result(folder / "result.json") == {}
+    assert not tune_state.readable_state([folder / "experiment_state-1.json"])
+    assert ray_session._dead_session(folder / "note.json", out, STUDY) is None
