@@ -27,9 +27,16 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
 
 
 def error(message: object, code: int = EXIT_BAD_INPUT) -> int:
-    """Write ``error: <message>`` as one line in one write and return ``code``."""
-    sys.stderr.write(f"error: {message}\n")
+    """Write ``error: <message>`` as one line (:func:`one_line`) in one write and return ``code``."""
+    sys.stderr.write(f"error: {one_line(message)}\n")
     return code
+
+
+def one_line(text: object) -> str:
+    r"""``text`` as one line that a terminal shows as it is: a newline, a tab, a terminal's escape (ESC, BEL) or any
+    other character that is not printable appears as its Python escape (``\n``, ``\x1b``), so neither a path
+    nor the message of a user's own code can break the line or drive the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
 def run_command(body: Callable[[], int]) -> int:

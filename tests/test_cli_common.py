@@ -125,3 +125,20 @@ def test_a_smoke_study_has_its_own_default_folder_beside_the_real_study_s():
     assert args_of(parser.parse_args([])).run.output_dir == Path("outputs")
     assert args_of(parser.parse_args(["--preset", "paper"])).run.output_dir == Path("outputs")
     assert args_of(parser.parse_args(["--smoke", "--output-dir", "mine"])).run.output_dir == Path("mine")
+
+
+def test_an_error_is_one_line_that_cannot_drive_the_terminal(capsys, tmp_path):
+    r"""Issue reproduction: a user loss raising ``RuntimeError("\x1b[2J...")`` cleared the screen through the
+    checker's error line, and one whose message held 50 lines printed 52; a folder named with escapes (``answer
+    $'\e[31mred'``) coloured the terminal. Every error line is one line, its unprintable characters escaped."""
+    from dcl_core.cli_common import EXIT_BAD_INPUT, error
+    from dcl_core.study.cli.answer_command import answer_main
+
+    assert error("raised RuntimeError: \x1b[2J\x1b]0;title\x07\nline2\r\n\tend é 中") == EXIT_BAD_INPUT
+    shown = r"raised RuntimeError: \x1b[2J\x1b]0;title\x07\nline2\r\n\tend é 中"
+    assert capsys.readouterr().err == f"error: {shown}\n"
+    folder = tmp_path / "\x1b[31mred\x07"
+    folder.mkdir()
+    assert answer_main([str(folder)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\\x1b[31mred\\x07" in err and "\x1b" not in err, err
