@@ -246,6 +246,15 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
     return data
 
 
+def real_path(path: Path | str) -> Path:
+    """``path`` with ``~`` expanded, absolute, its links followed (:meth:`Path.resolve`); ConfigError (one line)
+    where its links lead into a loop, which ``resolve`` reports with a RuntimeError (an OSError from Python 3.13)."""
+    try:
+        return Path(path).expanduser().resolve()
+    except (RuntimeError, OSError):
+        raise ConfigError(f"{path}: its symbolic links lead into a loop: not followed") from None
+
+
 def loads_json(text: str | bytes) -> Any:
     """``json.loads`` for text that comes from outside (a file in a folder others can write, a server's answer): a
     document nested deeper than Python's parser follows is refused as any text that is not JSON is, with a

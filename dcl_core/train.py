@@ -36,6 +36,7 @@ from dcl_core.config import (
     preset,
     to_flat_dict,
 )
+from dcl_core.files import real_path
 
 log = logging.getLogger("dcl_core.train")
 
@@ -179,7 +180,7 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
     n_images = pretraining_images(dc.dataset, dc.root, dc.download, dc.train_per_class)
     if n_images is not None:  # otherwise the trainer checks once the data is loaded, still before training
         steps_per_epoch(n_images, cfg.optim.batch_size, int(os.environ.get("WORLD_SIZE", "1")))
-    out_dir = Path(cfg.output_dir).expanduser().resolve()
+    out_dir = real_path(cfg.output_dir)
     _check_writable(out_dir)
     checkpoint = out_dir / CHECKPOINT_NAME
     if not checkpoint.exists() and not checkpoint.is_symlink():

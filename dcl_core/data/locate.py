@@ -17,6 +17,7 @@ from pathlib import Path
 from dcl_core.config import DATASET_NAMES
 from dcl_core.data.errors import DataError
 from dcl_core.data.packed import PACKED_FILE, read_split
+from dcl_core.files import real_path
 
 DATASETS: tuple[str, ...] = DATASET_NAMES
 """Names accepted by :func:`load_dataset` and :func:`resolve_data_root`: the config's ``data.dataset`` choices
@@ -94,10 +95,10 @@ def resolve_data_root(name: str, root: str | None, download: bool = False) -> Pa
     """
     check_name(name)
     if root:
-        return Path(root).expanduser().resolve()
+        return real_path(root)
     env_root = os.environ.get(DATA_ROOT_ENV)
     if env_root:
-        return Path(env_root).expanduser().resolve()
+        return real_path(env_root)
     if name == "cifar10" and not download:
         embedded = _find_embedded_cifar10()
         if embedded is not None:

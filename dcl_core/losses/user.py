@@ -39,7 +39,10 @@ def loss_source_file(ref: LossReference) -> Path:
     """The file that holds the loss: the given ``.py`` (resolved), or the module's file as found on ``sys.path``
     (its parent packages are imported to find it, as Python does)."""
     if ref.file:
-        path = Path(ref.file).expanduser().resolve()
+        try:
+            path = Path(ref.file).expanduser().resolve()
+        except (RuntimeError, OSError):  # a loop of links (RuntimeError before Python 3.13)
+            raise InputError(f"loss.name={ref}: its symbolic links lead into a loop: not followed") from None
         try:
             mode = path.stat().st_mode  # never opened here: a FIFO would block
         except OSError:

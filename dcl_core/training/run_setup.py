@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from dcl_core.config import Config, Derived, derive
+from dcl_core.files import real_path
 from dcl_core.frameworks.common import Framework
 from dcl_core.models import last_block_convs
 from dcl_core.training.builders import (
@@ -96,7 +97,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     derived = derive(cfg, world)
     if device.type == "cpu" or cfg.threads > 0:
         torch.set_num_threads(cfg.threads or free_cpu_threads(world))
-    out_dir = Path(cfg.output_dir).expanduser().resolve()
+    out_dir = real_path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     # A download happens once: rank 0 fetches, the other ranks read what it wrote.

@@ -16,7 +16,7 @@ from typing import Any
 
 from dcl_core import cli_common
 from dcl_core.config import ConfigError
-from dcl_core.files import disk_full, no_space
+from dcl_core.files import disk_full, no_space, real_path
 from dcl_core.study.analysis.mi_toy_answer import TOY
 from dcl_core.study.cli.options import StudyRequest, args_from_record, args_of, build_parser
 from dcl_core.study.cli.script import Script, run_request
@@ -151,7 +151,7 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cli_common.setup_logging(quiet=args.quiet)
     try:
-        output_dir = args.output_dir.expanduser().resolve()
+        output_dir = real_path(args.output_dir)
         if not (output_dir / "summary").is_dir():
             raise ConfigError(f"{output_dir} holds no finished study (no summary/ folder)")
         if args.name is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dcl_core import cli_common
 from dcl_core.cli_common import setup_logging
+from dcl_core.files import real_path
 from dcl_core.study.cli.answer_command import only_study
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import default_tracking_uri
@@ -50,10 +51,10 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     def body() -> int:
         if args.out is not None:
             check_weights_name(args.out)  # before a trial is chosen or anything read
-        output_dir = args.output_dir.expanduser().resolve()
+        output_dir = real_path(args.output_dir)
         study = args.name if args.name is not None else only_study(output_dir)
         check_name(study)
-        storage = (args.storage or output_dir / "ray_results").expanduser().resolve()
+        storage = real_path(args.storage or output_dir / "ray_results")
         uri = args.tracking_uri or default_tracking_uri(output_dir)
         if args.mlflow:
             from dcl_core.study.tracking import check_store_in_folder, preflight  # MLflow: not for --help

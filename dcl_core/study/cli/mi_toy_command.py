@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from dcl_core import cli_common
 from dcl_core.config import ConfigError
+from dcl_core.files import real_path
 from dcl_core.study.plan.storage import default_tracking_uri
 
 
@@ -40,9 +40,9 @@ def toy_main(doc: str, presets: Mapping[str, Mapping[str, Any]], argv: Sequence[
     # MLflow (seconds): not for --help, a bad argument or a dry run
     from dcl_core.study.tracking import preflight
 
-    root = Path(args.output_dir).expanduser().resolve()
-    uri = args.tracking_uri or default_tracking_uri(root)
     try:
+        root = real_path(args.output_dir)
+        uri = args.tracking_uri or default_tracking_uri(root)
         preflight(uri)
     except ConfigError as err:
         return cli_common.error(err)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dcl_core import cli_common
 from dcl_core.cli_common import setup_logging
 from dcl_core.config import ConfigError
+from dcl_core.files import real_path
 from dcl_core.study.cli.answer_command import reanalyze_folder
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import summary_dir
@@ -36,12 +37,12 @@ def sync_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
-    out = args.output_dir.expanduser().resolve()
-    if args.name:
-        try:
+    try:
+        out = real_path(args.output_dir)
+        if args.name:
             check_name(args.name)  # never a journal (or a lock) outside the output folder: "../../x"
-        except ConfigError as err:
-            return cli_common.error(err)
+    except ConfigError as err:
+        return cli_common.error(err)
     # Imports MLflow (seconds): not needed for --help or a bad argument.
     from dcl_core.study.tracking.journal import JOURNAL_FILE
     from dcl_core.study.tracking.sync import journals, sync_journals

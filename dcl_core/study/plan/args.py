@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError
+from dcl_core.files import real_path
 from dcl_core.study.analysis.sequential import GROUP_LOOKS
 from dcl_core.study.plan.design import check_caps, from_record
 from dcl_core.study.plan.option_fields import QUESTION, ROUNDS, WHAT, WHERE
@@ -212,7 +213,7 @@ class StudyRequest:
         args, options = self.args, self.options
         if not (options.resume or args.reanalyze):
             return args, RecordedStudy()
-        out = options.output_dir.expanduser().resolve()
+        out = real_path(options.output_dir)
         recorded = read_recorded(out, args.name)
         where = str(summary_dir(out, args.name) / OPTIONS_FILE)
         command = recorded.command

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError
+from dcl_core.files import real_path
 from dcl_core.study.plan.option_fields import RESOURCES, WHAT, WHERE, option
 from dcl_core.study.plan.storage import absolute_storage, default_tracking_uri, redact_uri
 
@@ -118,7 +119,7 @@ class StudyOptions:
 
     def resolved(self) -> StudyOptions:
         """Absolute output folder; Ray storage and MLflow store defaulting to folders inside it."""
-        out = self.output_dir.expanduser().resolve()
+        out = real_path(self.output_dir)
         return replace(
             self, output_dir=out,
             storage=absolute_storage(self.storage) if self.storage else str(out / "ray_results"),

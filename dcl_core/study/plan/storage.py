@@ -23,7 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs
 
 from dcl_core.config import ConfigError
-from dcl_core.files import disk_full, file_kind, loads_json, no_space, open_fd, read_bounded, write_text
+from dcl_core.files import disk_full, file_kind, loads_json, no_space, open_fd, read_bounded, real_path, write_text
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ def storage_join(storage: str, name: str) -> str:
 
 def absolute_storage(storage: str) -> str:
     """A URI as given; a local path made absolute (Tune runs each trial in its own working directory)."""
-    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+    return storage if "://" in storage else str(real_path(storage))
 
 
 def _filesystem(uri: str) -> tuple[pyarrow.fs.FileSystem, str]:

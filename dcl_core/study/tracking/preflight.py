@@ -15,7 +15,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from urllib.request import url2pathname
 
 from dcl_core.config import ConfigError
-from dcl_core.files import loads_json
+from dcl_core.files import loads_json, real_path
 from dcl_core.study.plan.storage import redact_uri
 
 _DB_SCHEMES = ("postgresql", "mysql", "mssql")  # SQLAlchemy stores (``postgresql+psycopg2://`` too), not probed
@@ -89,7 +89,7 @@ def preflight(tracking_uri: str, timeout: float = 5) -> None:
 
 def _check_creatable(path: Path, invalid: Any) -> None:
     """The nearest existing folder of ``path`` is a writable folder (MLflow creates the missing ones)."""
-    folder = path.resolve()
+    folder = real_path(path)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):

@@ -545,3 +545,18 @@ def test_json_nested_too_deep_is_read_as_damaged_by_every_reader(tmp_path, capsy
     assert trial_choice._last_result(folder / "result.json") == {}
     assert not tune_state.readable_state([folder / "experiment_state-1.json"])
     assert ray_session._dead_session(folder / "note.json", out, STUDY) is None
+
+
+def test_a_loop_of_links_given_as_a_folder_is_one_line_for_every_command(tmp_path, capsys):
+    """Issue reproduction: ``answer``, ``sync``, ``export`` and a study given a folder whose links loop
+    (``ln -s b a; ln -s a b``) printed Python's ``RuntimeError: Symlink loop`` traceback. Now one line, exit 2."""
+    from dcl_core.study.cli.export_command import export_main
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = str(tmp_path / "a")
+    for command in ([answer, loop], [sync, loop], [export_main, loop, "--best"],
+                    [export_main, str(tmp_path), "--best", "--name", STUDY, "--storage", loop]):
+        assert command[0](command[1:]) == 2, command
+        err = capsys.readouterr().err
+        assert err == f"error: {loop}: its symbolic links lead into a loop: not followed\n", (command, err)

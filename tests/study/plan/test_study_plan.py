@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dcl_core.config import ConfigError
+from dcl_core.config import ConfigError, InputError
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.plan import prepared, study_plan
 from dcl_core.study.plan.run_options import Resources
@@ -143,3 +143,23 @@ def test_an_output_folder_the_filesystem_cannot_hold_is_refused_in_one_line(tmp_
         with pytest.raises(ConfigError, match=f"^--output-dir {tmp_path}/.*: {why}"):
             prepare_plan(s, request_of(ns))
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made on the way
+
+
+def test_a_loop_of_links_given_as_a_path_is_refused_in_one_line(tmp_path):
+    """Issue reproduction: ``--output-dir``, ``--storage`` or ``--data-root`` naming a loop of links (``ln -s b a;
+    ln -s a b``) gave Python's ``RuntimeError: Symlink loop`` traceback; so did a user loss's file."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = tmp_path / "a"
+    s = script()
+    for argv in (["--output-dir", str(loop / "x")], ["--output-dir", str(loop), "--dry-run"],
+                 ["--storage", str(loop)], ["--data-root", str(loop)]):
+        ns = build_parser(s.doc, s.name, s.presets).parse_args(["--smoke", "--output-dir", str(tmp_path / "o"), *argv])
+        with pytest.raises(ConfigError, match=f"^{loop}.*: its symbolic links lead into a loop: not followed$"):
+            prepare_plan(s, request_of(ns))
+    (tmp_path / "l.py").symlink_to(tmp_path / "l.py")
+    ns = build_parser(s.doc, s.name, s.presets).parse_args(
+        ["--smoke", "--output-dir", str(tmp_path / "o"), "--losses", f"{tmp_path}/l.py:MyLoss,dcl"])
+    with pytest.raises(InputError, match=r"l\.py:MyLoss: its symbolic links lead into a loop: not followed$"):
+        prepare_plan(s, request_of(ns))
+    assert not (tmp_path / "o").exists()
