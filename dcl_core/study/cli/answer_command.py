@@ -165,6 +165,10 @@ def answer_main(argv: Sequence[str] | None = None) -> int:
             if args.name is None and not any(_for(args, d) for d in dirs):
                 raise ConfigError(f"--script {args.script}: no study in {output_dir} was made by it; name the study "
                                   "it should re-analyse with --name")
+        if args.tracking_uri:  # the store every answer logs to: refused in one line as a study refuses it
+            from dcl_core.study.tracking import preflight  # MLflow (seconds): not for --help or bad input
+
+            preflight(args.tracking_uri)
     except ConfigError as err:
         return cli_common.error(err)
     code = 0

@@ -127,6 +127,10 @@ def _reanalyze(plan: StudyPlan, quiet: bool) -> None:
               f"`python -m dcl_core.study answer {shlex.quote(str(options.output_dir))} --name {spec.name}` "
               "prints)")
         return
+    if options.tracking_uri:  # the store it logs to, given: refused in one line as a study refuses it
+        from dcl_core.study.tracking import preflight  # with the above
+
+        preflight(options.tracking_uri)
     outcome = reanalyze(spec, options)
     print(outcome.answer if quiet else "\n".join(summary_lines(outcome)))
 

@@ -164,3 +164,26 @@ def test_a_named_script_that_changed_since_the_study_ran_gets_a_note(tmp_path, c
     _script_of(command, copy, out, "temperature_sweep")
     assert capsys.readouterr().err == (f"note: {copy} changed since the study ran; its recorded options are re-run "
                                        "through it as it is now\n")
+
+
+@pytest.mark.parametrize("uri", ["foo://bar", "sqlite:///{tmp}/notes.txt", "http://127.0.0.1:9"])
+def test_a_bad_tracking_uri_is_refused_before_a_reanalysis_as_before_a_study(tmp_path, capsys, uri):
+    """Issue reproduction: ``answer --tracking-uri foo://bar`` (or a file that is not a database, or a server that
+    does not answer) re-analysed, journaled the answer with a warning per operation and exited 0, where a study
+    given the same URI is refused in one line. Now ``answer`` and ``--reanalyze`` refuse it the same way."""
+    import importlib.util
+
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    uri = uri.format(tmp=tmp_path)
+    out, d = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"})
+    before = sorted(p.name for p in d.iterdir())
+    err = _error(capsys, [str(out), "--tracking-uri", uri])
+    assert "is not a valid MLflow tracking URI" in err or "is unreachable" in err, err
+    spec = importlib.util.spec_from_file_location("reanalysed_sweep", REPO / "studies" / "temperature_sweep.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    code = script.main(script.__doc__, "temperature_sweep", script.build_spec, presets=script.PRESETS,
+                       argv=["--smoke", "--output-dir", str(out), "--reanalyze", "--tracking-uri", uri])
+    assert code == 2
+    assert capsys.readouterr().err == err  # the same line
+    assert sorted(p.name for p in d.iterdir()) == before and not (out / "mlflow.db").exists()  # nothing written
