@@ -55,7 +55,7 @@ def loss_source_file(ref: LossReference) -> Path:
         return path
     try:
         spec = importlib.util.find_spec(ref.module)
-    except Exception as err:  # a parent package that fails to import: its error, one line
+    except (Exception, SystemExit) as err:  # a parent package that fails to import (or exits): its error, one line
         raise InputError(f"loss.name={ref}: cannot import {ref.module}: {type(err).__name__}: {err}") from None
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         raise InputError(f"loss.name={ref}: no module named {ref.module!r} on the Python path (run from the folder "
@@ -170,7 +170,7 @@ def _load(name: str, key: str) -> tuple[LossReference, Any]:
         module = _import(ref)
     except InputError:
         raise
-    except Exception as err:  # the user's module failing as it imports: its error, on one line
+    except (Exception, SystemExit) as err:  # the user's module failing (or exiting) as it imports: one line
         where = ref.file or ref.module
         detail = str(err).splitlines()[0] if str(err) else ""
         raise InputError(f"{key}={ref}: importing {where} failed: {type(err).__name__}: {detail}") from None
@@ -237,5 +237,5 @@ def build_user_loss(name: str, params: str, temperature: float, gather_distribut
                          f"{', '.join(given)} (loss.params): {err}") from None
     try:
         return cls(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
-    except Exception as err:
+    except (Exception, SystemExit) as err:  # sys.exit() in a constructor: its status, not this process's
         raise InputError(f"loss.name={name}: {built.__name__}(...) failed: {type(err).__name__}: {err}"[:500]) from None

@@ -106,6 +106,7 @@ def test_two_files_of_one_name_do_not_shadow_each_other(tmp_path):
 
 @pytest.mark.parametrize(("source", "attr", "message"), [
     ("raise RuntimeError('boom')\n", "L", "importing {file} failed: RuntimeError: boom"),
+    ("import sys\nsys.exit(3)\n", "L", "importing {file} failed: SystemExit: 3"),  # exit 3, silent, before
     ("import no_such_dependency_xyz\n", "L", "failed: ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
     ("def broken(:\n", "L", "failed: SyntaxError"),
     ("x = 1\n", "L", "has no L"),
@@ -277,6 +278,12 @@ def test_the_sources_a_loss_is_hashed_with_are_bounded(tmp_path, monkeypatch):
     ("import torch\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
      "    def from_similarities(self, sims):\n        raise RuntimeError('shape trouble')\n",
      "on a batch of 8 pairs it raised RuntimeError: shape trouble"),
+    ("import sys\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
+     "    def from_similarities(self, sims):\n        sys.exit(4)\n",
+     "on a batch of 8 pairs it raised SystemExit: 4"),  # the study exited 4, silently, before
+    ("import sys\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
+     "    def __init__(self, **kw):\n        sys.exit('bye')\n",
+     "L(...) failed: SystemExit: bye"),
     ("import torch\nfrom dcl_core.losses import DCLLoss, LossOutput\nclass L(DCLLoss):\n"
      "    def from_similarities(self, sims):\n        return LossOutput(loss=sims.pos.sum() * float('nan'))\n",
      "loss is nan (python -m dcl_core.losses check"),

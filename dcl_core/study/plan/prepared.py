@@ -89,7 +89,7 @@ def check_user_losses(spec: StudySpec) -> tuple[LossSource, ...]:
             contract = check_contract(make)
         except InputError:
             raise
-        except Exception as err:  # the user's loss raising on a small batch
+        except (Exception, SystemExit) as err:  # the user's loss raising (or calling sys.exit) on a small batch
             raise InputError(f"loss.name={name}: on a batch of 8 pairs it raised {type(err).__name__}: "
                              f"{str(err).splitlines()[0] if str(err) else ''}"[:400]) from None
         if not contract.ok:
