@@ -6,6 +6,7 @@ exactly as the study does (``summary/<study>/table.txt``, the plots, the MLflow 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -166,7 +167,7 @@ def _stored_rows(spec: StudySpec, options: StudyOptions) -> list[dict[str, Any]]
     check_no_links(options.output_dir, study_entries(spec.name))
     check_store_in_folder(options.tracking_uri, options.output_dir)
     out = summary_dir(options.output_dir, spec.name)
-    if (out / OPTIONS_FILE).is_file():
+    if os.path.lexists(out / OPTIONS_FILE):  # a FIFO or a link there: read_json refuses it in one line
         _check_same_study(spec, read_json(out / OPTIONS_FILE), out / OPTIONS_FILE)
     rows = read_rows(out / RESULTS_FILE)
     check_rows(rows, out / RESULTS_FILE, ("trial_id", "status", "seed", KNN_TOP1, x_column(spec.x_key),

@@ -41,6 +41,7 @@ from dcl_core.study.execution.space_translation import to_optuna, to_tune
 from dcl_core.study.execution.trainable import trainable
 from dcl_core.study.plan.prepared import PreparedStudy
 from dcl_core.study.plan.record import (
+    check_same_script,
     check_same_study,
     read_options,
     recorded_rounds,
@@ -64,7 +65,6 @@ from dcl_core.study.plan.storage import (
     OPTIONS_FILE,
     OPTUNA_DB,
     check_no_links,
-    script_origin,
     storage_delete,
     storage_exists,
     storage_join,
@@ -288,10 +288,7 @@ def _prepare_output(spec: StudySpec, options: StudyOptions, exps: list[TuneExper
     recorded = options_file.exists() or options_file.is_symlink()
     if options.resume and recorded:
         before = read_options(options_file)
-        ran, now = script_origin(before.get("command")), script_origin(options.command)
-        if ran and now and ran != now:
-            raise ConfigError(f"--resume: study {spec.name} in {options.output_dir} was run by {ran}, not {now}; "
-                              "resume it with that script, or give this one another --name")
+        check_same_script(before.get("command"), options.command, spec.name, options.output_dir, "--resume")
         options.check_resume(before)
         added = check_same_study(spec, before.get("spec", {}))
         if seeds:

@@ -38,6 +38,7 @@ from dcl_core.study.plan.storage import (
     atomic_write_text,
     default_tracking_uri,
     read_options_file,
+    script_origin,
     summary_dir,
 )
 
@@ -246,6 +247,16 @@ def read_options(path: Path) -> dict[str, Any]:
         raise ConfigError(damaged.format("not the options of a study"))
     check_signed(path, before)
     return before
+
+
+def check_same_script(before: Any, now: Any, study: str, output_dir: Path, doing: str) -> None:
+    """ConfigError (one line) where the study's recorded ``command`` (``before``) names another study script than
+    the one running (``now``): ``doing`` (``--resume``, ``--reanalyze``) would otherwise rebuild the study with this
+    script and write its answer over the other's. A record naming no script passes."""
+    ran, running = script_origin(before), script_origin(now)
+    if ran and running and ran != running:
+        raise ConfigError(f"{doing}: study {study} in {output_dir} was run by {ran}, not {running}; run it with that "
+                          "script, or give this one another --name")
 
 
 def check_not_moved(output_dir: Path, study: str) -> None:

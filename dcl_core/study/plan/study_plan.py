@@ -22,7 +22,7 @@ from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.prepared import PreparedStudy, prepare
 from dcl_core.study.plan.questions import with_own_question
-from dcl_core.study.plan.record import check_not_moved
+from dcl_core.study.plan.record import check_not_moved, check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import (
     StudySpec,
@@ -135,6 +135,7 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     args, spec = _with_download(script, args, script.build(args))
     options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
+        check_same_script(recorded.command, options.command, spec.name, options.output_dir, "--reanalyze")
         return StudyPlan(script, args, spec, options, recorded=recorded.command)
     root, local_problems = trial_data_root(spec, options, args.dry_run)
     data_root = str(Path(root).expanduser().resolve()) if root is not None else None

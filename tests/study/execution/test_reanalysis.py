@@ -187,3 +187,40 @@ def test_a_bad_tracking_uri_is_refused_before_a_reanalysis_as_before_a_study(tmp
     assert code == 2
     assert capsys.readouterr().err == err  # the same line
     assert sorted(p.name for p in d.iterdir()) == before and not (out / "mlflow.db").exists()  # nothing written
+
+
+def _script_main(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"reanalysing_{name}", REPO / "studies" / f"{name}.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return lambda argv: script.main(script.__doc__, name, script.build_spec, presets=script.PRESETS, argv=argv)
+
+
+def test_reanalyze_by_another_study_script_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue reproduction: ``batch_size_sweep.py --reanalyze --name temperature_sweep`` (a record without a spec
+    to compare) rewrote the temperature study's table, plots and summary run with an empty batch-size answer. The
+    record names the script that ran it: refused in one line, as ``--resume`` is."""
+    out, d = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"})
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    code = _script_main("batch_size_sweep")(["--smoke", "--output-dir", str(out), "--reanalyze", "--name",
+                                             "temperature_sweep"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"error: --reanalyze: study temperature_sweep in {out} was run by "
+                                 "studies/temperature_sweep.py, not studies/batch_size_sweep.py; run it with that "
+                                 "script, or give this one another --name\n"), err
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before and not (out / "mlflow.db").exists()
+
+
+def test_reanalyze_refuses_a_record_that_is_no_regular_file(tmp_path, capsys):
+    """Issue reproduction: with a FIFO at ``study_options.json``, ``--reanalyze`` skipped the record (and its check
+    that the spec is the one that ran) and rewrote the summary; ``answer`` refused it. Now both refuse it."""
+    out, d = _study(tmp_path, command={"script": "temperature_sweep", "preset": "smoke"})
+    (d / "study_options.json").unlink()
+    os.mkfifo(d / "study_options.json")
+    code = _script_main("temperature_sweep")(["--smoke", "--output-dir", str(out), "--reanalyze"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "study_options.json is a FIFO, not a regular file" in err, err
+    assert err.count("\n") == 1 and sorted(p.name for p in d.iterdir()) == ["results.csv", "results.parquet",
+                                                                            "study_options.json"]
