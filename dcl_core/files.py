@@ -248,11 +248,19 @@ def read_bounded(path: Path | str, max_bytes: int) -> bytes:
 
 def real_path(path: Path | str) -> Path:
     """``path`` with ``~`` expanded, absolute, its links followed (:meth:`Path.resolve`); ConfigError (one line)
-    where its links lead into a loop, which ``resolve`` reports with a RuntimeError (an OSError from Python 3.13)."""
+    where its links lead into a loop (``resolve``'s RuntimeError; an OSError from Python 3.13), where a name in it
+    is longer than its filesystem allows, or where a folder on the way cannot be entered."""
     try:
-        return Path(path).expanduser().resolve()
+        resolved = Path(path).expanduser().resolve()
     except (RuntimeError, OSError):
         raise ConfigError(f"{path}: its symbolic links lead into a loop: not followed") from None
+    try:
+        resolved.exists()  # False where it is missing; raises for what no later step would survive either
+    except OSError as err:
+        why = "a name in it is longer than its filesystem allows" if err.errno == errno.ENAMETOOLONG else \
+            err.strerror or str(err)
+        raise ConfigError(f"{path}: {why}") from None
+    return resolved
 
 
 def loads_json(text: str | bytes) -> Any:

@@ -547,7 +547,7 @@ def test_json_nested_too_deep_is_read_as_damaged_by_every_reader(tmp_path, capsy
     assert ray_session._dead_session(folder / "note.json", out, STUDY) is None
 
 
-def test_a_loop_of_links_given_as_a_folder_is_one_line_for_every_command(tmp_path, capsys):
+def test_a_loop_of_links_or_an_overlong_name_given_as_a_folder_is_one_line_for_every_command(tmp_path, capsys):
     """Issue reproduction: ``answer``, ``sync``, ``export`` and a study given a folder whose links loop
     (``ln -s b a; ln -s a b``) printed Python's ``RuntimeError: Symlink loop`` traceback. Now one line, exit 2."""
     from dcl_core.study.cli.export_command import export_main
@@ -560,3 +560,9 @@ def test_a_loop_of_links_given_as_a_folder_is_one_line_for_every_command(tmp_pat
         assert command[0](command[1:]) == 2, command
         err = capsys.readouterr().err
         assert err == f"error: {loop}: its symbolic links lead into a loop: not followed\n", (command, err)
+    long = str(tmp_path / ("a" * 300))  # a name the filesystem cannot hold: OSError's traceback before
+    for command in ([answer, long], [sync, long], [export_main, long, "--best"],
+                    [export_main, str(tmp_path), "--best", "--name", STUDY, "--storage", long]):
+        assert command[0](command[1:]) == 2, command
+        err = capsys.readouterr().err
+        assert err == f"error: {long}: a name in it is longer than its filesystem allows\n", (command, err)
