@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from dcl_core import cli_common
+
+MAX_STUDIES = 100_000  # per block: 100 times the default (the time grows in proportion); more is a typo
+
 
 def calibrate_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study calibrate``: the verdicts' error rates on simulated studies."""
@@ -27,6 +31,10 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
                    help="instead: --until-resolved's group-sequential design against the fixed design with 80%% "
                         "power at δ (mean seeds, power, error rates; --studies per truth and kind)")
     args = p.parse_args(argv)
+    if not 1 <= args.studies <= MAX_STUDIES:
+        return cli_common.error(f"--studies must be 1 to {MAX_STUDIES:,}, got {args.studies}")
+    if args.seed < 0:
+        return cli_common.error(f"--seed must be >= 0 (numpy's seed), got {args.seed}")
     if args.design:
         rows = [group_row(k, args.studies) for k in KINDS if k.name in GROUP_EFFECTS]
         print(f"{args.studies:,} simulated studies per truth and kind ({SETTINGS[0].name}; first look at 3 seeds, "

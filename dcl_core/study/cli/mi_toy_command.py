@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,8 +29,8 @@ def toy_main(doc: str, presets: Mapping[str, Mapping[str, Any]], argv: Sequence[
     p.add_argument("-q", "--quiet", action="store_true", help="print only the answer (table and verdict)")
     args = p.parse_args(argv)
     cli_common.setup_logging(quiet=args.quiet)
-    if not args.alpha > 0:
-        return cli_common.error(f"--alpha must be > 0, got {args.alpha}")
+    if not (args.alpha > 0 and math.isfinite(args.alpha)):
+        return cli_common.error(f"--alpha must be a finite number > 0, got {args.alpha}")
     from dcl_core.study.execution import mi_toy_runs  # torch: not for --help or a bad argument
 
     pr = presets[args.preset]

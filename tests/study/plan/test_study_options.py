@@ -151,9 +151,16 @@ def test_the_calibrate_and_mi_toy_commands_refuse_bad_input_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_:
         calibrate_main(["--studies", "many"])
     assert exit_.value.code == 2 and "invalid int value: 'many'" in capsys.readouterr().err
+    # a ZeroDivisionError's or numpy's traceback, or a run of 10^9 studies without end, before
+    for argv, line in ((["--studies", "0"], "--studies must be 1 to 100,000, got 0"),
+                       (["--studies", "1000000000"], "--studies must be 1 to 100,000, got 1000000000"),
+                       (["--studies", "1", "--seed", "-1"], "--seed must be >= 0 (numpy's seed), got -1")):
+        assert calibrate_main(argv) == 2
+        assert capsys.readouterr().err == f"error: {line}\n"
     presets = {"cpu": {"mis": (2.0,), "ks": (16,), "steps": 1, "repeats": 1, "seeds": 1}}
-    assert toy_main("doc", presets, ["--alpha", "0"]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == ["error: --alpha must be > 0, got 0.0"]
+    for alpha in ("0", "inf", "nan"):
+        assert toy_main("doc", presets, ["--alpha", alpha]) == 2
+        assert capsys.readouterr().err == f"error: --alpha must be a finite number > 0, got {float(alpha)}\n"
 
 
 def test_help_lists_each_option_once_in_its_section_s_order():
