@@ -20,7 +20,7 @@ from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan.args import StudyArgs, StudyRequest
 from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
-from dcl_core.study.plan.prepared import PreparedStudy, prepare
+from dcl_core.study.plan.prepared import PreparedStudy, check_user_losses, prepare
 from dcl_core.study.plan.questions import with_own_question
 from dcl_core.study.plan.record import check_not_moved, check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
@@ -196,9 +196,11 @@ def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: Stud
 
 def _dry_run_lines(spec: StudySpec, options: StudyOptions, args: StudyArgs, local_problems: list[str],
                    wall_seconds_at: Callable[[int], float | None]) -> list[str]:
-    """What the study would run and cost: no Ray, nothing written."""
+    """What the study would run and cost: no Ray, nothing written. A user loss is checked as the real run checks it
+    (it imports, takes its arguments, gives a finite loss and gradient on a small batch)."""
     spec = with_asha(spec, options.asha)
     check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
+    check_user_losses(spec)
     lines = dry_run_lines(spec, options, args.preset, local_problems)
     lines += _existing_study_lines(spec, options)
     if args.until_resolved:

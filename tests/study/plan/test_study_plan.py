@@ -166,3 +166,19 @@ def test_a_loop_of_links_given_as_a_path_is_refused_in_one_line(tmp_path):
     with pytest.raises(InputError, match=r"l\.py:MyLoss: its symbolic links lead into a loop: not followed$"):
         prepare_plan(s, request_of(ns))
     assert not (tmp_path / "o").exists()
+
+
+def test_a_dry_run_checks_a_user_loss_as_the_run_does(tmp_path):
+    """Issue reproduction: ``--dry-run --losses dcl,no_such_module:Loss`` (or a file with a syntax error) printed
+    its plan and exited 0; the real run refused it in one line. The dry run now makes the same check; a good loss
+    passes it."""
+    (tmp_path / "broken.py").write_text("def oops(:\n")
+    s = script()
+    for losses, why in ((f"dcl,{tmp_path}/broken.py:L", "importing .*broken.py failed: SyntaxError"),
+                        ("dcl,no_such_module_xyz:L", "importing no_such_module_xyz failed: ModuleNotFoundError")):
+        ns = build_parser(s.doc, s.name, s.presets).parse_args(
+            ["--smoke", "--dry-run", "--output-dir", str(tmp_path / "o"), "--losses", losses])
+        with pytest.raises(InputError, match=why):
+            prepare_plan(s, request_of(ns))
+    assert planned(tmp_path, "--smoke", "--dry-run", "--losses", f"dcl,{EXAMPLE}:PositiveWeighted").dry_run
+    assert not (tmp_path / "o").exists() and not (tmp_path / "out").exists()
