@@ -140,8 +140,8 @@ def check_output_file(path: Path | str) -> Path:
     """``path``, a file a user named for a command's output (``-o FILE``), checked before any work is done: a new
     path or an existing regular file. A symbolic link there is refused, neither followed nor replaced (either
     would surprise: name the file itself), as are a folder, a device, a FIFO and a socket (UnsafePathError). The
-    folder it goes in is created and must take a new file: ConfigError (one line) when it cannot, DiskFullError
-    when its disk is full."""
+    folder it goes in is created and must take a new file, under a name short enough for the temporary file it is
+    written through: ConfigError (one line) when it cannot, DiskFullError when its disk is full."""
     path = Path(path)
     if os.path.islink(path):
         raise UnsafePathError(f"{path} is a symbolic link: refusing to write through it or replace it (name the "
@@ -151,12 +151,22 @@ def check_output_file(path: Path | str) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
             pass
+        name_max = os.pathconf(path.parent, "PC_NAME_MAX")  # -1: no limit
     except OSError as err:
         if no_space(err):
             raise disk_full(path.parent) from None
         why = err.strerror or err
         raise ConfigError(f"cannot write {path}: no file can be made in {path.parent} ({why})") from None
+    over = len(os.fsencode(_temporary_name(path.name))) - name_max
+    if name_max > 0 and over > 0:  # its temporary sibling, written first, is the longer name
+        raise ConfigError(f"cannot write {path}: its name is {over} bytes longer than its folder's filesystem allows "
+                          "for the temporary file it is written through; name a shorter file")
     return path
+
+
+def _temporary_name(name: str) -> str:
+    """The name of the temporary file :func:`write_with` writes ``name`` through (the longest it makes)."""
+    return f".{name}.{secrets.token_hex(6)}.tmp"
 
 
 def write_with(path: Path | str, write: Callable[[BinaryIO], object], mode: int = 0o666) -> Path:
@@ -167,7 +177,7 @@ def write_with(path: Path | str, write: Callable[[BinaryIO], object], mode: int 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _refuse_node(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    tmp = path.with_name(_temporary_name(path.name))
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -191,7 +201,7 @@ def write_files(files: Mapping[Path, bytes], mode: int = 0o666) -> None:
             path = Path(path)
             path.parent.mkdir(parents=True, exist_ok=True)
             _refuse_node(path)
-            tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+            tmp = path.with_name(_temporary_name(path.name))
             fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
             staged.append((tmp, path))
             with os.fdopen(fd, "wb") as f:

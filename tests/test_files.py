@@ -184,3 +184,13 @@ def test_every_reader_of_outside_json_uses_loads_json():
     found = {str(p.relative_to(repo)) for p in (repo / "dcl_core").rglob("*.py")
              if re.search(r"\bjson\.loads?\(", p.read_text())}
     assert found - OWN_JSON == set(), "parse outside JSON with dcl_core.files.loads_json"
+
+
+def test_an_output_file_whose_temporary_sibling_the_filesystem_cannot_name_is_refused_before_the_work(tmp_path):
+    """Issue reproduction: ``export -o`` a 240-character name exported the weights, then failed (exit 1) writing
+    them through ``.NAME.<12 hex>.tmp``, 18 bytes longer. Now refused before any work, in one line."""
+    with pytest.raises(ConfigError, match=r"its name is 3 bytes longer than its folder's filesystem allows"):
+        check_output_file(tmp_path / ("c" * 240))  # 240 + 18 = 258 > 255
+    assert check_output_file(tmp_path / ("c" * 237)) == tmp_path / ("c" * 237)  # 255: fits
+    write_text(tmp_path / ("c" * 237), "fits")
+    assert list(tmp_path.iterdir()) == [tmp_path / ("c" * 237)]

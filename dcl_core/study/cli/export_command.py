@@ -67,7 +67,8 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         chosen = choose(output_dir, study, storage, args.trial, args.best)
         out = args.out if args.out is not None else Path(f"{chosen.name}.pt")
         meta = export(chosen.checkpoint, out)
-        print(f"{out}: trial {chosen.name} of {study}: {describe(meta)}; described in {out.with_suffix('.json')}")
+        print(cli_common.one_line(f"{out}: trial {chosen.name} of {study}: {describe(meta)}; described in "
+                                  f"{out.with_suffix('.json')}"))  # a path's escapes never reach the terminal
         if args.mlflow:
             from dcl_core.study.tracking.mlflow_runs import log_trial_files  # MLflow: not for --help
 
