@@ -100,6 +100,10 @@ def args_of(ns: argparse.Namespace) -> StudyArgs:
         raise ConfigError("--output-dir is empty; name a folder (default: outputs)")
     if "output_dir" in run:
         run["output_dir"] = Path(run["output_dir"])
+    for flag, given_value in (("--data-root", values.get("data_root")), ("--storage", run.get("storage")),
+                              ("--losses", values.get("losses"))):
+        if given_value is not None and not given_value.strip():  # '' would mean the default, silently
+            raise ConfigError(f"{flag} is empty; name one, or leave {flag} out for the default")
     if run.get("gpus_per_worker", 0.0) is None:
         run["gpus_per_worker"] = float(preset == GPU_PRESET)
     run["verbosity"] = next((v for _, flag, v, _ in VERBOSITY_FLAGS[::-1] if getattr(ns, flag[2:], False)), PROGRESS)

@@ -170,3 +170,14 @@ def test_help_lists_each_option_once_in_its_section_s_order():
     assert [t for t in text.splitlines() if t.rstrip(":") in GROUPS] == [f"{g}:" for g in GROUPS]
     flags = [f.metadata["flag"] for f in option_fields() if f.metadata["flag"] and not f.metadata["only"]]
     assert all(len(re.findall(rf"^ +(?:-\w, )?{flag}(?=[ \n])", text, re.M)) == 1 for flag in flags)
+
+
+@pytest.mark.parametrize("flag", ["--data-root", "--storage", "--losses"])
+def test_an_empty_path_or_loss_list_is_refused_not_read_as_the_default(flag):
+    """Issue reproduction: ``--data-root ''`` (so ``--storage ''``, ``--losses ''``) silently meant the default,
+    where ``--set data.root=`` and ``--output-dir ''`` are refused; a smoke study then trained on the default data."""
+    parser = build_parser("doc", "temperature_sweep", ("smoke", "cpu", "paper"))
+    for empty in ("", "  "):
+        with pytest.raises(ConfigError, match=f"^{flag} is empty; name one, or leave {flag} out for the default$"):
+            args_of(parser.parse_args(["--smoke", flag, empty]))
+    args_of(parser.parse_args(["--smoke", flag, "dcl" if flag == "--losses" else "/x"]))  # given: fine
