@@ -78,6 +78,9 @@ class StudyPreset:
         """
         if losses and fixed_losses:
             raise ConfigError(fixed_losses)
+        if samples is not None and search != "optuna":  # a grid has no samples: it was ignored silently
+            raise ConfigError("--num-samples is the number of trials of --search optuna; a grid runs every cell "
+                              "(--seeds sets its repeats)")
         if only_search is not None and search != only_search[0]:
             raise ConfigError(only_search[1])
         config = apply_overrides(preset(self.config), {**self.overrides, **({"data.root": data_root} if data_root
@@ -134,6 +137,9 @@ def parse_losses(text: str) -> tuple[str, ...]:
     :func:`~dcl_core.study.cli.options.args_of`); a loss named twice would run every one of its trials twice, and
     two losses shown alike could not be told apart."""
     losses = tuple(x.strip() for x in text.split(","))
+    if "" in losses:
+        raise ConfigError(f"--losses {text!r} names an empty loss; separate the losses by single commas "
+                          "(e.g. --losses infonce,dcl)")
     twice = sorted({x for x in losses if losses.count(x) > 1})
     if twice:
         raise ConfigError(f"--losses names {twice[0]} twice; each loss runs once per cell (use --seeds for repeats)")

@@ -233,3 +233,16 @@ def test_the_saved_mlflow_view_groups_by_tags_every_trial_carries(name, preset, 
     assert view.state["useGroupedValuesInCharts"] is False  # trials in their runs' colours
     _, value = view.tag(now_ms=0)
     assert read_tag(value) == (view.name, view.state) and len(value) < 20_000  # MLflow's experiment tag limit
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    # issue reproductions: "--losses names  twice" (the empty name); --num-samples with a grid, ignored silently
+    (["--losses", ",,,"], "--losses ',,,' names an empty loss"),
+    (["--losses", "dcl,,infonce"], "--losses 'dcl,,infonce' names an empty loss"),
+    (["--num-samples", "5"], "^--num-samples is the number of trials of --search optuna"),
+])
+def test_an_empty_loss_or_samples_for_a_grid_are_refused(argv, needle):
+    study = load("temperature_sweep")
+    with pytest.raises(ConfigError, match=needle):
+        study.build_spec(args_for("temperature_sweep", "--smoke", *argv))
+    study.build_spec(args_for("temperature_sweep", "--smoke", "--search", "optuna", "--num-samples", "5"))
