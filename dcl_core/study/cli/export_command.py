@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dcl_core import cli_common
 from dcl_core.cli_common import setup_logging
+from dcl_core.config import ConfigError
 from dcl_core.files import real_path
 from dcl_core.study.cli.answer_command import only_study
 from dcl_core.study.plan.spec import check_name
@@ -42,7 +43,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
                        help="the finished trial with the highest final kNN top-1 (of SERIES, e.g. dcl)")
     parser.add_argument("-o", "--out", type=Path, default=None,
                         help="the weights file (default: TRIAL_NAME.pt here); its description goes beside it as .json")
-    parser.add_argument("--storage", type=Path, default=None,
+    parser.add_argument("--storage", default=None,
                         help="the study's Tune storage, a local folder (default: OUTPUT_DIR/ray_results)")
     parser.add_argument("--mlflow", action="store_true", help="also log the files to the trial's MLflow run")
     args = parser.parse_args(argv)
@@ -54,6 +55,9 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         output_dir = real_path(args.output_dir)
         study = args.name if args.name is not None else only_study(output_dir)
         check_name(study)
+        if args.storage is not None and "://" in args.storage:  # Path() would read s3://b/x as the folder s3:/b/x
+            raise ConfigError(f"--storage {args.storage}: export reads the study's Tune storage from a local folder; "
+                              "copy the trial's folder from there into one (or mount it) and pass that")
         storage = real_path(args.storage or output_dir / "ray_results")
         uri = args.tracking_uri or default_tracking_uri(output_dir)
         if args.mlflow:

@@ -94,6 +94,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert export_main([str(tmp_path), "--best", "--name", "../x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "../x" in err[0]
+    # a URI was read as a local folder (s3://b/x as ./s3:/b/x); export reads a local copy
+    assert export_main([str(tmp_path), "--best", "--name", "s", "--storage", "s3://b/x"]) == 2
+    assert capsys.readouterr().err.startswith("error: --storage s3://b/x: export reads the study's Tune storage "
+                                              "from a local folder")
 
 
 
