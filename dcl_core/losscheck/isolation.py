@@ -112,7 +112,7 @@ def child(request_file: str) -> int:
     # torch and the user's code load here, in the child only
     from dcl_core.losscheck.core import loss_factory
     from dcl_core.losscheck.suite import measure, steps
-    from dcl_core.losses.user import load_function
+    from dcl_core.losses.user import LossExitedError, load_function
 
     with open(request["events"], "a", encoding="utf-8") as out:
         def emit(event: str, **fields: Any) -> None:
@@ -123,6 +123,8 @@ def child(request_file: str) -> int:
         try:
             make = loss_factory(request["name"], request["params"])
             reference = load_function(request["reference"]) if request["reference"] else None
+        except LossExitedError as err:  # sys.exit at import or in __init__: the exit it is, as os._exit's
+            raise SystemExit(err.code) from None
         except InputError as err:
             emit("input_error", message=str(err))
             return 2

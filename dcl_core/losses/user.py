@@ -56,7 +56,7 @@ def loss_source_file(ref: LossReference) -> Path:
     try:
         spec = importlib.util.find_spec(ref.module)
     except (Exception, SystemExit) as err:  # a parent package that fails to import (or exits): its error, one line
-        raise InputError(f"loss.name={ref}: cannot import {ref.module}: {type(err).__name__}: {err}") from None
+        raise _failed(err, f"loss.name={ref}: cannot import {ref.module}: {type(err).__name__}: {err}") from None
     if spec is None or not spec.origin or not Path(spec.origin).is_file():
         raise InputError(f"loss.name={ref}: no module named {ref.module!r} on the Python path (run from the folder "
                          "that holds it, or add that folder to PYTHONPATH)")
@@ -173,7 +173,7 @@ def _load(name: str, key: str) -> tuple[LossReference, Any]:
     except (Exception, SystemExit) as err:  # the user's module failing (or exiting) as it imports: one line
         where = ref.file or ref.module
         detail = str(err).splitlines()[0] if str(err) else ""
-        raise InputError(f"{key}={ref}: importing {where} failed: {type(err).__name__}: {detail}") from None
+        raise _failed(err, f"{key}={ref}: importing {where} failed: {type(err).__name__}: {detail}") from None
     found = getattr(module, ref.attr, None)
     if found is None:
         raise InputError(f"{key}={ref}: {ref.file or ref.module} has no {ref.attr}")
@@ -238,4 +238,19 @@ def build_user_loss(name: str, params: str, temperature: float, gather_distribut
     try:
         return cls(temperature=temperature, gather_distributed=gather_distributed, **kwargs)
     except (Exception, SystemExit) as err:  # sys.exit() in a constructor: its status, not this process's
-        raise InputError(f"loss.name={name}: {built.__name__}(...) failed: {type(err).__name__}: {err}"[:500]) from None
+        why = f"loss.name={name}: {built.__name__}(...) failed: {type(err).__name__}: {err}"
+        raise _failed(err, why[:500]) from None
+
+
+class LossExitedError(InputError):
+    """The user's code called ``sys.exit`` as it was imported or built (``code``: its status): one line for a study;
+    ``python -m dcl_core.losses check`` reports it as the exit it is (the contract fails)."""
+
+    def __init__(self, message: str, code: object) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _failed(err: BaseException, message: str) -> InputError:
+    """The one-line error for the user's code failing with ``err`` (:class:`LossExitedError` for a ``sys.exit``)."""
+    return LossExitedError(message, err.code) if isinstance(err, SystemExit) else InputError(message)

@@ -20,7 +20,7 @@ from dcl_core.study.analysis.columns import ERROR, STATUS, Status
 from dcl_core.study.cli.options import StudyArgs, StudyRequest, build_parser, request_of
 from dcl_core.study.execution import stop_signals
 from dcl_core.study.plan.spec import StudyInterruptedError
-from dcl_core.study.plan.storage import OPTIONS_FILE, redact_args, study_began
+from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, redact_args, study_began
 from dcl_core.study.plan.study_plan import (  # Script and SpecBuilder: re-exported, the scripts' own vocabulary
     Script,
     SpecBuilder,
@@ -127,7 +127,8 @@ def _reanalyze(plan: StudyPlan, quiet: bool) -> None:
               f"`python -m dcl_core.study answer {shlex.quote(str(options.output_dir))} --name {spec.name}` "
               "prints)")
         return
-    if options.tracking_uri:  # the store it logs to, given: refused in one line as a study refuses it
+    own = default_tracking_uri(options.resolved().output_dir)  # the folder's store: checked where it is opened
+    if options.tracking_uri and options.tracking_uri != own:  # another, given: refused in one line as a study does
         from dcl_core.study.tracking import preflight  # with the above
 
         preflight(options.tracking_uri)
