@@ -1,6 +1,7 @@
 """The check of a loss in a process of its own, each property within a time bound: the user's code (imported,
 built and called only there) cannot end the checker with a false success (``sys.exit(0)`` or ``os._exit(0)`` at
-import, in ``__init__`` or in the loss), nor hang it.
+import, in ``__init__`` or in the loss), nor hang it. A study's pre-flight of a user loss runs there too
+(:func:`preflight_isolated`), so that such a loss is refused in one line rather than ending or hanging the study.
 
 The parent starts ``python -m dcl_core.losscheck.isolation REQUEST`` and reads the JSON lines it appends to a file
 as it goes: ``ready`` once torch is imported (the user's code loads next), ``start`` before each property,
@@ -41,12 +42,39 @@ def run_isolated(name: str, params: str = "{}", reference: str | None = None, dd
     Raises:
         InputError: the loss or the reference cannot be loaded or built (the child's one line).
     """
+    checks, stopped = _in_child({"name": name, "params": params, "reference": reference, "ddp": ddp}, timeout)
+    if stopped is None:
+        return checks
+    current, why = stopped
+    return _stopped(checks, current, f"{why} during this check: it did not finish")
+
+
+def preflight_isolated(name: str, params: str = "{}", timeout: float | None = None) -> None:
+    """A study's pre-flight of the user's loss ``name``
+    (:func:`~dcl_core.losscheck.properties.check_user_contract`: it imports, takes its arguments and meets the
+    contract on a small batch) in a child process, within ``timeout`` seconds (default :data:`STEP_TIMEOUT_S`):
+    a loss that exits, kills or hangs its process there is refused like one that raises.
+
+    Raises:
+        InputError: one line naming what failed.
+    """
+    _, stopped = _in_child({"name": name, "params": params, "preflight": True},
+                           STEP_TIMEOUT_S if timeout is None else timeout)
+    if stopped is not None:
+        raise InputError(f"loss.name={name}: {stopped[1]}, as it was loaded, built and run on a small batch "
+                         f"(python -m dcl_core.losses check {name} runs every check)")
+
+
+Stop = tuple[tuple[str, str] | None, str]  # the property that was running, and why the child stopped in it
+
+
+def _in_child(request: dict[str, Any], timeout: float) -> tuple[list[Check], Stop | None]:
+    """The rows a child reports for ``request`` and, unless it reported them all, where and why it stopped."""
     with tempfile.TemporaryDirectory(prefix="dcl-loss-check-") as tmp:
         events = Path(tmp) / "events.jsonl"
-        request = Path(tmp) / "request.json"
-        request.write_text(json.dumps({"name": name, "params": params, "reference": reference, "ddp": ddp,
-                                       "events": str(events), "sys_path": sys.path}))
-        proc = subprocess.Popen([sys.executable, "-m", "dcl_core.losscheck.isolation", str(request)],
+        file = Path(tmp) / "request.json"
+        file.write_text(json.dumps({**request, "events": str(events), "sys_path": sys.path}))
+        proc = subprocess.Popen([sys.executable, "-m", "dcl_core.losscheck.isolation", str(file)],
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             return _follow(proc, events, timeout)
@@ -54,8 +82,8 @@ def run_isolated(name: str, params: str = "{}", reference: str | None = None, dd
             _kill(proc)
 
 
-def _follow(proc: subprocess.Popen[bytes], events: Path, timeout: float) -> list[Check]:
-    """The rows the child reports, until it is done, ends or overruns a property's bound."""
+def _follow(proc: subprocess.Popen[bytes], events: Path, timeout: float) -> tuple[list[Check], Stop | None]:
+    """The rows the child reports, until it is done, ends or overruns a property's bound (then where and why)."""
     checks: list[Check] = []
     current: tuple[str, str] | None = LOADING  # the property running, None between two
     started, offset, ready = time.monotonic(), 0, False
@@ -69,7 +97,7 @@ def _follow(proc: subprocess.Popen[bytes], events: Path, timeout: float) -> list
             if kind == "input_error":
                 raise InputError(event["message"])
             if kind == "done":
-                return checks
+                return checks, None
             if kind == "ready":
                 ready, started = True, time.monotonic()
             elif kind == "start":
@@ -82,10 +110,10 @@ def _follow(proc: subprocess.Popen[bytes], events: Path, timeout: float) -> list
             status = proc.returncode
             why = (f"the loss's code ended the check's process (exit status {status})" if status >= 0
                    else f"the check's process died of signal {-status}")
-            return _stopped(checks, current, f"{why} during this check: it did not finish")
+            return checks, (current, why)
         bound = STARTUP_S if not ready else timeout + (DDP_EXTRA_S if current and current[0] == "ddp" else 0.0)
         if current and time.monotonic() - started > bound:
-            return _stopped(checks, current, f"no result within {bound:g} s: the loss's code did not return")
+            return checks, (current, f"no result within {bound:g} s: the loss's code did not return")
         time.sleep(POLL_S)
 
 
@@ -106,11 +134,12 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 def child(request_file: str) -> int:
-    """The child's side: load the loss, run every property, report each as a JSON line."""
+    """The child's side: load the loss, run every property (or a study's pre-flight), report each as a JSON line."""
     request = json.loads(Path(request_file).read_text())
     sys.path[:] = request["sys_path"]  # the parent's: a module named relative to its folder resolves alike
     # torch and the user's code load here, in the child only
     from dcl_core.losscheck.core import loss_factory
+    from dcl_core.losscheck.properties import check_user_contract
     from dcl_core.losscheck.suite import measure, steps
     from dcl_core.losses.user import LossExitedError, load_function
 
@@ -120,6 +149,15 @@ def child(request_file: str) -> int:
             out.flush()
 
         emit("ready")
+        if request.get("preflight"):
+            emit("start", name="contract", setting="LossOutput")
+            try:
+                check_user_contract(request["name"], request["params"])
+            except InputError as err:  # a sys.exit at import or in __init__ too: one line, as the study says it
+                emit("input_error", message=str(err))
+                return 2
+            emit("done")
+            return 0
         try:
             make = loss_factory(request["name"], request["params"])
             reference = load_function(request["reference"]) if request["reference"] else None

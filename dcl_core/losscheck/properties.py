@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dcl_core.config import InputError
 from dcl_core.losscheck.core import D, LossFactory, N, batch, relative, unit_batch, value_and_grads
 from dcl_core.losscheck.rows import GRADIENT_KINDS, INPUT_KINDS, Check, first_line, measured, worst
 from dcl_core.losses.base import ContrastiveLoss, LossOutput
+from dcl_core.losses.user import build_user_loss
 
 # Tolerances (relative, with an absolute floor of the same size): the built-in losses meet each by far
 TOL_EXACT = 1e-5  # the same arithmetic in another order (permutation, layouts, DDP's split)
@@ -46,6 +48,25 @@ def check_contract(make: LossFactory) -> Check:
     if out.npc is not None and (not isinstance(out.npc, Tensor) or out.npc.dim() != 1 or out.npc.requires_grad):
         problems.append("npc is not a detached vector")
     return Check("contract", "LossOutput", not problems, detail="; ".join(problems))
+
+
+def check_user_contract(name: str, params: str) -> None:
+    """A study's pre-flight of the user's loss ``name`` (with its ``params`` JSON): InputError (one line) unless it
+    imports, takes its arguments and meets the contract (:func:`check_contract`) on a batch of 8 pairs.
+    :func:`dcl_core.losscheck.isolation.preflight_isolated` runs it in a process of its own."""
+    def make(tau: float, gather: bool) -> ContrastiveLoss:
+        return build_user_loss(name, params, tau, gather)
+
+    try:
+        contract = check_contract(make)
+    except InputError:
+        raise
+    except (Exception, SystemExit) as err:  # the user's loss raising (or calling sys.exit) on a small batch
+        raise InputError(f"loss.name={name}: on a batch of {N} pairs it raised {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else ''}"[:400]) from None
+    if not contract.ok:
+        raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
+                         "every check)")
 
 
 def check_finite_fp32(make: LossFactory, tau: float) -> Check:

@@ -159,6 +159,14 @@ def test_arguments_the_class_does_not_take_are_one_line_with_its_signature():
         build_user_loss(SOUND, '{"positive_weight": 1}', -1.0, False)
 
 
+def _sources(name):
+    """What check_user_losses returns for a study of ``name`` now, without its pre-flight (a process importing
+    torch: seconds), for the resumes below; each test calls check_user_losses itself first."""
+    from dcl_core.losses.user import loss_sources
+
+    return (loss_sources(name),)
+
+
 def _study(name):
     from dcl_core.study import StudySpec
     from search_spaces import Grid
@@ -184,9 +192,9 @@ def test_a_study_records_each_user_loss_source_and_refuses_a_resume_after_it_cha
     assert ran["loss_sources"] == {name: source.digest}
     assert ran["loss_source_files"][name]["files"] == {"my_losses.py": source_sha256(file)}
     assert "loss_sources" not in spec_fingerprint(spec)  # a built-in study's record is as before
-    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+    check_same_study(dataclasses.replace(spec, loss_sources=_sources(name)), ran)
     file.write_text(PLANTED.read_text() + "\n# changed\n")
-    changed = dataclasses.replace(spec, loss_sources=check_user_losses(spec))
+    changed = dataclasses.replace(spec, loss_sources=_sources(name))
     with pytest.raises(ConfigError, match=r"the source of .*PositiveWeighted changed since it ran \(my_losses\.py in"):
         check_same_study(changed, ran)
 
@@ -230,10 +238,10 @@ def test_a_helper_module_that_changed_between_rounds_refuses_the_resume(tmp_path
     assert {f for f, _ in source.files} == expected
     ran = spec_fingerprint(dataclasses.replace(spec, loss_sources=(source,)))
     (package / "parts" / "__init__.py").write_text("")  # rewritten, the same: the same study
-    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+    check_same_study(dataclasses.replace(spec, loss_sources=_sources(name)), ran)
     (package / "impl.py").write_text(IMPL.format(scale=1000.0))
     with pytest.raises(ConfigError, match=r"the source of .*Scaled changed since it ran \((mypkg/)?impl\.py in "):
-        check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), ran)
+        check_same_study(dataclasses.replace(spec, loss_sources=_sources(name)), ran)
     for module in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
         monkeypatch.delitem(sys.modules, module)
 
@@ -250,10 +258,10 @@ def test_a_record_from_before_folder_hashing_resumes_while_the_loss_s_own_file_i
     old["loss_sources"] = {name: source_sha256(file)}  # as such a record holds it: the file's own hash
     del old["loss_source_files"]
     (tmp_path / "helper.py").write_text("y = 2\n")  # a file the old record knew nothing of
-    check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), old)
+    check_same_study(dataclasses.replace(spec, loss_sources=_sources(name)), old)
     file.write_text(PLANTED.read_text() + "\n# changed\n")
     with pytest.raises(ConfigError, match=r"changed since it ran \(my_losses\.py in"):
-        check_same_study(dataclasses.replace(spec, loss_sources=check_user_losses(spec)), old)
+        check_same_study(dataclasses.replace(spec, loss_sources=_sources(name)), old)
 
 
 def test_the_sources_a_loss_is_hashed_with_are_bounded(tmp_path, monkeypatch):
@@ -288,6 +296,14 @@ def test_the_sources_a_loss_is_hashed_with_are_bounded(tmp_path, monkeypatch):
      "    def from_similarities(self, sims):\n        return LossOutput(loss=sims.pos.sum() * float('nan'))\n",
      "loss is nan (python -m dcl_core.losses check"),
     ("x = 1\n", "has no L"),
+    # the pre-flight runs in a process of its own: a loss that ends it (os._exit) or kills it (a segfault) is
+    # refused in one line; in the study's own process it had ended the study with status 0, or 139
+    ("import os\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
+     "    def __init__(self, **kw):\n        os._exit(0)\n",
+     "the loss's code ended the check's process (exit status 0), as it was loaded, built and run"),
+    ("import ctypes\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
+     "    def from_similarities(self, sims):\n        ctypes.string_at(0)\n",
+     "the check's process died of signal 11"),
 ])
 def test_a_study_refuses_a_broken_user_loss_before_ray_starts(tmp_path, source, message):
     from dcl_core.study import StudySpec
@@ -301,3 +317,16 @@ def test_a_study_refuses_a_broken_user_loss_before_ray_starts(tmp_path, source, 
     with pytest.raises(InputError) as err:
         check_user_losses(spec)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_user_loss_that_hangs_is_refused_after_the_pre_flight_s_time_bound(tmp_path, monkeypatch):
+    from dcl_core.losscheck import isolation
+    from dcl_core.study import StudySpec
+    from dcl_core.study.plan.prepared import check_user_losses
+    from search_spaces import Grid
+
+    monkeypatch.setattr(isolation, "STEP_TIMEOUT_S", 3.0)  # the study's bound (120 s), shortened
+    spec = StudySpec(name="tau", base=config(), grid={"loss.name": Grid(("dcl", f"{PLANTED}:Hangs"))},
+                     x_key="loss.temperature", x_label="tau")
+    with pytest.raises(InputError, match=r"no result within 3 s: the loss's code did not return, as it was loaded"):
+        check_user_losses(spec)

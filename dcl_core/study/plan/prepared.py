@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dcl_core.config import InputError, LossSource, loss_reference
+from dcl_core.config import LossSource, loss_reference
+from dcl_core.losscheck.isolation import preflight_isolated
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, TuneExperiment, grid_points, tune_experiments, validate_spec, with_asha
 from dcl_core.study.plan.storage import check_output, study_entries, summary_dir
@@ -69,30 +70,16 @@ def check_user_losses(spec: StudySpec) -> tuple[LossSource, ...]:
     """Each user loss the study names (``--losses my_losses:MyLoss``) and what it is made of (its sources and their
     hashes, :func:`~dcl_core.losses.user.loss_sources`); an
     InputError (one line) unless it imports, takes its arguments and gives a finite loss and gradient on a small
-    batch: found before Ray starts, not in every trial. ``python -m dcl_core.losses check`` checks the rest of
+    batch (:func:`~dcl_core.losscheck.isolation.preflight_isolated`, in a process of its own, within a time bound):
+    found before Ray starts, not in every trial. ``python -m dcl_core.losses check`` checks the rest of
     what the built-in losses are tested for."""
     names = {spec.base.loss.name} | {str(v) for grid in spec.grids for point in grid_points(grid)
                                       for k, v in point.items() if k == "loss.name"}
     users = sorted(n for n in names if loss_reference(n) is not None)
     if not users:
         return ()
-    # torch and the user's code: only for a study that names a user loss
-    from dcl_core.losscheck.properties import check_contract
-    from dcl_core.losses import ContrastiveLoss
-    from dcl_core.losses.user import build_user_loss, loss_sources
+    from dcl_core.losses.user import loss_sources  # torch: only for a study that names a user loss
 
-    for name in users:
-        def make(tau: float, gather: bool, name: str = name) -> ContrastiveLoss:
-            return build_user_loss(name, spec.base.loss.params, tau, gather)
-
-        try:
-            contract = check_contract(make)
-        except InputError:
-            raise
-        except (Exception, SystemExit) as err:  # the user's loss raising (or calling sys.exit) on a small batch
-            raise InputError(f"loss.name={name}: on a batch of 8 pairs it raised {type(err).__name__}: "
-                             f"{str(err).splitlines()[0] if str(err) else ''}"[:400]) from None
-        if not contract.ok:
-            raise InputError(f"loss.name={name}: {contract.detail} (python -m dcl_core.losses check {name} runs "
-                             "every check)")
+    for name in users:  # in a process of its own: the user's code can neither end nor hang the study
+        preflight_isolated(name, spec.base.loss.params)
     return tuple(loss_sources(name) for name in users)

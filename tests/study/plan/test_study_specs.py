@@ -112,6 +112,9 @@ def test_eqco_study_pairs_each_k_with_and_without_eqco():
     # issue reproductions: every trial run twice (two MLflow runs each); a second value silently winning
     ("temperature_sweep", ["--losses", "infonce,dcl,dcl"], "--losses names dcl twice"),
     ("temperature_sweep", ["--set", "optim.epochs=2", "--set", "optim.epochs=3"], "--set optim.epochs is given twice"),
+    # a user loss ending its process as it is built ended the study with status 0 and no line
+    ("temperature_sweep", ["--losses", f"dcl,{REPO}/tests/losses/planted_losses.py:ExitsInInit"],
+     "ended the check's process (exit status 0)"),
 ])
 def test_unsupported_options_exit_2_with_one_line(tmp_path, name, argv, needle):
     proc = pyrun.run([sys.executable, str(REPO / "studies" / f"{name}.py"), "--smoke", "--output-dir",
