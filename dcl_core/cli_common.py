@@ -1,15 +1,16 @@
-"""What every command line shares: one logging setup, the argument groups several of them take, and one error and
-exit-code path (:func:`run_command`): 0 done, 1 a run that failed, 2 bad input (before any compute), 130 Ctrl-C,
-143 SIGTERM; an error is one line, ``error: <message>``, written in one piece (ranks sharing stderr keep whole
-lines)."""
+"""What every command line shares: its parser (:class:`ArgumentParser`), one logging setup, the argument groups
+several of them take, and one error and exit-code path (:func:`run_command`): 0 done, 1 a run that failed, 2 bad
+input (before any compute), 130 Ctrl-C, 143 SIGTERM; an error is one line, ``error: <message>``, written in one
+piece (ranks sharing stderr keep whole lines)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dcl_core.config import InputError, RunFailedError
 
@@ -17,6 +18,16 @@ EXIT_FAILED = 1  # a run that started and failed
 EXIT_BAD_INPUT = 2  # refused before any compute
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with a bad option answered as every other bad input is: one line, ``error: …`` and the
+    ``--help`` that lists the options, exit 2 (argparse's own answer is its whole usage, ~20 lines for a study, and
+    a line that starts with the program's name). Subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with ``message`` as the one ``error:`` line."""
+        self.exit(EXIT_BAD_INPUT, f"error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def setup_logging(verbose: bool = False, quiet: bool = False) -> None:

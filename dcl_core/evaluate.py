@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dcl_core import metric_names as M
-from dcl_core.cli_common import add_set_option, run_command, setup_logging
+from dcl_core.cli_common import ArgumentParser, add_set_option, run_command, setup_logging
 from dcl_core.config import (
     Config,
     ConfigError,
@@ -42,7 +42,7 @@ LOCAL_KEYS = ("data.root", "data.download", "data.loader", "data.workers", "eval
 
 def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.ArgumentParser:
     """The command line of ``dcl-evaluate``: a checkpoint and the evaluations to run on it."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="checkpoint.pt written by dcl_core.train")
     p.add_argument("--no-knn", action="store_true", help="skip the kNN monitor")
     p.add_argument("--linear", action="store_true", help="train a linear probe on frozen features")

@@ -8,17 +8,16 @@ NAME`` (or ``--best``). Bad input exits with code 2 and one line.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from dcl_core.cli_common import run_command, setup_logging
+from dcl_core.cli_common import ArgumentParser, run_command, setup_logging
 from dcl_core.training.backbone_export import describe, description_path, export
 
 
 def main(argv: list[str] | None = None) -> int:
     """Export the checkpoint named on the command line; the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m dcl_core.export", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dcl_core.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="checkpoint.pt written by dcl_core.train or a study's trial")
     parser.add_argument("-o", "--out", type=Path, default=Path("backbone.pt"),
                         help="the weights file (default: backbone.pt): a new path or a regular file, not .json; its "

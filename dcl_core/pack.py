@@ -11,18 +11,17 @@ with nothing written, never followed, opened or read.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from dcl_core.cli_common import run_command, setup_logging
+from dcl_core.cli_common import ArgumentParser, run_command, setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 
 
 def main(argv: list[str] | None = None) -> int:
     """Pack the ImageFolder named on the command line; the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m dcl_core.pack", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dcl_core.pack", description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
     parser.add_argument("-o", "--out-dir", required=True,
                         help=f"the folder to write {PACKED_FILE} into (then --data-root OUT_DIR)")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core import metric_names as M
-from dcl_core.cli_common import add_set_option, run_command, setup_logging
+from dcl_core.cli_common import ArgumentParser, add_set_option, run_command, setup_logging
 from dcl_core.config import (
     CONFIG_KEYS,
     PRESETS,
@@ -63,7 +63,7 @@ def _type_name(tp: Any) -> str:
 def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
     """Every config key as ``--key`` (dest: the dotted key), the short aliases, and the run options. Each key's
     help shows its value in ``shown_preset`` (the preset the command line chose): what the run will use."""
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="python -m dcl_core.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -130,7 +130,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Train from the command line (``dcl-train``), the preset's values as the defaults; the exit status."""
-    first = argparse.ArgumentParser(add_help=False)  # --help shows the values of the preset chosen
+    first = ArgumentParser(add_help=False)  # --help shows the values of the preset chosen
     first.add_argument("--preset", default="cpu")
     parser = build_parser(first.parse_known_args(argv)[0].preset)
     args = parser.parse_args(argv)

@@ -104,6 +104,26 @@ def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize(("command", "needle"), [
+    (["studies/temperature_sweep.py", "--seeds", "nan"], "argument --seeds: invalid int value: 'nan'"),
+    (["studies/temperature_sweep.py", "--preset", "foo"], "argument --preset: invalid choice: 'foo'"),
+    (["studies/temperature_sweep.py", "--bogus"], "unrecognized arguments: --bogus"),
+    # an issue reproduction: the last of the two was taken, silently
+    (["studies/temperature_sweep.py", "--smoke", "--preset", "paper"], "--preset: not allowed with argument --smoke"),
+    (["-m", "dcl_core.study", "answer"], "the following arguments are required: output_dir"),
+    (["-m", "dcl_core.study", "nope"], "choose a command: answer, sync, export, calibrate (got 'nope')"),
+    (["-m", "dcl_core.losses", "check"], "the following arguments are required: loss"),
+    (["-m", "dcl_core.train", "--epochs"], "argument --epochs: expected one argument"),
+])
+def test_a_bad_option_is_one_line_not_the_usage(command, needle):
+    """argparse's own errors printed the whole usage (22 lines for a study) and a line starting with the script's
+    name; every bad option is now the one ``error:`` line every other bad input is, pointing to --help."""
+    proc = pyrun.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert needle in proc.stderr and "--help)" in proc.stderr, proc.stderr
+
+
 def test_a_study_help_shows_where_it_writes_and_how_resume_extends():
     """``--help`` names ``--output-dir``'s default and says that ``--resume`` with more ``--seeds`` extends a
     finished study."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dcl_core.cli_common import EXIT_FAILED, run_command
+from dcl_core.cli_common import EXIT_FAILED, ArgumentParser, run_command
 from dcl_core.config import (
     LOSS_NAMES,
     REFERENCE_FORMS,
@@ -31,7 +31,7 @@ def _positive(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``check`` command's options (torch-free: ``--help`` loads no torch)."""
-    parser = argparse.ArgumentParser(prog="python -m dcl_core.losses", description=__doc__)
+    parser = ArgumentParser(prog="python -m dcl_core.losses", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     check = commands.add_parser("check", help="run the built-in losses' properties on a loss",
                                 description="Run the built-in losses' properties on a loss; see "

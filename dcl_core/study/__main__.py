@@ -25,8 +25,8 @@ def module_main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] in ("-h", "--help"):
             sys.stdout.write(usage)
             return 0
-        sys.stderr.write(usage)
-        return cli_common.error(f"choose a command: {', '.join(COMMANDS)}" + (f" (got {argv[0]!r})" if argv else ""))
+        return cli_common.error(f"choose a command: {', '.join(COMMANDS)}" + (f" (got {argv[0]!r})" if argv else "")
+                                + " (see python -m dcl_core.study --help)")
     return COMMANDS[argv[0]](argv[1:])
 
 

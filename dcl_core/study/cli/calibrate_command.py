@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 from dcl_core import cli_common
@@ -22,7 +21,7 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
         group_row,
     )
 
-    p = argparse.ArgumentParser(prog="python -m dcl_core.study calibrate",
+    p = cli_common.ArgumentParser(prog="python -m dcl_core.study calibrate",
                                 description="Simulate studies with a known truth through the verdict code and "
                                             "print resolution rates and coverage (the calibration table).")
     p.add_argument("--studies", type=int, default=1000, help="simulated studies per kind × setting × seeds block")

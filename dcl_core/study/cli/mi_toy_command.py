@@ -17,7 +17,7 @@ from dcl_core.study.plan.storage import default_tracking_uri
 def toy_main(doc: str, presets: Mapping[str, Mapping[str, Any]], argv: Sequence[str] | None = None) -> int:
     """The MI toy study's command line: its presets (true MIs, Ks, steps, evaluation batches, seeds), α, where the
     results go; ``--dry-run`` times a few steps instead."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli_common.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=tuple(presets), default="cpu",
                    help="cpu (default: the paper's scale, 3 critics per cell at MI 10), paper (1 critic per cell) "
                         "or smoke")

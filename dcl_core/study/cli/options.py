@@ -32,7 +32,7 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     """The argument parser every study script shares, its description the study's docstring: one argument a
     study option's field with a flag (:func:`option_fields`), in its group (a field declared ``only`` when
     ``extra`` names it); ``-v`` and ``-q`` set the verbosity."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = cli_common.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 allow_abbrev=False)
     groups: dict[str | None, Any] = {None: p} | {g: p.add_argument_group(g) for g in GROUPS}
     for f in option_fields():
@@ -43,10 +43,12 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
                 g.add_argument(short, flag, action="store_true", help=help)
         elif m["flag"] is None or (m["only"] and f.name not in extra):
             continue
-        elif f.name == "preset":
-            g.add_argument("--preset", choices=presets, default=f.default,
-                           help="; ".join(f"{n}: {PRESET_HELP.get(n, 'see the docstring')}" for n in presets))
-            g.add_argument("--smoke", dest="preset", action="store_const", const="smoke", help="same as --preset smoke")
+        elif f.name == "preset":  # --smoke or --preset: one or the other (the last one given won)
+            one = g.add_mutually_exclusive_group()
+            one.add_argument("--preset", choices=presets, default=f.default,
+                             help="; ".join(f"{n}: {PRESET_HELP.get(n, 'see the docstring')}" for n in presets))
+            one.add_argument("--smoke", dest="preset", action="store_const", const="smoke",
+                             help="same as --preset smoke")
         elif f.name == "name":
             g.add_argument("--name", default=default_name, help=f"study / MLflow experiment name (default: "
                                                                f"{default_name})")
