@@ -10,7 +10,7 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from dcl_core.config import InputError, RunFailedError
 
@@ -18,6 +18,8 @@ EXIT_FAILED = 1  # a run that started and failed
 EXIT_BAD_INPUT = 2  # refused before any compute
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
+
+T = TypeVar("T")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -70,12 +72,30 @@ def add_set_option(parser: Any, help: str) -> None:  # parser: an ArgumentParser
 def add_store_options(parser: Any, output_help: str, output_default: str | None = "outputs",
                       default_text: str | None = None) -> None:
     """Where a study's results are: ``--output-dir`` (its folder; positional when ``output_default`` is None; None
-    when not given and ``default_text`` says what the caller puts there) and ``--tracking-uri`` (its MLflow store)."""
+    when not given and ``default_text`` says what the caller puts there) and ``--tracking-uri`` (its MLflow store).
+    An empty folder or URI is refused (:func:`given`): it meant the current folder or the default store, silently."""
     if output_default is None:
-        parser.add_argument("output_dir", type=Path, help=output_help)
+        parser.add_argument("output_dir", type=given(Path, FOLDER_HINT), help=output_help)
     elif default_text is not None:
         parser.add_argument("--output-dir", default=None, help=f"{output_help} (default: {default_text})")
     else:
-        parser.add_argument("--output-dir", default=output_default, help=f"{output_help} (default: {output_default}/)")
-    parser.add_argument("--tracking-uri", default=None,
+        parser.add_argument("--output-dir", type=given(Path, FOLDER_HINT), default=output_default,
+                            help=f"{output_help} (default: {output_default}/)")
+    parser.add_argument("--tracking-uri", type=given(str, "name one, or leave it out for the folder's own store"),
+                        default=None,
                         help="MLflow tracking URI (default: the study's own, an SQLite store in OUTPUT_DIR/mlflow.db)")
+
+
+FOLDER_HINT = "name the folder (. for this one)"
+
+
+def given(kind: Callable[[str], T], hint: str) -> Callable[[str], T]:
+    """An argparse ``type`` that refuses an empty value, saying ``hint`` (``"$OUT"`` with ``OUT`` unset:
+    ``Path("")`` is the current folder, an empty URI the default store, each silently) before ``kind`` reads it."""
+    def read(text: str) -> T:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty; {hint}")
+        return kind(text)
+
+    read.__name__ = getattr(kind, "__name__", "value")  # argparse names the type in its "invalid ..." line
+    return read

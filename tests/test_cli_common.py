@@ -114,9 +114,16 @@ def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
     (["-m", "dcl_core.study", "nope"], "choose a command: answer, sync, export, calibrate (got 'nope')"),
     (["-m", "dcl_core.losses", "check"], "the following arguments are required: loss"),
     (["-m", "dcl_core.train", "--epochs"], "argument --epochs: expected one argument"),
+    # issue reproductions: an empty folder ("$OUT" with OUT unset) was the current one, an empty URI the default
+    (["-m", "dcl_core.study", "answer", ""], "argument output_dir: is empty; name the folder (. for this one)"),
+    (["-m", "dcl_core.study", "sync", ""], "argument output_dir: is empty"),
+    (["-m", "dcl_core.study", "export", "", "--best"], "argument output_dir: is empty"),
+    (["-m", "dcl_core.study", "answer", "x", "--tracking-uri", ""], "argument --tracking-uri: is empty"),
+    (["studies/temperature_sweep.py", "--tracking-uri", " "], "argument --tracking-uri: is empty"),
+    (["studies/eqco_mi_toy.py", "--output-dir", ""], "argument --output-dir: is empty"),
 ])
 def test_a_bad_option_is_one_line_not_the_usage(command, needle):
-    """argparse's own errors printed the whole usage (22 lines for a study) and a line starting with the script's
+    """Argparse's own errors printed the whole usage (22 lines for a study) and a line starting with the script's
     name; every bad option is now the one ``error:`` line every other bad input is, pointing to --help."""
     proc = pyrun.run([sys.executable, *command], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr

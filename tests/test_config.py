@@ -57,6 +57,10 @@ def test_override_changes_only_that_key():
         ({"loss.name": "dcl", "loss.num_negatives": 8}, "only defined for loss.name=eqco"),
         ({"loss.name": "eqco", "loss.num_negatives": 1000, "optim.batch_size": 32}, "exceeds the 2N-2=62"),
         ({"optim.warmup_epochs": 500.0}, "exceeds optim.epochs"),
+        # an empty path is the current folder: dcl_core.train --output-dir '' wrote its run there, silently
+        ({"output_dir": ""}, "output_dir is empty; name one, or leave output_dir out for its default"),
+        ({"data.root": " "}, "data.root is empty"),
+        ({"loss.params": ""}, "loss.params is empty"),
     ],
 )
 def test_bad_overrides_raise_one_line(overrides, match):

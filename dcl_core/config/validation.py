@@ -52,6 +52,8 @@ def _check_fields(cfg: Config) -> None:
         if choices is not None and value not in choices:
             also = f", or your own loss as {REFERENCE_FORMS}" if key == "loss.name" else ""
             raise ConfigError(f"{key} must be one of {', '.join(map(str, choices))}{also}; got {value!r}")
+        if isinstance(value, str) and not value.strip() and choices is None:  # '' is the current folder, silently
+            raise ConfigError(f"{key} is empty; name one, or leave {key} out for its default")
         if value is None or isinstance(value, (bool, str)):
             continue
         bounds: Range = f.metadata.get("range") or Range()  # every numeric field declares one (tested)

@@ -141,7 +141,7 @@ or where you write).
 def answer_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study answer OUTPUT_DIR``: every finished study there re-analysed."""
     parser = cli_common.ArgumentParser(prog="python -m dcl_core.study answer", description=ANSWER_DOC,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     cli_common.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study in OUTPUT_DIR)")
     parser.add_argument("--script", type=Path, default=None, metavar="FILE",

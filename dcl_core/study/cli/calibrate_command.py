@@ -22,8 +22,8 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
     )
 
     p = cli_common.ArgumentParser(prog="python -m dcl_core.study calibrate",
-                                description="Simulate studies with a known truth through the verdict code and "
-                                            "print resolution rates and coverage (the calibration table).")
+                                  description="Simulate studies with a known truth through the verdict code and "
+                                              "print resolution rates and coverage (the calibration table).")
     p.add_argument("--studies", type=int, default=1000, help="simulated studies per kind × setting × seeds block")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--design", action="store_true",

@@ -34,7 +34,7 @@ another local one). ``--mlflow`` also logs the two files into ``backbone/`` of t
 def export_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study export OUTPUT_DIR (--trial NAME | --best [SERIES])``."""
     parser = cli_common.ArgumentParser(prog="python -m dcl_core.study export", description=EXPORT_DOC,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     cli_common.add_store_options(parser, "the study's --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="the study (default: the only one in OUTPUT_DIR)")
     which = parser.add_mutually_exclusive_group(required=True)

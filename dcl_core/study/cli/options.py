@@ -33,7 +33,7 @@ def build_parser(doc: str, default_name: str, presets: tuple[str, ...] = ("smoke
     study option's field with a flag (:func:`option_fields`), in its group (a field declared ``only`` when
     ``extra`` names it); ``-v`` and ``-q`` set the verbosity."""
     p = cli_common.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                allow_abbrev=False)
+                                  allow_abbrev=False)
     groups: dict[str | None, Any] = {None: p} | {g: p.add_argument_group(g) for g in GROUPS}
     for f in option_fields():
         m = f.metadata

@@ -31,7 +31,7 @@ operations are left (MLflow still unreachable) or MLflow refused some, 2 on bad 
 def sync_main(argv: Sequence[str] | None = None) -> int:
     """``python -m dcl_core.study sync OUTPUT_DIR``: the journals replayed against MLflow."""
     parser = cli_common.ArgumentParser(prog="python -m dcl_core.study sync", description=SYNC_DOC,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                       formatter_class=argparse.RawDescriptionHelpFormatter)
     cli_common.add_store_options(parser, "the studies' --output-dir", output_default=None)
     parser.add_argument("--name", default=None, help="only this study (default: every study with a journal)")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -190,12 +190,10 @@ def validate_spec(spec: StudySpec) -> None:
 
 
 def check_set_not_swept(spec: StudySpec, overrides: dict[str, str]) -> None:
-    """``--set`` of a key the study itself sets per trial would be silently overridden: refused; so is an empty
-    ``data.root``, which would silently fall back to the default data."""
+    """``--set`` of a key the study itself sets per trial would be silently overridden: refused (an empty
+    ``data.root``, which would fall back to the default data, is refused with every empty path by the config)."""
     if "output_dir" in overrides:
         raise ConfigError("--set output_dir: a study gives every trial its own folder; use --output-dir")
-    if "data.root" in overrides and not overrides["data.root"].strip():
-        raise ConfigError("--set data.root is empty; name the data folder (or drop it for the default data)")
     swept = set().union(*map(keys_of, spec.grids)) | (keys_of(spec.search) if spec.search else set())
     clash = sorted(swept & set(overrides))
     if clash:

@@ -365,7 +365,7 @@ def test_resuming_another_studys_folder_names_the_script_that_ran_it(tmp_path):
     (["--tracking-uri", "databricks"], "no Databricks configuration"),
     (["--storage", "{tmp}/notes.txt"], "is a file, not a folder"),
     (["--set", "output_dir={tmp}/elsewhere"], "--set output_dir: a study gives every trial its own folder"),
-    (["--set", "data.root="], "--set data.root is empty"),
+    (["--set", "data.root="], "data.root is empty; name one, or leave data.root out for its default"),
     (["--set", "data.image_size=1024", "--set", "data.train_per_class=5000"], "more than this machine's memory"),
 ])
 def test_what_a_single_run_checks_a_study_checks_before_ray(tmp_path, args, needle):
