@@ -129,7 +129,13 @@ def loss_sources(name: str) -> LossSource:
     root, whole = source_root(ref, file)
     files, total = [], 0
     for path in {*_python_files(root, whole), file}:
-        data = _read_source(path)
+        try:
+            data = _read_source(path)
+        except InputError as err:  # another file of the folder: say why it was read at all
+            if path == file:
+                raise
+            raise InputError(f"{err} (a loss is hashed with every Python source of {root}, so that a resume notices "
+                             "a changed helper: put the loss in a folder or package of its own)") from None
         total += len(data)
         if total > MAX_SOURCES_BYTES:
             raise InputError(f"{root}: the Python sources a loss is hashed with are over {MAX_SOURCES_BYTES >> 20} "

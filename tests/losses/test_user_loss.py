@@ -282,6 +282,25 @@ def test_the_sources_a_loss_is_hashed_with_are_bounded(tmp_path, monkeypatch):
         user.loss_sources(f"{file}:PositiveWeighted")
 
 
+def test_a_large_file_beside_a_loss_is_named_with_why_it_was_read(tmp_path, monkeypatch):
+    """A loss's folder is hashed whole; a large generated .py beside it stopped the study with a line naming only
+    that file. The line now says why it was read and what to do."""
+    from dcl_core.losses import user
+
+    file = tmp_path / "my_losses.py"
+    file.write_text(PLANTED.read_text())
+    monkeypatch.setattr(user, "MAX_SOURCE_BYTES", file.stat().st_size)
+    assert user.loss_sources(f"{file}:PositiveWeighted").files  # the loss's own file at the cap: read
+    (tmp_path / "table.py").write_text("x" * (file.stat().st_size + 1))
+    with pytest.raises(InputError, match=r"table\.py: a loss's source file is over .* every Python source of "
+                                         r".*: put the loss in a folder or package of its own\)$"):
+        user.loss_sources(f"{file}:PositiveWeighted")
+    (tmp_path / "table.py").unlink()
+    file.write_text(PLANTED.read_text() + "\n")
+    with pytest.raises(InputError, match=r"my_losses\.py: a loss's source file is over \d+ MiB$"):
+        user.loss_sources(f"{file}:PositiveWeighted")
+
+
 @pytest.mark.parametrize(("source", "message"), [
     ("import torch\nfrom dcl_core.losses import DCLLoss\nclass L(DCLLoss):\n"
      "    def from_similarities(self, sims):\n        raise RuntimeError('shape trouble')\n",
