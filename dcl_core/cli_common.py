@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 from dcl_core.config import InputError, RunFailedError
@@ -52,16 +55,36 @@ def one_line(text: object) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
 
 
-def run_command(body: Callable[[], int]) -> int:
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C's KeyboardInterrupt is, so that what a command holds (a child
+    process, a temporary folder, a half-written file) is released on the way out rather than left behind."""
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def run_command(body: Callable[[], int], interrupted: str = "") -> int:
     """Run a command's ``body`` (after its options parsed) through the one exit path: what ``body`` returns;
     bad input (:class:`~dcl_core.config.InputError`: config, data, checkpoint) exit 2, a failed run
-    (:class:`~dcl_core.config.RunFailedError`) exit 1, each as one line."""
+    (:class:`~dcl_core.config.RunFailedError`) exit 1, each as one line; Ctrl-C exit 130 and SIGTERM exit 143,
+    each as the one line ``interrupted (…)`` and ``interrupted`` (what is kept, if anything) after it."""
+    on_main = threading.current_thread() is threading.main_thread()  # only the main thread may set a handler
+    before = signal.signal(signal.SIGTERM, _terminate) if on_main else None
     try:
         return body()
     except InputError as err:
         return error(err, EXIT_BAD_INPUT)
     except RunFailedError as err:
         return error(err, EXIT_FAILED)
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated)
+        sys.stderr.write(f"interrupted ({'SIGTERM' if terminated else 'Ctrl-C'}){': ' if interrupted else ''}"
+                         f"{one_line(interrupted)}\n")
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    finally:
+        if on_main:
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def add_set_option(parser: Any, help: str) -> None:  # parser: an ArgumentParser or one of its groups

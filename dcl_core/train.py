@@ -135,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(first.parse_known_args(argv)[0].preset)
     args = parser.parse_args(argv)
     setup_logging(verbose=args.verbose)
-    return run_command(lambda: _run(args))
+    return run_command(lambda: _run(args), interrupted="the checkpoint of the last finished epoch (if one "
+                       "finished) is kept; the same command with --resume continues from it")
 
 
 def _run(args: argparse.Namespace) -> int:

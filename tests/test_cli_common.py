@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyrun
@@ -169,3 +170,32 @@ def test_an_error_is_one_line_that_cannot_drive_the_terminal(capsys, tmp_path):
     assert answer_main([str(folder)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "\\x1b[31mred\\x07" in err and "\x1b" not in err, err
+
+
+def test_ctrl_c_and_sigterm_are_one_line_and_release_what_the_command_holds(capsys):
+    """Ctrl-C printed a traceback (train, evaluate, export, losses check: 24 to 170 lines), and SIGTERM ended a
+    command where it stood: ``losses check`` left its child process (the user's loss) running, orphaned."""
+    import os
+    import signal
+
+    from dcl_core import cli_common
+
+    released = []
+
+    def until_stopped(how):
+        def body():
+            try:
+                if how == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(30)  # the handler raises here
+                raise KeyboardInterrupt
+            finally:
+                released.append(how)
+        return body
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli_common.run_command(until_stopped("ctrl-c"), interrupted="kept: x") == cli_common.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "interrupted (Ctrl-C): kept: x\n"
+    assert cli_common.run_command(until_stopped("sigterm")) == cli_common.EXIT_TERMINATED
+    assert capsys.readouterr().err == "interrupted (SIGTERM)\n"
+    assert released == ["ctrl-c", "sigterm"] and signal.getsignal(signal.SIGTERM) is before

@@ -223,6 +223,42 @@ def test_a_loss_that_exits_or_hangs_fails_the_contract_and_exits_1(loss, row, ne
     assert lines[-1].endswith("checks failed (contract, others): see the rows marked FAIL"), proc.stdout
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+@pytest.mark.slow  # the command's process and its child import torch (~5 s each)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_ends_the_check_with_its_child_in_one_line():
+    """Issue reproduction: SIGTERM ended the command where it stood, and its child (the user's loss, in a session
+    of its own) ran on, orphaned, with its temporary folder."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "dcl_core.losses", "check", planted("Hangs"), "--no-ddp",
+                             "--timeout", "60"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (children := _children(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert children, "the check started no child"
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err == "interrupted (SIGTERM)\n" and out == "", (proc.returncode, err)
+    time.sleep(0.5)
+    for child in children:
+        assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2], \
+            f"child {child} outlived the check"
+
+
 @pytest.mark.slow  # the command's processes, 2 gloo ranks among them
 def test_the_command_prints_the_table_and_its_summary_and_exits_0_or_1():
     proc = run_command(planted("PositiveWeighted"), "--params", '{"positive_weight": 2}')
