@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import sys
 import threading
@@ -39,13 +40,31 @@ def setup_logging(verbose: bool = False, quiet: bool = False) -> None:
     """Log to stderr as ``12:34:56 INFO dcl_core.train: ...``: INFO by default, DEBUG with ``verbose``,
     warnings and errors only with ``quiet``."""
     level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Printable("%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=level, handlers=[handler])
+
+
+class _Printable(logging.Formatter):
+    """Log lines a terminal shows as they are: each line of a message through :func:`one_line` (a path or a user's
+    text with a terminal escape, such as an output folder whose name holds ESC ] 0 ; title BEL, set the terminal's
+    title when the run logged it)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return "\n".join(one_line(line) for line in super().formatMessage(record).split("\n"))
 
 
 def error(message: object, code: int = EXIT_BAD_INPUT) -> int:
-    """Write ``error: <message>`` as one line (:func:`one_line`) in one write and return ``code``."""
-    sys.stderr.write(f"error: {one_line(message)}\n")
+    """Write ``error: <message>`` as one line (:func:`one_line`), credentials in a URL hidden
+    (:func:`hide_credentials`), in one write, and return ``code``."""
+    sys.stderr.write(f"error: {one_line(hide_credentials(str(message)))}\n")
     return code
+
+
+def hide_credentials(text: str) -> str:
+    """``text`` with the ``user:password@`` of every URL in it as ``***@``, also where a path collapsed its ``//``
+    (``https:/bob:pw@host/x``, a URL given where a file was expected and echoed back as the path)."""
+    return re.sub(r"\b([A-Za-z][A-Za-z0-9+.-]*:/{1,2})[^\s/@]+@", r"\1***@", text)
 
 
 def one_line(text: object) -> str:

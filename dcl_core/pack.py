@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dcl_core.cli_common import ArgumentParser, run_command, setup_logging
+from dcl_core.cli_common import FOLDER_HINT, ArgumentParser, given, run_command, setup_logging
 from dcl_core.config import ConfigError
 from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 
@@ -22,7 +22,8 @@ from dcl_core.data.packed import PACKED_FILE, pack, splits_of
 def main(argv: list[str] | None = None) -> int:
     """Pack the ImageFolder named on the command line; the exit status."""
     parser = ArgumentParser(prog="python -m dcl_core.pack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("root", type=Path, help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
+    parser.add_argument("root", type=given(Path, FOLDER_HINT),
+                        help="an ImageFolder root: ROOT/train/<class>/..., ROOT/test/... (or val/)")
     parser.add_argument("-o", "--out-dir", required=True,
                         help=f"the folder to write {PACKED_FILE} into (then --data-root OUT_DIR)")
     parser.add_argument("--follow-links", action="store_true",

@@ -122,6 +122,7 @@ def test_every_command_line_answers_bad_input_with_exit_2_and_one_line(command):
     (["-m", "dcl_core.study", "answer", "x", "--tracking-uri", ""], "argument --tracking-uri: is empty"),
     (["studies/temperature_sweep.py", "--tracking-uri", " "], "argument --tracking-uri: is empty"),
     (["studies/eqco_mi_toy.py", "--output-dir", ""], "argument --output-dir: is empty"),
+    (["-m", "dcl_core.pack", "", "-o", "out"], "argument root: is empty; name the folder (. for this one)"),
 ])
 def test_a_bad_option_is_one_line_not_the_usage(command, needle):
     """Argparse's own errors printed the whole usage (22 lines for a study) and a line starting with the script's
@@ -199,3 +200,21 @@ def test_ctrl_c_and_sigterm_are_one_line_and_release_what_the_command_holds(caps
     assert cli_common.run_command(until_stopped("sigterm")) == cli_common.EXIT_TERMINATED
     assert capsys.readouterr().err == "interrupted (SIGTERM)\n"
     assert released == ["ctrl-c", "sigterm"] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_log_line_cannot_drive_the_terminal():
+    """A run logged its output folder as given: a name holding ESC ] 0 ; title BEL set the terminal's title."""
+    code = ("import logging; from dcl_core.cli_common import setup_logging; setup_logging(); "
+            "logging.getLogger('dcl_core.x').info('in %s', 'o\\x1b]0;pwn\\x07\\nnext')")
+    proc = pyrun.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0 and "\x1b" not in proc.stderr and "\x07" not in proc.stderr, repr(proc.stderr)
+    first, second = proc.stderr.splitlines()
+    assert first.endswith("INFO dcl_core.x: in o\\x1b]0;pwn\\x07") and second == "next", repr(proc.stderr)
+
+
+@pytest.mark.parametrize("given", ["https://bob:hunter2@example.com/ck.pt", "s3://key:hunter2@bucket/ck.pt"])
+def test_an_error_line_hides_the_password_of_a_url_given_as_a_path(given):
+    """A URL given where a file was expected was echoed back, password and all, as the missing path."""
+    proc = pyrun.run([sys.executable, "-m", "dcl_core.evaluate", given], capture_output=True, text=True, cwd=REPO,
+                     timeout=120)
+    assert proc.returncode == 2 and "hunter2" not in proc.stderr and "/***@" in proc.stderr, proc.stderr
