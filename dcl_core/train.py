@@ -32,6 +32,7 @@ from dcl_core.config import (
     check_device,
     check_params_used,
     field_specs,
+    loss_reference,
     parse_overrides,
     preset,
     to_flat_dict,
@@ -169,15 +170,20 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
         ConfigError, DataError, CheckpointError: one line each.
     """
     # Deferred as in main(): torchvision and the trainer load only once the options parsed.
-    from dcl_core.data import check_dataset, pretraining_images
+    from dcl_core.data import check_dataset, check_outside_splits, pretraining_images
     from dcl_core.training.checkpoint import CHECKPOINT_NAME, check_resumable, load_checkpoint
     from dcl_core.training.schedule import steps_per_epoch
 
     if resume and overwrite:
         raise ConfigError("--resume continues the run in OUTPUT_DIR and --overwrite replaces it; pass one")
     dc = cfg.data
-    check_dataset(dc.dataset, dc.root, dc.download)
+    root = check_dataset(dc.dataset, dc.root, dc.download)
+    check_outside_splits(cfg.output_dir, root)
     check_device(cfg.device)
+    if loss_reference(cfg.loss.name) is not None:  # the user's loss imports and builds: before the data loads
+        from dcl_core.losses.user import build_user_loss
+
+        build_user_loss(cfg.loss.name, cfg.loss.params, cfg.loss.temperature, False)
     n_images = pretraining_images(dc.dataset, dc.root, dc.download, dc.train_per_class)
     if n_images is not None:  # otherwise the trainer checks once the data is loaded, still before training
         steps_per_epoch(n_images, cfg.optim.batch_size, int(os.environ.get("WORLD_SIZE", "1")))
@@ -201,12 +207,15 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
 
 
 def _check_writable(out_dir: Path) -> None:
-    """ConfigError unless ``out_dir`` is (or can be made) a directory this process can create files in."""
+    """ConfigError unless ``out_dir`` is a directory this process can create files in, or one it can make: checked
+    in its nearest existing folder, creating nothing (a run refused later leaves no empty folder behind)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"output_dir {out_dir} exists and is not a directory")
+    existing = next(p for p in (out_dir, *out_dir.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"cannot write to output_dir {out_dir}: Not a directory ({existing} is a file)")
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
+        with tempfile.TemporaryFile(dir=existing):  # O_TMPFILE where the filesystem has it: no name appears
             pass
     except OSError as err:
         raise ConfigError(f"cannot write to output_dir {out_dir}: {err.strerror or err}") from None

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         DATASETS,
         EMBEDDED_CIFAR10,
         check_dataset,
+        check_outside_splits,
         pretraining_images,
         resolve_data_root,
         split_location,
@@ -50,8 +51,8 @@ _MODULES = {
     **dict.fromkeys(("ImageTensors", "class_balanced_subset", "fetch_dataset", "load_dataset"), "datasets"),
     **dict.fromkeys(("DataError", "UnreadableImageError"), "errors"),
     "check_fits_in_memory": "image_bytes",
-    **dict.fromkeys(("DATA_ROOT_ENV", "DATASETS", "EMBEDDED_CIFAR10", "check_dataset", "pretraining_images",
-                     "resolve_data_root", "split_location"), "locate"),
+    **dict.fromkeys(("DATA_ROOT_ENV", "DATASETS", "EMBEDDED_CIFAR10", "check_dataset", "check_outside_splits",
+                     "pretraining_images", "resolve_data_root", "split_location"), "locate"),
 }
 
 __all__ = [
@@ -69,6 +70,7 @@ __all__ = [
     "ViewAugmentation",
     "check_dataset",
     "check_fits_in_memory",
+    "check_outside_splits",
     "class_balanced_subset",
     "fetch_dataset",
     "load_dataset",

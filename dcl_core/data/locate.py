@@ -196,3 +196,15 @@ def check_dataset(name: str, root: str | None = None, download: bool = False) ->
         if kind == "packed":  # its structure checked (offsets, labels, classes), nothing decoded
             read_split(where, split)
     return resolve_data_root(name, root, download)
+
+
+def check_outside_splits(output: str | Path, root: Path) -> None:
+    """DataError unless ``output`` (a folder a run writes) lies outside the data's split folders (``root/train``,
+    ``root/test``, ``root/val``): a run writing there adds a class (its folder) or files to the images it reads,
+    and every later run on that data is refused (or trains on them)."""
+    out = real_path(output)
+    for split in ("train", "test", "val"):
+        folder = root / split
+        if folder.is_dir() and out.is_relative_to(real_path(folder)):
+            raise DataError(f"{out} is inside the data's {split}/ folder ({folder}): a run would write among the "
+                            "images it reads; write it elsewhere")

@@ -97,8 +97,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     derived = derive(cfg, world)
     if device.type == "cpu" or cfg.threads > 0:
         torch.set_num_threads(cfg.threads or free_cpu_threads(world))
-    out_dir = real_path(cfg.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = real_path(cfg.output_dir)  # made once the data and the model are: a refusal leaves nothing behind
 
     # A download happens once: rank 0 fetches, the other ranks read what it wrote.
     fetch_first = cfg.data.download and world > 1
@@ -129,6 +128,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
         range(n_images),  # type: ignore[arg-type]
         num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed, drop_last=True,
     )
+    out_dir.mkdir(parents=True, exist_ok=True)
     return Run(cfg, derived, runtime, out_dir, data, model, framework, probes, optimizer, scaler, sampler, steps,
                dtype)
 

@@ -327,6 +327,28 @@ def test_a_corrupt_image_is_named_in_one_line(tmp_path, loader, workers, damage)
     assert_one_line(proc, f"image {bad}")
     if loader == "memory":
         assert "training simclr" not in proc.stderr  # decoded, and refused, before training
+        assert not (tmp_path / "o").exists()  # the output folder is made once the data is loaded
+
+
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
+def test_an_output_folder_among_the_images_is_refused_before_anything_is_written(tmp_path):
+    """Issue reproduction: ``--output-dir DATA/train/a/run`` trained and wrote its checkpoint among the class's
+    images (and ``DATA/train/run`` made a class of its empty folder, refusing every later run on that data)."""
+    write_folder(tmp_path / "data")
+    proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "data" / "train" / "a" / "run"))
+    assert_one_line(proc, "run is inside the data's train/ folder")
+    assert not (tmp_path / "data" / "train" / "a" / "run").exists()
+
+
+@pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)
+def test_a_user_loss_that_cannot_be_built_is_refused_before_the_data_loads(tmp_path):
+    """Issue reproduction: a missing user loss file was refused after the data had been decoded (60,000 images
+    under --preset paper), leaving an empty output folder behind."""
+    write_folder(tmp_path / "data")
+    proc = run("dcl_core.train", *folder_args(tmp_path / "data", tmp_path / "o", "--loss",
+                                              str(tmp_path / "nope.py") + ":L"))
+    assert_one_line(proc, f"no such file {tmp_path / 'nope.py'}")
+    assert "decoded" not in proc.stderr and not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow  # runs the single-run CLI in a subprocess (~7 CPU-s per run, torch's import)

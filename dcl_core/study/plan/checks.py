@@ -130,7 +130,12 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
     driver checks the address and the output folder); locally the data, each trial's fit and the GPUs are
     checked now. What only this machine lacks (the data, a GPU) stops a run; a dry run, which may plan a cluster
     run, reports it instead."""
-    from dcl_core.data import DataError, check_dataset, resolve_data_root  # no torch: only the trials load it
+    from dcl_core.data import (  # no torch: only the trials load it
+        DataError,
+        check_dataset,
+        check_outside_splits,
+        resolve_data_root,
+    )
 
     data = spec.base.data
     on_cluster = options.cluster is not None
@@ -155,6 +160,10 @@ def trial_data_root(spec: StudySpec, options: StudyOptions, dry_run: bool) -> tu
                 raise
             root = None
             local_problems.append(str(err))
+        if root is not None:  # the study's folder (and a local --storage) never among the images its trials read
+            local_storage = [options.storage] if options.storage and "://" not in options.storage else []
+            for written in [str(options.output_dir), *local_storage]:
+                check_outside_splits(written, Path(root))
         if not dry_run:  # what a single run checks before compute, for every trial the study can run
             check_trials_fit(spec, options.workers)
         if options.gpus_per_worker > 0 and not _has_cuda():

@@ -182,3 +182,24 @@ def test_a_dry_run_checks_a_user_loss_as_the_run_does(tmp_path):
             prepare_plan(s, request_of(ns))
     assert planned(tmp_path, "--smoke", "--dry-run", "--losses", f"dcl,{EXAMPLE}:PositiveWeighted").dry_run
     assert not (tmp_path / "o").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["--output-dir", "--storage"])
+def test_a_study_writing_among_the_images_its_trials_read_is_refused(tmp_path, where):
+    """Issue reproduction (a single run showed it): an output folder inside an ImageFolder's train/ or test/
+    becomes one of its classes, or files among a class's images, for every later run on that data."""
+    from PIL import Image
+
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / "data" / split / c / "0.png")
+    s = script()
+    inside = tmp_path / "data" / "test" / "runs"
+    ns = build_parser(s.doc, s.name, s.presets).parse_args(
+        ["--smoke", "--set", "data.dataset=imagefolder", "--data-root", str(tmp_path / "data"),
+         "--output-dir", str(inside if where == "--output-dir" else tmp_path / "out"),
+         *(["--storage", str(inside)] if where == "--storage" else [])])
+    with pytest.raises(InputError, match=r"runs is inside the data's test/ folder"):
+        prepare_plan(s, request_of(ns))
+    assert not inside.exists()
