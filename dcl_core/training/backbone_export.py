@@ -10,8 +10,9 @@ torchvision's model at width 1 and :func:`dcl_core.models.build_backbone` at any
 in the JSON.
 
 Where the two files go is checked before the checkpoint is read (:func:`check_destination`): each a new path or a
-regular file, never a link, a device, a FIFO or the checkpoint itself, and the weights never named ``.json`` (their
-description would overwrite them).
+regular file, never a link, a device, a FIFO or the checkpoint itself, the weights never named ``.json`` (their
+description would overwrite them), and the description, which ``-o`` does not name, replacing only an earlier
+export's (a run's ``config.json`` was overwritten by ``-o config.pt``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError, RunFailedError, from_flat_dict, loss_params
-from dcl_core.files import check_output_file, disk_full, no_space, write_with
+from dcl_core.files import check_output_file, disk_full, loads_json, no_space, read_bounded, write_with
 
 
 def description_path(out: Path) -> Path:
@@ -56,7 +57,24 @@ def check_destination(checkpoint: Path, out: Path) -> Path:
             same = False
         if same:
             raise ConfigError(f"{path} is the checkpoint being exported: name another file")
+    if description.exists() and not _is_description(description):  # the file -o names is replaced; not this one
+        raise ConfigError(f"{description} exists and is not an earlier export's description, and the description "
+                          f"of {out.name} would replace it: name the weights file otherwise")
     return description
+
+
+DESCRIPTION_KEYS = frozenset({"arch", "feature_dim", "torchvision_compatible", "source"})  # what export writes
+MAX_DESCRIPTION_BYTES = 1 << 20
+
+
+def _is_description(path: Path) -> bool:
+    """Whether ``path`` holds the description an earlier export wrote (which a new export beside it replaces): a
+    JSON object with :data:`DESCRIPTION_KEYS`. A run's ``config.json`` or anything else is not."""
+    try:
+        meta = loads_json(read_bounded(path, MAX_DESCRIPTION_BYTES))
+    except (ConfigError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.keys() >= DESCRIPTION_KEYS
 
 
 def export(checkpoint: Path, out: Path) -> dict[str, Any]:

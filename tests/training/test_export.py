@@ -167,6 +167,13 @@ def test_export_never_overwrites_its_own_weights_a_link_s_target_or_the_checkpoi
     assert main([str(checkpoint), "-o", str(tmp_path / "old.pt")]) == 0
     assert json.loads((tmp_path / "old.json").read_text())["width"] == 0.125
     assert "conv1.weight" in torch.load(tmp_path / "old.pt", weights_only=True)
+    assert main([str(checkpoint), "-o", str(tmp_path / "old.pt")]) == 0  # again: the earlier export replaced
+    # issue reproduction: -o run/config.pt replaced the run's config.json (not named) with the description
+    config = checkpoint.parent / "config.json"
+    config.write_text('{"loss.name": "dcl"}')
+    assert "config.json exists and is not an earlier export's description" in _refused(
+        checkpoint, checkpoint.parent / "config.pt", capsys)
+    assert config.read_text() == '{"loss.name": "dcl"}' and not (checkpoint.parent / "config.pt").exists()
 
 
 def test_the_json_names_a_user_loss_by_its_absolute_file_and_carries_its_params(tmp_path: Path) -> None:
