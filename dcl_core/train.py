@@ -61,6 +61,21 @@ def _type_name(tp: Any) -> str:
     return (args[0] if args else tp).__name__
 
 
+class _Once(argparse.Action):
+    """A config key's flag (``--loss.temperature`` or its alias ``--tau``): the key given once, by one flag; a
+    second value, by the same flag or the other, is refused (the last one given won, silently)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given: dict[str, str] = namespace.__dict__.setdefault("_given_by", {})
+        if self.dest in given:
+            before = given[self.dest]
+            parser.error(f"{option_string} is given twice; give it once" if before == option_string else
+                         f"{option_string} and {before} both set {self.dest}; give it once")
+        given[self.dest] = option_string or self.dest
+        setattr(namespace, self.dest, values)
+
+
 def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
     """Every config key as ``--key`` (dest: the dotted key), the short aliases, and the run options. Each key's
     help shows its value in ``shown_preset`` (the preset the command line chose): what the run will use."""
@@ -86,9 +101,8 @@ def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     short = p.add_argument_group("short aliases")
     for flag, key in ALIASES.items():
-        short.add_argument(
-            flag, dest=key, default=None, metavar=_type_name(field_specs()[key][0]).upper(), help=f"= --{key}"
-        )
+        short.add_argument(flag, dest=key, default=None, action=_Once,
+                           metavar=_type_name(field_specs()[key][0]).upper(), help=f"= --{key}")
     if shown_preset not in PRESETS:
         shown_preset = "cpu"
     full = p.add_argument_group(f"every config key (its value in preset {shown_preset}, which --preset chooses; "
@@ -107,6 +121,7 @@ def build_parser(shown_preset: str = "cpu") -> argparse.ArgumentParser:
             f"--{key}",
             dest=key,
             default=None,
+            action=_Once,
             metavar=_type_name(tp).upper(),
             help=f"{meta.get('help', '')} ({'; '.join(extra)})",
         )
@@ -121,8 +136,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
     given = vars(args)
     overrides = {k: given[k] for k in CONFIG_KEYS if given.get(k) is not None}
     if args.download:
+        if "data.download" in overrides:
+            raise ConfigError("--download and --data.download both set data.download; give it once")
         overrides["data.download"] = True
-    overrides |= parse_overrides(args.set)
+    also = parse_overrides(args.set)
+    twice = sorted(set(overrides) & set(also))
+    if twice:  # --set won, silently
+        raise ConfigError(f"--set {twice[0]} and --{twice[0]} (or its alias) both set {twice[0]}; give it once")
+    overrides |= also
     cfg = apply_overrides(cfg, overrides)
     check_params_used(cfg.loss.params, [cfg.loss.name])  # a built-in loss would ignore them
     name = absolute_reference(cfg.loss.name)
@@ -172,10 +193,12 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
     # Deferred as in main(): torchvision and the trainer load only once the options parsed.
     from dcl_core.data import check_dataset, check_outside_splits, pretraining_images
     from dcl_core.training.checkpoint import CHECKPOINT_NAME, check_resumable, load_checkpoint
+    from dcl_core.training.runtime import launch_world
     from dcl_core.training.schedule import steps_per_epoch
 
     if resume and overwrite:
         raise ConfigError("--resume continues the run in OUTPUT_DIR and --overwrite replaces it; pass one")
+    world = launch_world()
     dc = cfg.data
     root = check_dataset(dc.dataset, dc.root, dc.download)
     check_outside_splits(cfg.output_dir, root)
@@ -186,7 +209,7 @@ def preflight(cfg: Config, resume: bool, overwrite: bool) -> None:
         build_user_loss(cfg.loss.name, cfg.loss.params, cfg.loss.temperature, False)
     n_images = pretraining_images(dc.dataset, dc.root, dc.download, dc.train_per_class)
     if n_images is not None:  # otherwise the trainer checks once the data is loaded, still before training
-        steps_per_epoch(n_images, cfg.optim.batch_size, int(os.environ.get("WORLD_SIZE", "1")))
+        steps_per_epoch(n_images, cfg.optim.batch_size, world)
     out_dir = real_path(cfg.output_dir)
     _check_writable(out_dir)
     checkpoint = out_dir / CHECKPOINT_NAME

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dcl_core.config import Config
+from dcl_core.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,37 @@ class Runtime:
     world_size: int
     device: torch.device
     owns_process_group: bool
+
+
+MAX_WORLD = 1 << 16  # processes in one run: far beyond any cluster this project plans for
+
+
+def launch_world() -> int:
+    """The number of processes the launcher's environment gives this run (``WORLD_SIZE``, 1 without torchrun);
+    ConfigError (one line) for ``WORLD_SIZE``, ``RANK`` or ``LOCAL_RANK`` that is not a whole number in range, or
+    several processes without the rendezvous torchrun sets (``MASTER_ADDR``, ``MASTER_PORT``): torch's own answers
+    were a traceback (a ValueError, a ZeroDivisionError) or, for ``WORLD_SIZE=-1``, none."""
+    def whole(name: str, default: int, low: int, high: int) -> int:
+        text = os.environ.get(name)
+        if text is None:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise ConfigError(f"${name} must be a whole number in [{low}, {high}], got {text[:40]!r} (torchrun sets "
+                              "it; unset it to train in one process)")
+        return value
+
+    world = whole("WORLD_SIZE", 1, 1, MAX_WORLD)
+    whole("RANK", 0, 0, world - 1)
+    whole("LOCAL_RANK", 0, 0, world - 1)
+    if world > 1 and not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
+        raise ConfigError(f"$WORLD_SIZE={world} asks for {world} processes, and $MASTER_ADDR or $MASTER_PORT is not "
+                          f"set: start them with torchrun --nproc-per-node {world} (which sets all four), or unset "
+                          "WORLD_SIZE to train in one process")
+    return world
 
 
 def setup_runtime(cfg: Config) -> Runtime:

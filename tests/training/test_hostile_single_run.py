@@ -448,3 +448,45 @@ def test_a_checkpoint_larger_than_any_is_refused_without_reading_it(tmp_path, mo
         f.truncate(ck.MAX_CHECKPOINT_BYTES + 1)
     with pytest.raises(ck.CheckpointError, match="larger than any checkpoint"):
         ck.load_checkpoint(path)
+
+
+@pytest.mark.parametrize(("env", "needle"), [
+    ({"WORLD_SIZE": "abc"}, "$WORLD_SIZE must be a whole number in [1, 65536], got 'abc'"),  # a ValueError's traceback
+    ({"WORLD_SIZE": "0"}, "$WORLD_SIZE must be a whole number"),  # a ZeroDivisionError's traceback
+    ({"WORLD_SIZE": "-1"}, "$WORLD_SIZE must be a whole number"),  # accepted, silently
+    ({"RANK": "abc"}, "$RANK must be a whole number in [0, 0]"),  # accepted, silently
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, "$RANK must be a whole number in [0,"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "$MASTER_ADDR or $MASTER_PORT is not set: start them with torchrun"),
+])
+def test_a_launch_environment_torchrun_would_not_set_is_one_line(monkeypatch, env, needle):
+    """Issue reproductions: dcl_core.train under an environment torchrun would not set answered with torch's
+    tracebacks (a ValueError, a ZeroDivisionError, no MASTER_ADDR) or not at all; every rank checks it first."""
+    from dcl_core.config import ConfigError
+    from dcl_core.training.runtime import launch_world
+
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert launch_world() == 1
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        launch_world()
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--tau", "0.1", "--loss.temperature", "0.3"], "--loss.temperature and --tau both set loss.temperature"),
+    (["--tau", "0.1", "--tau", "0.3"], "--tau is given twice"),
+    (["--tau", "0.1", "--set", "loss.temperature=0.3"], "--set loss.temperature and --loss.temperature (or its alias)"),
+    (["--download", "--data.download", "false"], "--download and --data.download both set data.download"),
+])
+def test_a_key_given_twice_on_the_train_command_line_is_refused(capsys, argv, needle):
+    """Issue reproductions: the last value given (or --set's, or --download's) won, silently."""
+    from dcl_core.train import main
+
+    try:  # argparse's refusals exit, the later ones return the exit code
+        code = main(["--preset", "smoke", "--print-config", *argv])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
