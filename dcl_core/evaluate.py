@@ -53,7 +53,8 @@ def build_parser(prog: str = "python -m dcl_core.evaluate") -> argparse.Argument
         help="linear-probe protocol (default: the checkpoint's eval.linear_preset)",
     )
     add_set_option(p, "override config keys for evaluation, e.g. data.root=/data/cifar, data.test_per_class=0")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+                   help="where to evaluate (default: auto, a GPU if there is one)")
     return p
 
 
@@ -115,10 +116,19 @@ def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, t
     from dcl_core.data import DataError
     from dcl_core.training.builders import build_data, build_model
 
-    overrides = parse_overrides(args.set) | {"device": args.device}
+    overrides = parse_overrides(args.set)
+    for key, flag in (("device", args.device), ("eval.linear_preset", args.linear_preset)):
+        if flag is not None and key in overrides:  # the flag won, silently (--device's default too)
+            raise ConfigError(f"--set {key} and --{key.rpartition('.')[2].replace('_', '-')} both set {key}; "
+                              "give it once")
+    if "output_dir" in overrides:
+        raise ConfigError("--set output_dir: an evaluation writes nothing (it prints its metrics)")
+    if args.no_knn and not args.linear:
+        raise ConfigError("--no-knn without --linear leaves nothing to evaluate: add --linear, or drop --no-knn")
+    overrides.setdefault("device", args.device or "auto")
     if args.linear_preset:
         overrides["eval.linear_preset"] = args.linear_preset
-    check_device(args.device)
+    check_device(overrides["device"])
     state = load_checkpoint(args.checkpoint)
     trained = from_flat_dict(state["config"])
     defaults, stored = to_flat_dict(Config()), to_flat_dict(trained)

@@ -12,22 +12,23 @@ import sys
 from pathlib import Path
 
 from dcl_core.cli_common import ArgumentParser, run_command, setup_logging
-from dcl_core.training.backbone_export import describe, description_path, export
+from dcl_core.training.backbone_export import describe, description_path, export, weights_path
 
 
 def main(argv: list[str] | None = None) -> int:
     """Export the checkpoint named on the command line; the exit status."""
     parser = ArgumentParser(prog="python -m dcl_core.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", type=Path, help="checkpoint.pt written by dcl_core.train or a study's trial")
-    parser.add_argument("-o", "--out", type=Path, default=Path("backbone.pt"),
+    parser.add_argument("-o", "--out", default="backbone.pt",
                         help="the weights file (default: backbone.pt): a new path or a regular file, not .json; its "
                              "description goes beside it as .json")
     args = parser.parse_args(argv)
     setup_logging()
 
     def body() -> int:
-        meta = export(args.checkpoint, args.out)
-        print(f"{args.out}: {describe(meta)}; described in {description_path(args.out)}")
+        out = weights_path(args.out)
+        meta = export(args.checkpoint, out)
+        print(f"{out}: {describe(meta)}; described in {description_path(out)}")
         return 0
 
     return run_command(body)

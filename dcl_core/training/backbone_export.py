@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,17 @@ from dcl_core.files import check_output_file, disk_full, loads_json, no_space, r
 def description_path(out: Path) -> Path:
     """Where the description of the weights written to ``out`` goes: beside them, ``out`` with ``.json``."""
     return out.with_suffix(".json")
+
+
+def weights_path(given: str) -> Path:
+    """``-o``'s path, as given: ConfigError (one line) when it ends in ``/`` (a folder, which ``Path`` would read as a
+    file of that name: ``-o ex4/`` wrote the file ``ex4``), else :func:`check_weights_name`'s."""
+    out = Path(given)
+    check_weights_name(out)
+    if given.endswith(("/", os.sep)):
+        raise ConfigError(f"-o {given} names a folder (it ends in /), not a file: name the weights file (e.g. -o "
+                          f"{given}encoder.pt)")
+    return out
 
 
 def check_weights_name(out: Path) -> None:

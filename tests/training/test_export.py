@@ -187,3 +187,28 @@ def test_the_json_names_a_user_loss_by_its_absolute_file_and_carries_its_params(
     assert main([str(_checkpoint(tmp_path / "builtin")), "-o", str(tmp_path / "dcl.pt")]) == 0
     meta = json.loads((tmp_path / "dcl.json").read_text())
     assert meta["loss"] == "dcl" and meta["loss_params"] == {}
+
+
+def test_an_output_ending_in_a_slash_is_a_folder_not_a_file(tmp_path: Path, capsys) -> None:
+    """Issue reproduction: ``-o ex4/`` wrote a file named ``ex4`` (and ``ex4.json``)."""
+    checkpoint = _checkpoint(tmp_path)
+    assert main([str(checkpoint), "-o", f"{tmp_path / 'ex4'}/"]) == 2
+    err = capsys.readouterr().err
+    assert "ex4/ names a folder (it ends in /), not a file" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "ex4").exists() and not (tmp_path / "ex4.json").exists()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--no-knn"], "--no-knn without --linear leaves nothing to evaluate"),  # loaded everything, printed the epoch
+    (["--set", "device=cpu", "--device", "auto"], "--set device and --device both set device"),
+    (["--set", "eval.linear_preset=cpu", "--linear-preset", "smoke"], "--set eval.linear_preset and --linear-preset"),
+    (["--set", "output_dir=x"], "--set output_dir: an evaluation writes nothing"),  # accepted, ignored
+])
+def test_evaluate_refuses_what_it_would_ignore_in_one_line(tmp_path: Path, capsys, argv, needle) -> None:
+    """Issue reproductions: ``--set device=cuda`` was overridden by ``--device``'s default (auto) and ran on the
+    CPU; the other options were ignored, silently."""
+    from dcl_core.evaluate import main as evaluate
+
+    assert evaluate([str(_checkpoint(tmp_path)), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err

@@ -13,7 +13,7 @@ from dcl_core.files import real_path
 from dcl_core.study.cli.answer_command import only_study
 from dcl_core.study.plan.spec import check_name
 from dcl_core.study.plan.storage import default_tracking_uri
-from dcl_core.training.backbone_export import check_weights_name
+from dcl_core.training.backbone_export import weights_path
 
 EXPORT_DOC = """Export a finished study's trained encoder for another codebase: one trial's backbone as a plain state
 dict that torchvision's own ResNet-18/50 loads (width 1), with a JSON of what it is.
@@ -41,7 +41,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     which.add_argument("--trial", default=None, metavar="NAME", help="the trial's name or Tune id")
     which.add_argument("--best", nargs="?", const="", default=None, metavar="SERIES",
                        help="the finished trial with the highest final kNN top-1 (of SERIES, e.g. dcl)")
-    parser.add_argument("-o", "--out", type=Path, default=None,
+    parser.add_argument("-o", "--out", default=None,
                         help="the weights file (default: TRIAL_NAME.pt here); its description goes beside it as .json")
     parser.add_argument("--storage", default=None,
                         help="the study's Tune storage, a local folder (default: OUTPUT_DIR/ray_results)")
@@ -50,8 +50,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
 
     def body() -> int:
-        if args.out is not None:
-            check_weights_name(args.out)  # before a trial is chosen or anything read
+        given_out = weights_path(args.out) if args.out is not None else None  # before a trial is chosen or read
         output_dir = real_path(args.output_dir)
         study = args.name if args.name is not None else only_study(output_dir)
         check_name(study)
@@ -69,7 +68,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         from dcl_core.training.backbone_export import describe, export  # torch and the models (seconds): not for --help
 
         chosen = choose(output_dir, study, storage, args.trial, args.best)
-        out = args.out if args.out is not None else Path(f"{chosen.name}.pt")
+        out = given_out if given_out is not None else Path(f"{chosen.name}.pt")
         meta = export(chosen.checkpoint, out)
         print(cli_common.one_line(f"{out}: trial {chosen.name} of {study}: {describe(meta)}; described in "
                                   f"{out.with_suffix('.json')}"))  # a path's escapes never reach the terminal
