@@ -152,7 +152,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Train from the command line (``dcl-train``), the preset's values as the defaults; the exit status."""
-    first = ArgumentParser(add_help=False)  # --help shows the values of the preset chosen
+    first = ArgumentParser(prog="python -m dcl_core.train", add_help=False)  # --help shows the chosen preset's values
     first.add_argument("--preset", default="cpu")
     parser = build_parser(first.parse_known_args(argv)[0].preset)
     args = parser.parse_args(argv)
