@@ -34,6 +34,7 @@ from dcl_core.config import (
     to_flat_dict,
 )
 from dcl_core.training.checkpoint import CheckpointError, check_model_fits, load_checkpoint
+from dcl_core.training.runtime import first_line, out_of_memory
 
 # A checkpoint says what the model is and what it was measured on; these keys say where this machine reads data and
 # how much it holds at once, so a file can neither create folders, download, fork workers nor size batches here.
@@ -89,25 +90,14 @@ def _run(args: argparse.Namespace) -> int:
                 device=device,
             )
     except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
-        if not _out_of_memory(err):
+        if not out_of_memory(err):
             raise
-        raise RunFailedError(f"the evaluation ran out of memory on {device} ({_first_line(err)}); a smaller batch "
+        raise RunFailedError(f"the evaluation ran out of memory on {device} ({first_line(err)}); a smaller batch "
                              "may fit: --set eval.batch_size=N") from None
     print(json.dumps(results))
     return 0
 
 
-def _out_of_memory(err: BaseException) -> bool:
-    """Whether ``err`` is an allocation that failed (the CPU allocator's, CUDA's, or Python's MemoryError)."""
-    text = str(err)
-    return isinstance(err, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in text or \
-        "out of memory" in text.lower()
-
-
-def _first_line(err: BaseException) -> str:
-    """The first line of ``err``'s message, at most 200 characters."""
-    lines = str(err).strip().splitlines()
-    return (lines[0] if lines else type(err).__name__)[:200]
 
 
 def _load(args: argparse.Namespace) -> tuple[Config, dict[str, Any], Any, Any, torch.device]:

@@ -27,6 +27,7 @@ from dcl_core.config import (
     PRESETS,
     Config,
     ConfigError,
+    RunFailedError,
     absolute_reference,
     apply_overrides,
     check_device,
@@ -170,7 +171,15 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(to_flat_dict(cfg), indent=1))
         return 0
     preflight(cfg, resume=args.resume, overwrite=args.overwrite)
-    result = train(cfg, resume=args.resume, progress=True)  # a NaN loss, a full disk: exit 1 (RunFailedError)
+    from dcl_core.training.runtime import first_line, out_of_memory  # with the trainer above
+
+    try:
+        result = train(cfg, resume=args.resume, progress=True)  # a NaN loss, a full disk: exit 1 (RunFailedError)
+    except (MemoryError, RuntimeError) as err:  # torch.OutOfMemoryError is a RuntimeError
+        if not out_of_memory(err):
+            raise
+        raise RunFailedError(f"the run ran out of memory ({first_line(err)}); a smaller model "
+                             "(model.width), batch (optim.batch_size) or image size may fit") from None
     final = result.final
     log.info(
         "done: kNN top-1 %.2f%%, loss %.4f; checkpoint and metrics in %s",

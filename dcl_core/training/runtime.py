@@ -133,3 +133,16 @@ def busy_cpus(window: float = 0.5) -> float:
             return 0.0
     total = max(total1 - total0, 1)
     return (os.cpu_count() or 1) * (1 - (idle1 - idle0) / total)
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is an allocation that failed (the CPU allocator's, CUDA's, or Python's MemoryError)."""
+    text = str(err)
+    return isinstance(err, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in text or \
+        "out of memory" in text.lower()
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of ``err``'s message, at most 200 characters."""
+    lines = str(err).strip().splitlines()
+    return (lines[0] if lines else type(err).__name__)[:200]

@@ -490,3 +490,21 @@ def test_a_key_given_twice_on_the_train_command_line_is_refused(capsys, argv, ne
         code = stop.code
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.slow  # a real subprocess under an address-space limit (~10 CPU-s: torch's import)
+@needs_cifar
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="sets a resource limit in the child")
+def test_a_run_out_of_memory_is_one_line_exit_1(tmp_path):
+    """Issue reproduction: a model the machine cannot hold (ResNet-50 at width 16, in range) ended the run with a
+    55-line traceback of the CPU allocator's; now one line, exit 1, as evaluate says it."""
+    import resource
+
+    def limited():  # 6 GiB of address space: torch imports, 22 GiB of parameters do not fit
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+
+    proc = subprocess.run([sys.executable, "-m", "dcl_core.train", "--preset", "smoke", "--model.arch", "resnet50",
+                           "--model.width", "16", "--output-dir", str(tmp_path / "o")], cwd=REPO, text=True,
+                          capture_output=True, timeout=300, preexec_fn=limited)
+    assert_one_line(proc, "the run ran out of memory", code=1)
+    assert not (tmp_path / "o").exists()
