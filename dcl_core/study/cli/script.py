@@ -19,15 +19,10 @@ from dcl_core.files import disk_full, no_space
 from dcl_core.study.analysis.columns import ERROR, STATUS, Status
 from dcl_core.study.cli.options import StudyArgs, StudyRequest, build_parser, request_of
 from dcl_core.study.execution import stop_signals
+from dcl_core.study.plan.script import Script, SpecBuilder, defined_in  # re-exported: the scripts' own vocabulary
 from dcl_core.study.plan.spec import StudyInterruptedError
 from dcl_core.study.plan.storage import OPTIONS_FILE, default_tracking_uri, redact_args, study_began
-from dcl_core.study.plan.study_plan import (  # Script and SpecBuilder: re-exported, the scripts' own vocabulary
-    Script,
-    SpecBuilder,
-    StudyPlan,
-    defined_in,
-    prepare_plan,
-)
+from dcl_core.study.plan.study_plan import StudyPlan, prepare_plan
 from dcl_core.study.plan.study_presets import PresetRun, StudyPreset
 
 __all__ = ["Script", "SpecBuilder", "main", "preset_run", "resume_command", "run_request"]

@@ -9,81 +9,23 @@ round of ``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back i
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from dcl_core.config import ConfigError, parse_overrides
 from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan.args import StudyArgs, StudyRequest
 from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.prepared import PreparedStudy, check_user_losses, prepare
-from dcl_core.study.plan.questions import with_own_question
 from dcl_core.study.plan.record import check_not_moved, check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
-from dcl_core.study.plan.spec import (
-    StudySpec,
-    check_set_not_swept,
-    grid_seeds,
-    tune_experiments,
-    validate_spec,
-    with_asha,
-    with_base,
-    with_effects_of_interest,
-)
+from dcl_core.study.plan.script import Script
+from dcl_core.study.plan.spec import StudySpec, grid_seeds, tune_experiments, with_asha, with_base
 from dcl_core.study.plan.storage import check_output_dir, storage_exists, storage_join
 
 QUESTION_OPTIONS = ("compare", "statistic", "at", "claim", "effect_of_interest")  # what asks a study's question
-
-
-class SpecBuilder(Protocol):
-    """Builds a study's :class:`StudySpec` from its parsed :class:`StudyArgs` (each study's ``build_spec``)."""
-
-    def __call__(self, args: StudyArgs, /) -> StudySpec:
-        """The spec of the study these arguments ask for."""
-
-
-@dataclass(frozen=True)
-class Script:
-    """A study script: its question (the docstring), its name, its presets and its spec builder."""
-
-    doc: str
-    name: str
-    build_spec: SpecBuilder
-    presets: tuple[str, ...] = ("smoke", "cpu", "paper")
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    extra: tuple[str, ...] = ()  # the options only this script takes (StudyArgs fields declared ``only``)
-    path: Path | None = None  # the file that defines it (recorded, so that `answer` re-analyses with the same)
-
-    def build(self, args: StudyArgs, data_root: str | None = None, download: bool = False) -> StudySpec:
-        """The spec ``args`` describe, validated: the script's spec with its question as description, the
-        recorded or planned sequential design and, when given, the data root the trials read (``download``: a dry
-        run's pre-flight, which fetches the data first)."""
-        spec = self.build_spec(args)
-        if spec.name != args.name:  # its record, a resume and `answer` are found under --name: one place
-            raise ConfigError(f"{self.name}'s build_spec named its study {spec.name!r}, not {args.name!r} (--name, "
-                              "default the script's name): a study is recorded, resumed and answered under "
-                              "--name, so build_spec passes name=args.name to StudySpec")
-        if not spec.description:  # the docstring's first paragraph: the question and the paper's table
-            spec = replace(spec, description=" ".join(self.doc.strip().split("\n\n")[0].split()))
-        design = rounds.from_record(args.design)
-        rounds.check_within(design, len(grid_seeds(spec) or ()) or None)
-        spec = with_own_question(spec, args.compare, args.statistic, args.at, args.claim)
-        spec = with_effects_of_interest(replace(spec, design=design), args.effect_of_interest)
-        base: dict[str, Any] = {"data.root": data_root} if data_root is not None else {}
-        if download:
-            base["data.download"] = True
-        spec = with_base(spec, base) if base else spec
-        validate_spec(spec)
-        check_set_not_swept(spec, parse_overrides(list(args.set)))
-        return spec
-
-    def command(self, args: StudyArgs) -> dict[str, Any]:
-        """The record of the command that builds the spec of ``args`` (``study_options.json``'s ``command``)."""
-        return args.record(self.name, self.path)
 
 
 @dataclass(frozen=True)
@@ -132,7 +74,9 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     """The plan of ``request``: every check that needs neither Ray nor the MLflow store, made once, in order;
     ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
     args, recorded = request.args_to_run()
-    args, spec = _with_download(script, args, script.build(args))
+    spec = script.build(args, fetch=True)
+    if args.download and not args.reanalyze:  # the release fetched is the data root, as if given with --data-root
+        args = replace(args, data_root=spec.base.data.root)  # (so that the same command line resumes the study)
     options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
         check_same_script(recorded.command, options.command, spec.name, options.output_dir, "--reanalyze")
@@ -163,21 +107,6 @@ def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
         return False
     given = args.record("")
     return any((given.get(k) or None) != (recorded.get(k) or None) for k in QUESTION_OPTIONS)
-
-
-def _with_download(script: Script, args: StudyArgs, spec: StudySpec) -> tuple[StudyArgs, StudySpec]:
-    """With ``--download`` (not re-analysing): the torchvision release, fetched once here (trials only read it), is
-    then the study's data root, as if given with --data-root (so the same command line resumes it). A dry run
-    names it, fetching nothing."""
-    if not args.download or args.reanalyze:
-        return args, spec
-    data = spec.base.data
-    from dcl_core.data import fetch_dataset, resolve_data_root  # torchvision (seconds): not for --help
-
-    fetched = resolve_data_root(data.dataset, args.data_root, download=True) if args.dry_run else \
-        fetch_dataset(data.dataset, args.data_root)
-    args = replace(args, data_root=str(fetched))
-    return args, script.build(args, download=args.dry_run)
 
 
 def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions, data_root: str | None,
@@ -218,10 +147,3 @@ def _existing_study_lines(spec: StudySpec, options: StudyOptions) -> list[str]:
         return []
     return ["", f"note: study output exists at {existing[0]}: this command would be refused; add --resume to "
                 "continue it (with a larger --seeds: only its new seeds run) or --overwrite to replace it"]
-
-
-def defined_in(build_spec: SpecBuilder) -> Path | None:
-    """The file of the module that defines ``build_spec``: the study script that called it."""
-    module = sys.modules.get(getattr(build_spec, "__module__", ""))
-    file = getattr(module, "__file__", None)
-    return Path(file).resolve() if isinstance(file, str) and Path(file).is_file() else None

@@ -13,7 +13,8 @@ from dcl_core.config import ConfigError, InputError
 from dcl_core.study.cli.options import build_parser, request_of
 from dcl_core.study.plan import prepared, study_plan
 from dcl_core.study.plan.run_options import Resources
-from dcl_core.study.plan.study_plan import Script, prepare_plan
+from dcl_core.study.plan.script import Script
+from dcl_core.study.plan.study_plan import prepare_plan
 from tests.cifar10_present import cifar10_present
 
 REPO = Path(__file__).resolve().parents[3]
@@ -203,3 +204,22 @@ def test_a_study_writing_among_the_images_its_trials_read_is_refused(tmp_path, w
     with pytest.raises(InputError, match=r"runs is inside the data's test/ folder"):
         prepare_plan(s, request_of(ns))
     assert not inside.exists()
+
+
+def test_download_fetches_once_after_the_spec_s_checks_and_is_the_data_root(tmp_path, monkeypatch):
+    """``--download``: the release is fetched once (trials only read it), after every check of the spec (a bad
+    ``--set`` costs no download), and is then the study's data root in its arguments (what a resume repeats) and in
+    every trial's config, as if given with ``--data-root``."""
+    import dcl_core.data
+    from dcl_core.data import resolve_data_root
+
+    release = str(resolve_data_root("cifar10", None, False))  # the embedded CIFAR-10 stands for the fetched one
+    fetched = []
+    monkeypatch.setattr(dcl_core.data, "fetch_dataset", lambda dataset, root: fetched.append(dataset) or release)
+    with pytest.raises(ConfigError, match="loss.tau"):
+        planned(tmp_path, "--smoke", "--download", "--set", "loss.tau=0.3")
+    assert fetched == []
+    plan = planned(tmp_path, "--smoke", "--download")
+    assert fetched == ["cifar10"]
+    assert plan.args.data_root == plan.data_root == plan.spec.base.data.root == release
+    assert plan.options.command["data_root"] == release and not plan.spec.base.data.download
