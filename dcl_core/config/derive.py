@@ -27,25 +27,30 @@ def derive(cfg: Config, world_size: int = 1) -> Derived:
     negative it offers for N images, N being the batch the negatives come from (global with
     ``loss.gather_distributed``, else per rank).
     """
-    if cfg.optim.batch_size % world_size:
-        raise ConfigError(
-            f"optim.batch_size={cfg.optim.batch_size} is not divisible by the {world_size} DDP workers"
-        )
-    big_n = cfg.optim.batch_size if cfg.loss.gather_distributed else cfg.optim.batch_size // world_size
+    per_rank = per_rank_batch(cfg.optim.batch_size, world_size)
+    big_n = cfg.optim.batch_size if cfg.loss.gather_distributed else per_rank
     name = cfg.framework.name
     negatives = NEGATIVES[name]  # the framework's row: what it offers, which key sets K
     available = negatives.offered(big_n, cfg.framework.queue_size)
     k = value_at(cfg, negatives.k_key) or available
     if available < 1 or k > available:
         raise ConfigError(
-            f"{name} with a per-rank batch of {cfg.optim.batch_size // world_size} (gather_distributed="
+            f"{name} with a per-rank batch of {per_rank} (gather_distributed="
             f"{cfg.loss.gather_distributed}) offers {available} negatives per anchor, fewer than K={k}"
         )
     given = value_at(cfg, "loss.alpha")  # EqCo's option (dcl_core/losses/eqco.py)
     alpha = float(k) if given is None else given
     return Derived(
         lr=cfg.optim.base_lr * cfg.optim.batch_size / 256,
-        per_rank_batch=cfg.optim.batch_size // world_size,
+        per_rank_batch=per_rank,
         num_negatives=k,
         eqco_alpha=alpha,
     )
+
+
+def per_rank_batch(batch_size: int, world_size: int) -> int:
+    """Each DDP rank's share of the global batch; ConfigError unless ``world_size`` ranks split it evenly (fewer
+    images than ranks included)."""
+    if batch_size % world_size:
+        raise ConfigError(f"optim.batch_size={batch_size} is not divisible by the {world_size} DDP workers")
+    return batch_size // world_size

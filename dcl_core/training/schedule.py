@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 
 from dcl_core.config import ConfigError
+from dcl_core.config.derive import per_rank_batch
 
 
 def steps_per_epoch(n_images: int, batch_size: int, world_size: int = 1) -> int:
     """Optimizer steps per epoch: full per-rank batches in each rank's shard of the epoch permutation.
 
     Raises:
-        ConfigError: if there is none (a batch larger than the pretraining set).
+        ConfigError: if there is none (a batch larger than the pretraining set), or the ranks do not split the
+            batch evenly.
     """
     # Each rank's DistributedSampler shard (drop_last) holds n_images // world_size indices.
-    steps = (n_images // world_size) // (batch_size // world_size)
+    steps = (n_images // world_size) // per_rank_batch(batch_size, world_size)
     if steps == 0:
         raise ConfigError(
             f"{n_images} pretraining images give no full batch of {batch_size}; "

@@ -47,6 +47,9 @@ def test_steps_per_epoch_match_the_distributed_sampler():
         assert steps_per_epoch(n, batch, world) == shard // (batch // world)
     with pytest.raises(ConfigError, match=r"^160 pretraining images give no full batch of 4096; lower"):
         steps_per_epoch(160, 4096)
+    for batch, world in [(32, 64), (32, 3)]:  # more ranks than images in a batch divided by zero
+        with pytest.raises(ConfigError, match=rf"^optim\.batch_size={batch} is not divisible by the {world} DDP"):
+            steps_per_epoch(160, batch, world)
 
 
 def test_epoch_stats_hand_computed():

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from dcl_core.config import ConfigError, apply_overrides, check_device
+from dcl_core.config import ConfigError, apply_overrides, check_device, derive
 from dcl_core.files import read_bounded
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, grid_points
@@ -112,6 +112,7 @@ def check_trials_fit(spec: StudySpec, workers: int) -> None:
     for grid in spec.grids:
         for point in grid_points({k: v for k, v in grid.items() if k != "seed"}):
             cfg = apply_overrides(spec.base, point)
+            derive(cfg, workers)  # what each trial derives first: its workers split its batch, K negatives exist
             dc = cfg.data
             key = (cfg.device, dc.dataset, dc.train_per_class, cfg.optim.batch_size, dc.image_size, dc.loader)
             if key in seen:

@@ -216,10 +216,22 @@ def test_download_fetches_once_after_the_spec_s_checks_and_is_the_data_root(tmp_
     release = str(resolve_data_root("cifar10", None, False))  # the embedded CIFAR-10 stands for the fetched one
     fetched = []
     monkeypatch.setattr(dcl_core.data, "fetch_dataset", lambda dataset, root: fetched.append(dataset) or release)
-    with pytest.raises(ConfigError, match="loss.tau"):
+    with pytest.raises(ConfigError, match=r"loss\.tau"):
         planned(tmp_path, "--smoke", "--download", "--set", "loss.tau=0.3")
     assert fetched == []
     plan = planned(tmp_path, "--smoke", "--download")
     assert fetched == ["cifar10"]
     assert plan.args.data_root == plan.data_root == plan.spec.base.data.root == release
     assert plan.options.command["data_root"] == release and not plan.spec.base.data.download
+
+
+@pytest.mark.parametrize("workers", ["3", "64"])
+def test_workers_that_do_not_split_the_batch_are_refused_in_one_line_before_ray(tmp_path, workers):
+    """A trial's DDP workers share its batch (32 in the smoke preset): more workers than images in it, or a batch
+    they do not divide, is what every trial would refuse at its start; the plan refuses it once, as a ConfigError
+    (``--workers 64`` was a ZeroDivisionError's traceback, ``--workers 3`` a failure inside each trial and a dry run's
+    estimate of trials that could not run)."""
+    for dry_run in ((), ("--dry-run",)):  # a dry run's estimate split the batch too
+        with pytest.raises(ConfigError, match=rf"optim\.batch_size=32 is not divisible by the {workers} DDP workers"):
+            planned(tmp_path, "--smoke", "--workers", workers, "--num-cpus", "64", *dry_run)
+    assert not (tmp_path / "out").exists()
