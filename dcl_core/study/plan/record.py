@@ -259,26 +259,20 @@ def check_same_script(before: Any, now: Any, study: str, output_dir: Path, doing
                           "script, or give this one another --name")
 
 
-def check_not_moved(output_dir: Path, study: str) -> None:
+def check_not_moved(recorded: RecordedStudy, output_dir: Path, study: str) -> None:
     """ConfigError (one line, saying what does work) when ``--resume`` is asked of a study whose folder was moved or
     copied here from where it ran with the folder's own MLflow store or Tune storage: those keep that folder's
     absolute paths (an MLflow experiment's artifact location cannot be changed), so the study continues only where
     it ran (a study whose store is a server and whose storage lies elsewhere, ``s3://``, resumes from any folder).
-    Here, its answer can be recomputed (into a new MLflow store in the folder) and its encoders exported. Nothing
-    is said when the folder records no options (the resume itself then says what is wrong)."""
-    options_file = summary_dir(output_dir, study) / OPTIONS_FILE
-    if options_file.is_symlink() or not options_file.is_file():
-        return
-    try:
-        recorded = read_options_file(options_file)
-        ran_in = recorded.get("output_dir")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-        return
+    Here, its answer can be recomputed (into a new MLflow store in the folder) and its encoders exported.
+    ``recorded``: what the folder's record says (:func:`read_recorded`); nothing is said when it records no options
+    (the resume itself then says what is wrong)."""
+    ran_in = recorded.output_dir
     if not isinstance(ran_in, str) or Path(ran_in) == output_dir:
         return
     old = Path(ran_in)
     own_store, own_storage = default_tracking_uri(old), str(old / "ray_results")
-    if recorded.get("tracking_uri") != own_store and recorded.get("storage") != own_storage:
+    if recorded.tracking_uri != own_store and recorded.storage != own_storage:
         return  # its MLflow server (or store) and Tune storage lie elsewhere: the folder's own paths do not matter
     ran_in = ran_in if ran_in.isprintable() and len(ran_in) <= 500 else "another folder"  # a planted file's text
     raise ConfigError(
@@ -298,11 +292,16 @@ class RecordedStudy:
         command: the options it last ran with (``--seeds``, the sequential ``design``, …).
         seeds: how many seeds per cell its trials were started with (its ``seed_rounds``), or None.
         looks: seeds per cell after each round (:func:`looks_ran`).
+        output_dir, tracking_uri, storage: where it ran, its MLflow store and its Tune storage, as recorded (any
+            JSON value: the file may come from anyone), for :func:`check_not_moved`.
     """
 
     command: dict[str, Any] = field(default_factory=dict)
     seeds: int | None = None
     looks: tuple[int, ...] = ()
+    output_dir: Any = None
+    tracking_uri: Any = None
+    storage: Any = None
 
 
 def read_recorded(output_dir: Path, study: str) -> RecordedStudy:
@@ -326,7 +325,8 @@ def read_recorded(output_dir: Path, study: str) -> RecordedStudy:
     seeds = None
     if isinstance(rounds, list) and all(isinstance(r, list) and all(isinstance(x, int) for x in r) for r in rounds):
         seeds = len({x for r in rounds for x in r}) or None
-    return RecordedStudy(command, seeds, tuple(looks_ran(rounds) or ()))
+    return RecordedStudy(command, seeds, tuple(looks_ran(rounds) or ()), before.get("output_dir"),
+                         before.get("tracking_uri"), before.get("storage"))
 
 
 def looks_ran(seed_rounds: Any) -> list[int] | None:

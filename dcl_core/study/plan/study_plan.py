@@ -96,7 +96,7 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
         return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
     study = prepare(spec, options, validated=True)  # Script.build validated it
     if options.resume:  # a moved or copied folder: one line saying what works here
-        check_not_moved(study.options.output_dir, spec.name)
+        check_not_moved(recorded, study.options.output_dir, spec.name)
     return StudyPlan(script, args, study.spec, options, data_root, study)
 
 

@@ -56,8 +56,11 @@ def test_a_resume_in_a_moved_folder_is_refused_only_when_the_folder_s_own_paths_
     study with an MLflow server and storage elsewhere resumes from any folder."""
     import json
 
-    from dcl_core.study.plan.record import check_not_moved
+    from dcl_core.study.plan.record import check_not_moved, read_recorded
     from dcl_core.study.plan.storage import default_tracking_uri
+
+    def check(out):
+        check_not_moved(read_recorded(out, "s"), out, "s")
 
     def record(out, **options):
         d = out / "summary" / "s"
@@ -69,16 +72,16 @@ def test_a_resume_in_a_moved_folder_is_refused_only_when_the_folder_s_own_paths_
     here = record(tmp_path / "a", output_dir=str(old), tracking_uri=default_tracking_uri(old),
                   storage=str(old / "ray_results"))
     with pytest.raises(ConfigError, match=f"ran in {old} and this folder is a move or copy") as err:
-        check_not_moved(here, "s")
+        check(here)
     assert f"python -m dcl_core.study answer {here} --name s --tracking-uri sqlite:///{here}/mlflow-here.db" in str(
         err.value) and "\n" not in str(err.value)
     own_storage = record(tmp_path / "b", output_dir=str(old), tracking_uri="http://mlflow:5000",
                          storage=str(old / "ray_results"))
     with pytest.raises(ConfigError, match="move or copy"):
-        check_not_moved(own_storage, "s")
-    check_not_moved(record(tmp_path / "c", output_dir=str(old), tracking_uri="http://mlflow:5000",
-                           storage="s3://bucket/studies"), "s")  # nothing of the old folder: resumes here
-    check_not_moved(record(tmp_path / "d", output_dir=str((tmp_path / "d").resolve())), "s")  # not moved
+        check(own_storage)
+    check(record(tmp_path / "c", output_dir=str(old), tracking_uri="http://mlflow:5000",
+                 storage="s3://bucket/studies"))  # nothing of the old folder: resumes here
+    check(record(tmp_path / "d", output_dir=str((tmp_path / "d").resolve())))  # not moved
     planted = record(tmp_path / "e", output_dir="/old\x1b[2J", tracking_uri=default_tracking_uri(Path("/old\x1b[2J")))
     with pytest.raises(ConfigError, match="ran in another folder"):
-        check_not_moved(planted, "s")
+        check(planted)

@@ -75,23 +75,26 @@ def test_the_plans_design_is_recorded_with_its_command(tmp_path):
 
 
 def test_a_resume_reads_the_study_s_record_once(tmp_path, monkeypatch):
-    """Its seeds, its design and the rounds it ran come from one reading of ``study_options.json`` (it was read
-    three times, by three functions that each opened and checked it)."""
-    from dcl_core.study.plan import record
-    from dcl_core.study.plan.storage import OPTIONS_FILE, summary_dir
+    """Its seeds, its design, the rounds it ran and where it ran (a moved folder's check) come from one reading of
+    ``study_options.json``, for a dry run and for the run itself (it was read three times, by three functions that
+    each opened and checked it, then twice: the moved folder's check opened it again)."""
+    from dcl_core.study.plan import record, storage
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's signing key
     first = planned(tmp_path, *ROUNDS)
-    path = summary_dir(tmp_path / "out", "temperature_sweep") / OPTIONS_FILE
+    path = storage.summary_dir(tmp_path / "out", "temperature_sweep") / storage.OPTIONS_FILE
     path.parent.mkdir(parents=True)
     command = {**first.options.command, "seeds": 3}
-    record.write_record(path, {"spec": {}, "command": command, "seed_rounds": [[0, 1], [2]]})
+    record.write_record(path, {"spec": {}, "command": command, "seed_rounds": [[0, 1], [2]],
+                               "output_dir": str((tmp_path / "out").resolve())})
     reads = []
-    real = record.read_options
-    monkeypatch.setattr(record, "read_options", lambda p: reads.append(p) or real(p))
-    plan = planned(tmp_path, *ROUNDS, "--resume", "--dry-run")
-    assert reads == [path]
-    assert plan.args.seeds == 3 and plan.spec.design.looks == (2, 3, 4)
+    real = storage.read_bounded
+    monkeypatch.setattr(storage, "read_bounded", lambda p, n: reads.append(Path(p)) or real(p, n))
+    for dry_run in (("--dry-run",), ()):
+        reads.clear()
+        plan = planned(tmp_path, *ROUNDS, "--resume", *dry_run)
+        assert reads == [path.resolve()]
+        assert plan.args.seeds == 3 and plan.spec.design.looks == (2, 3, 4)
 
 
 def test_a_script_that_names_its_study_otherwise_than_name_is_one_line_before_anything(tmp_path):
