@@ -209,6 +209,25 @@ def test_a_study_writing_among_the_images_its_trials_read_is_refused(tmp_path, w
     assert not inside.exists()
 
 
+@pytest.mark.parametrize("argv", [(), ("--download",), ("--dry-run", "--download"), ("--reanalyze",)])
+def test_a_study_s_spec_is_built_and_validated_once(tmp_path, monkeypatch, argv):
+    """The script's build_spec runs once and the spec is validated once, --download included (its spec was built,
+    the data fetched, and the spec built and validated again with the fetched root)."""
+    import dcl_core.data
+    from dcl_core.data import resolve_data_root
+    from dcl_core.study.plan import script as script_module
+
+    monkeypatch.setattr(dcl_core.data, "fetch_dataset", lambda dataset, root: resolve_data_root(dataset, None, False))
+    s = script()
+    calls = []
+    s = replace(s, build_spec=lambda args, _build=s.build_spec: calls.append("build") or _build(args))
+    validate = script_module.validate_spec
+    monkeypatch.setattr(script_module, "validate_spec", lambda spec: calls.append("validate") or validate(spec))
+    ns = build_parser(s.doc, s.name, s.presets).parse_args(["--output-dir", str(tmp_path / "out"), "--smoke", *argv])
+    prepare_plan(s, request_of(ns))
+    assert calls == ["build", "validate"]
+
+
 def test_download_fetches_once_after_the_spec_s_checks_and_is_the_data_root(tmp_path, monkeypatch):
     """``--download``: the release is fetched once (trials only read it), after every check of the spec (a bad
     ``--set`` costs no download), and is then the study's data root in its arguments (what a resume repeats) and in
