@@ -75,22 +75,22 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
     args, recorded = request.args_to_run()
     spec = script.build(args, fetch=True)
-    if args.download and not args.reanalyze:  # the release fetched is the data root, as if given with --data-root
-        args = replace(args, data_root=spec.base.data.root)  # (so that the same command line resumes the study)
-    options = replace(request.options, command=script.command(args))
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
+        options = replace(request.options, command=script.command(args))
         check_same_script(recorded.command, options.command, spec.name, options.output_dir, "--reanalyze")
         return StudyPlan(script, args, spec, options, recorded=recorded.command)
-    root, local_problems = trial_data_root(spec, options, args.dry_run)
+    if args.download:  # the release fetched is the data root, as if given with --data-root (so that the same
+        args = replace(args, data_root=spec.base.data.root)  # command line resumes the study)
+    root, local_problems = trial_data_root(spec, request.options, args.dry_run)
     data_root = str(Path(root).expanduser().resolve()) if root is not None else None
     if data_root is not None:
         spec = with_base(spec, {"data.root": data_root})
     wall_seconds_at: Callable[[int], float | None] = lambda n: None  # noqa: E731
     if args.until_resolved:
-        design, wall_seconds_at = _plan_design(script, args, spec, options, data_root, recorded.looks)
+        design, wall_seconds_at = _plan_design(script, args, spec, request.options, data_root, recorded.looks)
         args = replace(args, design=rounds.to_record(design))
-        options = replace(options, command=script.command(args))
         spec = replace(spec, design=design)
+    options = replace(request.options, command=script.command(args))  # recorded once its arguments are final
     if args.dry_run:
         lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at)
         return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
