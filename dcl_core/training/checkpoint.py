@@ -120,7 +120,18 @@ def load_checkpoint(
         raise CheckpointError(path, _load_failure(err)) from None
     _check_contents(path, state)
     check_model_fits(_stored_model(path, state["config"]), state, path)
+    if not mmap:  # a look at the config and epoch reads no weight
+        _check_finite(path, state["model"])
     return state
+
+
+def _check_finite(path: Path, weights: dict[str, Any]) -> None:
+    """CheckpointError naming the first weight holding NaN or an infinity: training stops at a non-finite loss
+    before it saves, so such a file was changed since, and its accuracy or exported encoder would mean nothing."""
+    for name, t in weights.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(path, f"its weight {name} holds NaN or infinite values, which training never "
+                                        "saves")
 
 
 def _stored_model(path: Path, config: dict[str, Any]) -> Config:
@@ -189,6 +200,8 @@ def _check_contents(path: Path, state: Any) -> None:
     for key, kind in REQUIRED.items():
         if not isinstance(state.get(key), kind):
             raise CheckpointError(path, f"{key!r} is missing or not a {kind.__name__}")
+    if state["epoch"] < 0:
+        raise CheckpointError(path, f"its epoch is {state['epoch']}, not a count of epochs trained")
 
 
 def check_resumable(cfg: Config, state: dict[str, Any], path: Path) -> None:

@@ -77,6 +77,32 @@ def test_the_stored_model_is_read_as_a_checkpoint_s_not_as_a_command_line(tmp_pa
     assert load_checkpoint(_checkpoint(tmp_path / "old.pt", {"model.retired_key": 3}))["epoch"] == 1
 
 
+def _tampered(path: Path, value: float = float("nan"), epoch: int = 1) -> Path:
+    """A checkpoint of the smoke model whose first weight holds ``value`` everywhere and whose epoch is ``epoch``."""
+    cfg = apply_overrides(preset("smoke"), SMOKE)
+    name, weight = next((k, v) for k, v in build_model(cfg).state_dict().items() if v.is_floating_point())
+    state = load_checkpoint(_checkpoint(path, {}, {name: torch.full_like(weight, value)}), mmap=True)
+    return save_checkpoint({**state, "epoch": epoch}, path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_that_are_not_finite_are_refused_where_they_are_used(tmp_path: Path, value: float) -> None:
+    """``evaluate`` reported chance accuracy for a file whose weights were NaN, and ``export`` wrote them out as an
+    encoder; training stops at a non-finite loss before it saves, so such a file was changed since: refused in one
+    line naming the first such weight. A look at the config alone (``mmap``: a resume's check) reads no weight."""
+    path = _tampered(tmp_path / "checkpoint.pt", value)
+    with pytest.raises(CheckpointError, match=r"\(its weight backbone\.conv1\.weight holds NaN or infinite values"):
+        load_checkpoint(path)
+    assert load_checkpoint(path, mmap=True)["epoch"] == 1
+
+
+def test_a_negative_epoch_is_refused(tmp_path: Path) -> None:
+    """The epochs a checkpoint has trained: a resume started from epoch -5 and ran 5 epochs more than asked."""
+    with pytest.raises(CheckpointError, match=r"\(its epoch is -5, not a count of epochs trained\)"):
+        load_checkpoint(_tampered(tmp_path / "checkpoint.pt", 0.5, epoch=-5))
+    assert load_checkpoint(_tampered(tmp_path / "zero.pt", 0.5, epoch=0))["epoch"] == 0
+
+
 def _limited() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (LIMIT, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
@@ -106,6 +132,15 @@ def test_evaluate_export_and_study_export_refuse_it_in_one_line(tmp_path: Path) 
     (trial / "checkpoint.pt").write_bytes(path.read_bytes())
     _one_line(_run("-m", "dcl_core.study", "export", str(study), "--best", "-o", str(tmp_path / "best.pt")), needle)
     assert not (tmp_path / "out.pt").exists() and not (tmp_path / "best.pt").exists()
+
+
+@pytest.mark.slow  # two commands in subprocesses
+def test_evaluate_and_export_refuse_weights_that_are_not_finite_in_one_line(tmp_path: Path) -> None:
+    path = _tampered(tmp_path / "checkpoint.pt")
+    needle = "its weight backbone.conv1.weight holds NaN or infinite values"
+    _one_line(_run("-m", "dcl_core.evaluate", str(path), "--device", "cpu"), needle)
+    _one_line(_run("-m", "dcl_core.export", str(path), "-o", str(tmp_path / "out.pt")), needle)
+    assert not (tmp_path / "out.pt").exists()
 
 
 @pytest.mark.slow  # runs evaluate in a subprocess
