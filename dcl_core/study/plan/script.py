@@ -49,7 +49,8 @@ class Script:
         """The spec ``args`` describe, validated: the script's spec with its question as description, the
         recorded or planned sequential design and, when given, the data root the trials read. ``fetch``: with
         ``--download`` (and not re-analysing), the torchvision release is fetched here, once (trials only read it),
-        and is the data root; a dry run names it, fetching nothing, and its pre-flight downloads."""
+        and is the data root; a dry run only names where it would go, and its checks take the data as still to be
+        downloaded (``data.download``)."""
         spec = self.build_spec(args)
         if spec.name != args.name:  # its record, a resume and `answer` are found under --name: one place
             raise ConfigError(f"{self.name}'s build_spec named its study {spec.name!r}, not {args.name!r} (--name, "
