@@ -19,12 +19,14 @@ if TYPE_CHECKING:
 MAX_TRIAL_LINES = 16  # a dry run lists an experiment's cells one per line up to this many, else summarizes them
 
 
-def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_problems: list[str]) -> list[str]:
+def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_problems: list[str],
+                  rates: dict[tuple[Any, ...], Rate] | None = None) -> list[str]:
     """What ``--dry-run`` prints: the trials (grouped by seed), their resources, totals, and the estimated cost
-    with its assumptions (:mod:`dcl_core.study.plan.cost`). Times a few training steps; starts nothing."""
+    with its assumptions (:mod:`dcl_core.study.plan.cost`). Times a few training steps (each model's once, kept in
+    ``rates`` when given); starts nothing."""
     from dcl_core.study.plan import cost  # its FLOP counts import torch: only for a dry run
 
-    plans, rates, est, slots = estimate_study(spec, options)
+    plans, rates, est, slots = estimate_study(spec, options, rates)
     res, cpus = options.resources, options.num_cpus or os.cpu_count() or 1
     upto = "at most " if options.asha else ""
 
@@ -93,10 +95,12 @@ def _notes(spec: StudySpec, options: StudyOptions, plans: list[ExperimentPlan], 
     return notes
 
 
-def estimate_study(spec: StudySpec, options: StudyOptions
+def estimate_study(spec: StudySpec, options: StudyOptions, rates: dict[tuple[Any, ...], Rate] | None = None
                    ) -> tuple[list[ExperimentPlan], dict[tuple[Any, ...], Rate], Estimate, int]:
     """(the plans, each model's CPU rate measured now, the cost estimate, trials at a time) of ``spec`` run with
-    ``options`` on this machine (:mod:`dcl_core.study.plan.cost`). Times a few training steps; starts nothing."""
+    ``options`` on this machine (:mod:`dcl_core.study.plan.cost`). Times a few training steps of each model whose
+    rate ``rates`` does not hold yet, and adds it there (one plan's estimates share one measurement); starts
+    nothing."""
     # The models, the trainer and FlopCounterMode: only an estimate needs them, a real run loads them in its trials.
     from dcl_core.study.plan import cost, flops
 
@@ -106,7 +110,7 @@ def estimate_study(spec: StudySpec, options: StudyOptions
         sizes_of=lambda c: cost.data_sizes(c.data.dataset, c.data.root, c.data.train_per_class,
                                            c.data.test_per_class),
         flops_of=flops.default_flops_of)
-    rates: dict[tuple[Any, ...], flops.Rate] = {}
+    rates = {} if rates is None else rates
     for group in (g for plan in plans for g in plan.groups):
         if cost.model_key(group.cfg) not in rates:
             rates[cost.model_key(group.cfg)] = flops.default_rate_of(group.cfg, group.flops, res.num_workers,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan.args import StudyArgs, StudyRequest
@@ -24,6 +24,9 @@ from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.script import Script
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, tune_experiments, with_asha, with_base
 from dcl_core.study.plan.storage import check_output_dir, storage_exists, storage_join
+
+if TYPE_CHECKING:
+    from dcl_core.study.plan.flops import Rate  # torch: only a dry run's estimate measures a rate
 
 QUESTION_OPTIONS = ("compare", "statistic", "at", "claim", "effect_of_interest")  # what asks a study's question
 
@@ -86,13 +89,14 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     if data_root is not None:
         spec = with_base(spec, {"data.root": data_root})
     wall_seconds_at: Callable[[int], float | None] = lambda n: None  # noqa: E731
+    rates: dict[tuple[Any, ...], Rate] = {}  # the CPU's rate of each model, measured once for every estimate
     if args.until_resolved:
-        design, wall_seconds_at = _plan_design(script, args, spec, request.options, data_root, recorded.looks)
+        design, wall_seconds_at = _plan_design(script, args, spec, request.options, data_root, recorded.looks, rates)
         args = replace(args, design=rounds.to_record(design))
         spec = replace(spec, design=design)
     options = replace(request.options, command=script.command(args))  # recorded once its arguments are final
     if args.dry_run:
-        lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at)
+        lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at, rates)
         return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
     study = prepare(spec, options, validated=True)  # Script.build validated it
     if options.resume:  # a moved or copied folder: one line saying what works here
@@ -110,11 +114,13 @@ def another_question(args: StudyArgs, recorded: Mapping[str, Any]) -> bool:
 
 
 def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: StudyOptions, data_root: str | None,
-                 looks: tuple[int, ...]) -> tuple[Any, Callable[[int], float | None]]:
+                 looks: tuple[int, ...], rates: dict[tuple[Any, ...], Rate]
+                 ) -> tuple[Any, Callable[[int], float | None]]:
     """The ``--until-resolved`` design, fixed before the first look, and the estimated wall-clock seconds of the
-    study at ``n`` seeds per cell (what --dry-run's worst case prints); ``looks``: the rounds a resumed study ran."""
+    study at ``n`` seeds per cell (what --dry-run's worst case prints); ``looks``: the rounds a resumed study ran;
+    ``rates``: the CPU's rates measured so far, shared by every estimate of the plan."""
     def wall_seconds_at(n: int) -> float | None:
-        return estimate_study(script.build(replace(args, seeds=n), data_root), options)[2].wall_seconds
+        return estimate_study(script.build(replace(args, seeds=n), data_root), options, rates)[2].wall_seconds
 
     first = len(grid_seeds(spec) or ())
     design = rounds.plan(spec, args.design, args.max_seeds, args.max_minutes, args.seeds_per_round,
@@ -124,13 +130,13 @@ def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: Stud
 
 
 def _dry_run_lines(spec: StudySpec, options: StudyOptions, args: StudyArgs, local_problems: list[str],
-                   wall_seconds_at: Callable[[int], float | None]) -> list[str]:
+                   wall_seconds_at: Callable[[int], float | None], rates: dict[tuple[Any, ...], Rate]) -> list[str]:
     """What the study would run and cost: no Ray, nothing written. A user loss is checked as the real run checks it
     (it imports, takes its arguments, gives a finite loss and gradient on a small batch)."""
     spec = with_asha(spec, options.asha)
     check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
     check_user_losses(spec)
-    lines = dry_run_lines(spec, options, args.preset, local_problems)
+    lines = dry_run_lines(spec, options, args.preset, local_problems, rates)
     lines += _existing_study_lines(spec, options)
     if args.until_resolved:
         assert spec.design is not None

@@ -257,3 +257,17 @@ def test_workers_that_do_not_split_the_batch_are_refused_in_one_line_before_ray(
         with pytest.raises(ConfigError, match=rf"optim\.batch_size=32 is not divisible by the {workers} DDP workers"):
             planned(tmp_path, "--smoke", "--workers", workers, "--num-cpus", "64", *dry_run)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dry_run_measures_the_cpu_s_rate_once(tmp_path, monkeypatch):
+    """``--until-resolved --dry-run`` estimates the study at its first look (the design's pace), at its worst case
+    and as the dry run's own estimate: one measured rate for all three (each estimate measured it again, so one
+    printout mixed three measurements of the same rate)."""
+    from dcl_core.study.plan import flops
+
+    measured = []
+    real = flops.measure_flop_rate
+    monkeypatch.setattr(flops, "measure_flop_rate", lambda *a, **k: measured.append(1) or real(*a, **k))
+    plan = planned(tmp_path, "--smoke", "--seeds", "2", "--until-resolved", "--max-minutes", "30", "--dry-run")
+    assert any("worst case" in line for line in plan.dry_run)
+    assert len(measured) == 1
