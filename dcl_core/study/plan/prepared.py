@@ -45,12 +45,18 @@ class PreparedStudy:
         return summary_dir(self.options.output_dir, self.spec.name)
 
 
-def prepare(spec: StudySpec, options: StudyOptions, *, validated: bool = False) -> PreparedStudy:
+def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     """The study ``spec`` and ``options`` ask for, checked before Ray starts: ConfigError (one line) for a bad spec
-    (unless ``validated`` says a study script's build has just checked it), a trial no local Ray could fit, an
-    unusable output folder or storage, or a link where the study writes."""
-    if not validated:
-        validate_spec(spec)
+    (:func:`~dcl_core.study.plan.spec.validate_spec`), then as :func:`prepare_built`. The entry for a spec made by
+    hand; a study script's plan, whose build has validated its spec, calls :func:`prepare_built`."""
+    validate_spec(spec)
+    return prepare_built(spec, options)
+
+
+def prepare_built(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
+    """A validated ``spec`` prepared to run with ``options``, checked before Ray starts: ConfigError (one line)
+    for a user loss that fails its pre-flight, a trial no local Ray could fit, an unusable output folder or
+    storage, or a link where the study writes."""
     spec = replace(spec, loss_sources=check_user_losses(spec))
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)

@@ -18,7 +18,7 @@ from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan.args import StudyArgs, StudyRequest
 from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
-from dcl_core.study.plan.prepared import PreparedStudy, check_user_losses, prepare
+from dcl_core.study.plan.prepared import PreparedStudy, check_user_losses, prepare_built
 from dcl_core.study.plan.record import check_not_moved, check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.script import Script
@@ -98,7 +98,7 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     if args.dry_run:
         lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at, rates)
         return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
-    study = prepare(spec, options, validated=True)  # Script.build validated it
+    study = prepare_built(spec, options)  # Script.build validated it
     if options.resume:  # a moved or copied folder: one line saying what works here
         check_not_moved(recorded, study.options.output_dir, spec.name)
     return StudyPlan(script, args, study.spec, options, data_root, study)
