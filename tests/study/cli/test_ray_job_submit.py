@@ -207,12 +207,14 @@ def test_a_local_study_does_not_attach_to_a_head_running_on_the_machine(tmp_path
                              f"--port={gcs}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 180
-        while subprocess.run([str(BIN / "ray"), "status", "--address", f"127.0.0.1:{gcs}"], env=env,
-                             capture_output=True).returncode != 0:
+        deadline, current = time.monotonic() + 180, temp / "ray" / "ray_current_cluster"
+        # up: it answers, and `ray start` has recorded it as the last head started here (read as soon as the head
+        # first answered, that file was once missing on a loaded machine)
+        while not current.is_file() or subprocess.run([str(BIN / "ray"), "status", "--address", f"127.0.0.1:{gcs}"],
+                                                      env=env, capture_output=True).returncode != 0:
             assert time.monotonic() < deadline and head.poll() is None, "the head did not come up"
             time.sleep(2)
-        assert (temp / "ray" / "ray_current_cluster").read_text().endswith(f":{gcs}")  # what ray.init() would take
+        assert current.read_text().endswith(f":{gcs}")  # what ray.init() would take
         probe = subprocess.run(
             [sys.executable, "-c", "from dcl_core.study import init_ray; import ray; init_ray(None, 1); "
              "print(ray.get_runtime_context().gcs_address, ray.cluster_resources()['CPU'])"],
