@@ -11,21 +11,25 @@ from typing import TYPE_CHECKING, Any
 from dcl_core.study.analysis.columns import fmt_x
 from dcl_core.study.plan.run_options import DDP_TRIAL_CPU, StudyOptions
 from dcl_core.study.plan.spec import StudySpec
+from dcl_core.study.plan.storage import storage_exists, storage_join
 
 if TYPE_CHECKING:
     from dcl_core.study.plan.cost import Estimate, ExperimentPlan, TrialWork
     from dcl_core.study.plan.flops import Rate
+    from dcl_core.study.plan.prepared import PreparedStudy
 
 MAX_TRIAL_LINES = 16  # a dry run lists an experiment's cells one per line up to this many, else summarizes them
 
 
-def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_problems: list[str],
+def dry_run_lines(study: PreparedStudy, preset: str, local_problems: list[str],
                   rates: dict[tuple[Any, ...], Rate] | None = None) -> list[str]:
-    """What ``--dry-run`` prints: the trials (grouped by seed), their resources, totals, and the estimated cost
-    with its assumptions (:mod:`dcl_core.study.plan.cost`). Times a few training steps (each model's once, kept in
-    ``rates`` when given); starts nothing."""
+    """What ``--dry-run`` prints of the ``study`` its plan prepared: the trials (grouped by seed), their resources,
+    totals, the estimated cost with its assumptions (:mod:`dcl_core.study.plan.cost`), and a note when the study
+    already has output where it would write. Times a few training steps (each model's once, kept in ``rates`` when
+    given); starts nothing."""
     from dcl_core.study.plan import cost  # its FLOP counts import torch: only for a dry run
 
+    spec, options = study.spec, study.options
     plans, rates, est, slots = estimate_study(spec, options, rates)
     res, cpus = options.resources, options.num_cpus or os.cpu_count() or 1
     upto = "at most " if options.asha else ""
@@ -42,7 +46,7 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_pro
                f"images (2 views each), kNN evaluations over {upto}{est.eval_images:,} images")
     sources = sorted({g.sizes.source for plan in plans for g in plan.groups})
     out.append(f"images: {'; '.join(sources)}")
-    out.append(f"writes: {options.resolved().output_dir} (--output-dir)")
+    out.append(f"writes: {options.output_dir} (--output-dir)")
     for q in spec.questions:  # what the answer will say something of (the user's own claim, or the paper's)
         whose = "your claim" if q.own else "the paper's claim"
         out.append(f"asks: {q.claim} ({q.statistic.name}, {q.better} vs {q.base or q.better}; {whose})")
@@ -71,7 +75,18 @@ def dry_run_lines(spec: StudySpec, options: StudyOptions, preset: str, local_pro
         need = res.num_workers * res.cpus_per_worker + (DDP_TRIAL_CPU if res.num_workers > 1 else 0.0)
         local_problems = [*local_problems, f"one trial needs {need:g} CPUs and the local Ray has {cpus:g} "
                                            "(--num-cpus)"]
-    return [*out, "notes:", *(f"  - {n}" for n in _notes(spec, options, plans, local_problems))]
+    return [*out, "notes:", *(f"  - {n}" for n in _notes(spec, options, plans, local_problems)),
+            *_existing_study_lines(study)]
+
+
+def _existing_study_lines(study: PreparedStudy) -> list[str]:
+    """A dry run's note that the study already has output where the real run would write (which refuses it
+    without --resume or --overwrite)."""
+    existing = [u for u in (storage_join(study.storage, e.name) for e in study.experiments) if storage_exists(u)]
+    if not existing or study.options.resume or study.options.overwrite:
+        return []
+    return ["", f"note: study output exists at {existing[0]}: this command would be refused; add --resume to "
+                "continue it (with a larger --seeds: only its new seeds run) or --overwrite to replace it"]
 
 
 def _notes(spec: StudySpec, options: StudyOptions, plans: list[ExperimentPlan], local_problems: list[str]

@@ -13,7 +13,7 @@ from dcl_core.config import LossSource, loss_reference
 from dcl_core.losscheck.isolation import preflight_isolated
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.spec import StudySpec, TuneExperiment, grid_points, tune_experiments, validate_spec, with_asha
-from dcl_core.study.plan.storage import check_output, study_entries, summary_dir
+from dcl_core.study.plan.storage import check_output, check_output_dir, study_entries, summary_dir
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +53,27 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
     return prepare_built(spec, options)
 
 
-def prepare_built(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
+def prepare_built(spec: StudySpec, options: StudyOptions, *, dry_run: bool = False) -> PreparedStudy:
     """A validated ``spec`` prepared to run with ``options``, checked before Ray starts: ConfigError (one line)
     for a user loss that fails its pre-flight, a trial no local Ray could fit, an unusable output folder or
-    storage, or a link where the study writes."""
+    storage, or a link where the study writes. ``dry_run``: the study a dry run prints, prepared the same way but
+    for what its printout reports rather than refuses (a trial the local Ray cannot fit) or leaves unchecked (the
+    Ray storage, links in the folder): nothing is created either way."""
     spec = replace(spec, loss_sources=check_user_losses(spec))
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
-    if spec.base.eval.knn_every != knn_every:
+    if spec.base.eval.knn_every != knn_every and not dry_run:
         log.info("ASHA: measuring kNN every epoch (eval.knn_every %d -> 1)", knn_every)
     local = options.cluster is None
-    if local:
+    if local and not dry_run:
         options.resources.check_fits(options.num_cpus or os.cpu_count() or 1)
     options = options.resolved()
     assert options.storage is not None
     experiments = tuple(tune_experiments(spec))
-    check_output(options.output_dir, options.storage, study_entries(spec.name, (e.name for e in experiments)))
+    if dry_run:
+        check_output_dir(options.output_dir)
+    else:
+        check_output(options.output_dir, options.storage, study_entries(spec.name, (e.name for e in experiments)))
     return PreparedStudy(spec, options, experiments, local)
 
 

@@ -1,10 +1,11 @@
 """A study request, prepared once: :func:`prepare_plan` turns a script and its parsed request into a :class:`StudyPlan`,
 making every step that needs neither Ray nor the MLflow store, in order, once: the options checked, a resume's or
-re-analysis's recorded seeds and design, ``--download``'s data, the spec (the script's science, its question, its
-sequential design), the trials' data root, ``--until-resolved``'s design, and then either what ``--dry-run``
-prints or the :class:`~dcl_core.study.plan.prepared.PreparedStudy` that runs (user losses, fit, folder, storage,
-links, a moved folder). Execution (:mod:`dcl_core.study.execution.rounds`) receives the plan and nothing else; a
-round of ``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back into the command line.
+re-analysis's recorded seeds and design (a moved folder refused), ``--download``'s data, the spec (the script's
+science, its question, its sequential design), the trials' data root, ``--until-resolved``'s design, and the
+:class:`~dcl_core.study.plan.prepared.PreparedStudy` (user losses, fit, folder, storage, links), which runs or
+which ``--dry-run`` prints, prepared the same way. Execution (:mod:`dcl_core.study.execution.rounds`) receives
+the plan and nothing else; a round of ``--until-resolved`` is :meth:`StudyPlan.next_round`, not a call back into
+the command line.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from dcl_core.study.plan import design as rounds
 from dcl_core.study.plan.args import StudyArgs, StudyRequest
 from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
-from dcl_core.study.plan.prepared import PreparedStudy, check_user_losses, prepare_built
-from dcl_core.study.plan.record import check_not_moved, check_same_script
+from dcl_core.study.plan.prepared import PreparedStudy, prepare_built
+from dcl_core.study.plan.record import check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.script import Script
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, tune_experiments, with_asha, with_base
-from dcl_core.study.plan.storage import check_output_dir, storage_exists, storage_join
 
 if TYPE_CHECKING:
     from dcl_core.study.plan.flops import Rate  # torch: only a dry run's estimate measures a rate
@@ -95,12 +95,13 @@ def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
         args = replace(args, design=rounds.to_record(design))
         spec = replace(spec, design=design)
     options = replace(request.options, command=script.command(args))  # recorded once its arguments are final
-    if args.dry_run:
-        lines = _dry_run_lines(spec, options, args, local_problems, wall_seconds_at, rates)
-        return StudyPlan(script, args, spec, options, data_root, dry_run=tuple(lines))
-    study = prepare_built(spec, options)  # Script.build validated it
-    if options.resume:  # a moved or copied folder: one line saying what works here
-        check_not_moved(recorded, study.options.output_dir, spec.name)
+    study = prepare_built(spec, options, dry_run=args.dry_run)  # Script.build validated it
+    if args.dry_run:  # what the study would run and cost: no Ray, nothing written
+        lines = dry_run_lines(study, args.preset, local_problems, rates)
+        if args.until_resolved:
+            assert spec.design is not None
+            lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
+        return StudyPlan(script, args, study.spec, options, data_root, dry_run=tuple(lines))
     return StudyPlan(script, args, study.spec, options, data_root, study)
 
 
@@ -127,29 +128,3 @@ def _plan_design(script: Script, args: StudyArgs, spec: StudySpec, options: Stud
                          lambda: (w / first if (w := wall_seconds_at(first)) else None),
                          looks if options.resume else ())
     return design, wall_seconds_at
-
-
-def _dry_run_lines(spec: StudySpec, options: StudyOptions, args: StudyArgs, local_problems: list[str],
-                   wall_seconds_at: Callable[[int], float | None], rates: dict[tuple[Any, ...], Rate]) -> list[str]:
-    """What the study would run and cost: no Ray, nothing written. A user loss is checked as the real run checks it
-    (it imports, takes its arguments, gives a finite loss and gradient on a small batch)."""
-    spec = with_asha(spec, options.asha)
-    check_output_dir(options.resolved().output_dir)  # checked only: nothing is created
-    check_user_losses(spec)
-    lines = dry_run_lines(spec, options, args.preset, local_problems, rates)
-    lines += _existing_study_lines(spec, options)
-    if args.until_resolved:
-        assert spec.design is not None
-        lines += rounds.dry_run_lines(spec.design, args.max_minutes, wall_seconds_at)
-    return lines
-
-
-def _existing_study_lines(spec: StudySpec, options: StudyOptions) -> list[str]:
-    """A dry run's note that the study already has output where the real run would write (which refuses it
-    without --resume or --overwrite)."""
-    storage = options.resolved().storage
-    existing = [u for u in (storage_join(str(storage), e.name) for e in tune_experiments(spec)) if storage_exists(u)]
-    if not existing or options.resume or options.overwrite:
-        return []
-    return ["", f"note: study output exists at {existing[0]}: this command would be refused; add --resume to "
-                "continue it (with a larger --seeds: only its new seeds run) or --overwrite to replace it"]

@@ -17,6 +17,7 @@ from dcl_core.study.analysis.columns import KNN_TOP1, SERIES, STATUS, Status
 from dcl_core.study.execution.search_findings import best_per_cell, best_rows
 from dcl_core.study.plan.checks import check_ray_address
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
+from dcl_core.study.plan.prepared import prepare_built
 from dcl_core.study.plan.record import (
     check_same_study,
     read_options,
@@ -215,7 +216,7 @@ def test_the_dry_runs_totals_count_the_grid(tmp_path):
     options = StudyOptions(tmp_path / "out", num_cpus=2).resolved()
     _, _, est, slots = estimate_study(spec, options)
     assert (est.trials, est.epochs) == (4, 4 * epochs) and slots >= 1 and est.wall_seconds > 0
-    lines = dry_run_lines(spec, options, "smoke", [])
+    lines = dry_run_lines(prepare_built(spec, options, dry_run=True), "smoke", [])
     assert lines[0] == "dry run of study s (preset smoke, grid): nothing was started or written"
     assert any(line.startswith(f"total: 4 trials, {4 * epochs} epochs") for line in lines)
     assert not (tmp_path / "out").exists()

@@ -129,7 +129,6 @@ def test_sync_asks_for_the_server_instead_of_following_the_recorded_one(tmp_path
 
 
 @pytest.mark.slow  # MLflow stores and a re-analysis: ~9 s
-@needs_data  # its --resume is refused after the data is found
 def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys):
     """Issue reproduction: ``cp -a OUT OUT2; answer OUT2`` changed ``OUT/mlflow.db`` and its artifacts; ``mv OUT
     OUT3; answer OUT3`` recreated ``OUT/mlflow.db`` at the old path."""
@@ -144,7 +143,7 @@ def test_a_copied_or_moved_folder_never_writes_to_the_original(tmp_path, capsys)
     assert len(err.splitlines()) == 1 and "outside" in err and str(out / "mlartifacts") in err
     assert _digest(out) == before
     # --resume (or extending it with more seeds) in the copy: one line saying where it continues and what works
-    # here, before Ray starts; the line's answer command is the one run next
+    # here, before the spec is built (no data needed) or Ray starts; the line's answer command is the one run next
     proc = subprocess.run([sys.executable, str(REPO / "studies" / f"{STUDY}.py"), "--smoke", "--output-dir",
                            str(copy), "--resume", "--seeds", "3"], capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

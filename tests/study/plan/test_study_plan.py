@@ -97,6 +97,25 @@ def test_a_resume_reads_the_study_s_record_once(tmp_path, monkeypatch):
         assert plan.args.seeds == 3 and plan.spec.design.looks == (2, 3, 4)
 
 
+def test_a_resume_of_a_moved_folder_is_refused_before_the_spec_is_built(tmp_path, monkeypatch):
+    """A real ``--resume`` of a folder moved here from where it ran (its own Tune storage) is one line before the
+    spec is built, so before ``--download`` fetches anything (it was refused last, after the data and every other
+    check); a dry run still prints what the study would run."""
+    from dcl_core.study.plan import record, storage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's signing key
+    first = planned(tmp_path, "--smoke")
+    path = storage.summary_dir(tmp_path / "out", "temperature_sweep") / storage.OPTIONS_FILE
+    path.parent.mkdir(parents=True)
+    ran_in = tmp_path / "where_it_ran"
+    record.write_record(path, {"spec": {}, "command": first.options.command, "seed_rounds": [[0, 1]],
+                               "output_dir": str(ran_in), "storage": str(ran_in / "ray_results")})
+    assert planned(tmp_path, "--smoke", "--resume", "--dry-run").dry_run
+    monkeypatch.setattr(Script, "build", lambda *a, **k: pytest.fail("the spec was built"))
+    with pytest.raises(ConfigError, match=f"^--resume: study temperature_sweep ran in {ran_in} "):
+        planned(tmp_path, "--smoke", "--resume", "--download")
+
+
 def test_a_script_that_names_its_study_otherwise_than_name_is_one_line_before_anything(tmp_path):
     """A copied script whose build_spec writes its own name (not ``args.name``) would record its study under one
     name and look for it under another on --resume and `answer`: refused, saying what to pass."""
