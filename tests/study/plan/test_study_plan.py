@@ -247,6 +247,17 @@ def test_a_study_s_spec_is_built_and_validated_once(tmp_path, monkeypatch, argv)
     assert calls == ["build", "validate"]
 
 
+@pytest.mark.parametrize("argv", [(), ("--reanalyze",), ROUNDS[1:], (*ROUNDS[1:], "--dry-run")])
+def test_the_command_s_record_is_made_once_with_its_final_arguments(tmp_path, monkeypatch, argv):
+    """The plan records the command once on every path, when its arguments are final (with --until-resolved it
+    was recorded after the build and again after the design): the record holds the design."""
+    made = []
+    command = Script.command
+    monkeypatch.setattr(Script, "command", lambda self, args: made.append(args) or command(self, args))
+    plan = planned(tmp_path, "--smoke", *argv)
+    assert made == [plan.args] and plan.options.command == command(plan.script, plan.args)
+
+
 def test_download_fetches_once_after_the_spec_s_checks_and_is_the_data_root(tmp_path, monkeypatch):
     """``--download``: the release is fetched once (trials only read it), after every check of the spec (a bad
     ``--set`` costs no download), and is then the study's data root in its arguments (what a resume repeats) and in
