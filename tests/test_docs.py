@@ -31,8 +31,8 @@ COMMAND = re.compile(r"(?<![\w/.-])python3? +(?:(?P<script>(?:studies|benchmarks
 # Where a shell command ends: a pipe, a list, a redirection, a comment, a background `&`.
 END = re.compile(r"\s(?:\||&&|;|#|&|>|2>|<)|[;|]$")
 LONG_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w.-]*")
-# Modules that take a subcommand as their first argument: `python -m dcl_core.study answer OUTPUT_DIR`.
-SUBCOMMAND_MODULES = {"dcl_core.study", "dcl_core.losses"}
+# Modules and scripts that take a subcommand as their first argument: `python -m dcl_core.study answer OUTPUT_DIR`.
+SUBCOMMAND_TARGETS = {"dcl_core.study", "dcl_core.losses", "benchmarks/behaviour.py"}
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def extract_commands(markdown: str, page: str = "<text>") -> list[Command]:
             target = m.group("script") or m.group("module")
             words = rest.split()
             sub = None
-            if m.group("module") in SUBCOMMAND_MODULES and words and re.fullmatch(r"[a-z][\w-]*", words[0]):
+            if target in SUBCOMMAND_TARGETS and words and re.fullmatch(r"[a-z][\w-]*", words[0]):
                 sub = words[0]
             text = " ".join(line[m.start():m.start("rest")].split() + words)
             commands.append(Command(page, text, target, sub, tuple(LONG_FLAG.findall(rest))))
@@ -150,9 +150,11 @@ def test_a_planted_bad_command_is_caught():
 
 
 def test_subcommands_are_read_as_such():
-    found = extract_commands("`python -m dcl_core.study answer OUTPUT_DIR --quiet`, `python -m dcl_core.train -h`")
+    found = extract_commands("`python -m dcl_core.study answer OUTPUT_DIR --quiet`, `python -m dcl_core.train -h`, "
+                             "`python benchmarks/behaviour.py record OUT --repo DIR`")
     assert [(c.target, c.subcommand, c.flags) for c in found] == [
-        ("dcl_core.study", "answer", ("--quiet",)), ("dcl_core.train", None, ())]
+        ("dcl_core.study", "answer", ("--quiet",)), ("dcl_core.train", None, ()),
+        ("benchmarks/behaviour.py", "record", ("--repo",))]
 
 
 def test_readme_is_a_front_door():
