@@ -294,14 +294,17 @@ def ray_internal(line: str) -> bool:
 
 class _WithoutRayLines:
     """A console stream (``sys.stdout``, ``sys.stderr``) that drops Ray's own forwarded lines (:func:`ray_internal`)
-    written from Ray's threads; what the main thread writes (the study's lines, its progress bar) passes at once."""
+    written from Ray's threads; what the main thread writes (the study's lines, its progress bar) passes at once,
+    unless ``every_thread``: while Ray shuts down, the main thread prints the lines Ray's driver held back to count
+    their repeats in other processes (a crash line of two trials that died within its 5 s window)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, every_thread: bool = False) -> None:
         self.stream = stream
+        self.every_thread = every_thread
         self._partial = threading.local()
 
     def write(self, text: str) -> int:
-        if threading.current_thread() is threading.main_thread():
+        if not self.every_thread and threading.current_thread() is threading.main_thread():
             return int(self.stream.write(text) or 0)
         *lines, rest = (getattr(self._partial, "text", "") + text).split("\n")
         self._partial.text = rest
@@ -326,15 +329,27 @@ class _WithoutRayLines:
 
 
 @contextlib.contextmanager
-def quiet_ray_lines(active: bool = True) -> Iterator[None]:
-    """While the block runs, Ray's own lines stay off the console (:class:`_WithoutRayLines`); all of them with
-    ``active`` False (``-v``)."""
+def quiet_ray_lines(active: bool = True, every_thread: bool = False) -> Iterator[None]:
+    """While the block runs, Ray's own lines stay off the console (:class:`_WithoutRayLines`; ``every_thread``: the
+    main thread's too, around ``ray.shutdown``); all of them with ``active`` False (``-v``)."""
     if not active:
         yield
         return
     before = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _WithoutRayLines(sys.stdout), _WithoutRayLines(sys.stderr)
+    quiet = _WithoutRayLines(sys.stdout, every_thread), _WithoutRayLines(sys.stderr, every_thread)
+    sys.stdout, sys.stderr = quiet
     try:
         yield
     finally:
         sys.stdout, sys.stderr = before
+        if every_thread:  # what the main thread left without its line's end
+            for stream in quiet:
+                stream.flush()
+
+
+def shutdown_quietly() -> None:
+    """``ray.shutdown`` with Ray's own lines off the console, those it held back and prints as it ends included."""
+    import ray  # imported with the study already
+
+    with quiet_ray_lines(every_thread=True):
+        ray.shutdown()

@@ -112,7 +112,8 @@ def init_ray(address: str | None, num_cpus: int | None, num_gpus: int | None = N
         # was last started on this machine (/tmp/ray/ray_current_cluster) and then refuse num_cpus.
         local = {"address": "local", "num_cpus": num_cpus or os.cpu_count() or 1, "num_gpus": num_gpus,
                  "include_dashboard": False, "_node_ip_address": "127.0.0.1", **setup}
-        ray_session.end_own_at_exit(ray.shutdown)  # the agents ray.shutdown leaves
+        # the agents ray.shutdown leaves; an exit that ends Ray (a stopped or failed study) prints no line of Ray's
+        ray_session.end_own_at_exit(trial_failures.shutdown_quietly if quiet else ray.shutdown)
         try:
             context = ray.init(**local)
         except Exception as e:  # Ray raises a bare Exception for it
@@ -225,8 +226,7 @@ def end_ray(verbosity: int) -> None:
     answer is printed: what Ray's log monitor still forwards from actors winding down (Ray Train's placement-group
     cleaners) would otherwise come after the verdict. The driver's exit would end Ray anyway."""
     if ray.is_initialized():
-        with trial_failures.quiet_ray_lines(verbosity < console.VERBOSE):
-            ray.shutdown()
+        (trial_failures.shutdown_quietly if verbosity < console.VERBOSE else ray.shutdown)()
 
 
 def _check_restorable(exp_uris: list[str]) -> None:
