@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 STUDY = "studies/temperature_sweep.py"
 T = ["python", STUDY, "--smoke"]
-SUBCOMMANDS = ("answer", "calibrate", "export", "mi-toy", "sync")
+SUBCOMMANDS = ("answer", "calibrate", "export", "sync")
 # (what a command's output keeps between two runs, masked): (pattern, replacement)
 MASKS = [
     (r"\b\d\d:\d\d:\d\d\b", "HH:MM:SS"),  # a log line's clock time
