@@ -11,6 +11,7 @@ import keyword
 import math
 import os
 import re
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -120,7 +121,8 @@ def loss_params(text: str) -> dict[str, Any]:
         if key in ("temperature", "gather_distributed"):
             raise ConfigError(f"loss.params: {key} is set by loss.{key}, not here")
         if isinstance(value, (dict, list)):
-            raise ConfigError(f"loss.params: {key} must be a number, string, boolean or null, got {value!r}")
+            raise ConfigError(f"loss.params: {key} must be a number, string, boolean or null, got "
+                              f"{reprlib.repr(value)}")  # shortened: a nested value can be 4,000 characters
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"loss.params: {key} must be finite, got {value}")
     return params
