@@ -123,6 +123,13 @@ class TrainingData(Protocol):
         ...
 
 
+def same_device(where: torch.device, device: torch.device) -> bool:
+    """Whether a tensor on ``where`` is on ``device``. A tensor names its GPU by index (``cuda:0``); ``cuda`` without
+    one is the current GPU, which the trainer passes: compared as torch compares them, every epoch copied the
+    pretraining images to the GPU again (seen on an H200)."""
+    return where.type == device.type and (device.index is None or where.index == device.index)
+
+
 @dataclass
 class InMemoryData:
     """Images kept in memory as uint8, plus the transforms that run on the training device."""
@@ -145,7 +152,7 @@ class InMemoryData:
         there (uint8: CIFAR-10's 50,000 are 154 MB), so a step gathers its batch without a copy from the host."""
         images = self.pretrain.images
         if device.type != "cpu":
-            if self._resident is None or self._resident.device != device:
+            if self._resident is None or not same_device(self._resident.device, device):
                 self._resident = images.to(device)
             images = self._resident
         for idx in batches:

@@ -299,3 +299,14 @@ def test_the_training_line_names_a_user_loss_by_its_class_and_its_reference(tmp_
             train(smoke(tmp_path / name.rpartition(":")[2], **{"loss.name": name, "device": "cpu"}))
         (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("training ")]
         assert line.startswith(shown), line
+
+
+@pytest.mark.parametrize(("where", "device", "same"), [
+    ("cuda:0", "cuda", True), ("cuda:0", "cuda:0", True), ("cuda:1", "cuda:0", False), ("cpu", "cuda", False),
+    ("cuda:0", "cpu", False), ("cpu", "cpu", True)])
+def test_images_already_on_the_gpu_are_not_copied_there_again(where: str, device: str, same: bool) -> None:
+    """The trainer passes ``cuda``; the images it copied there are on ``cuda:0``, which torch calls another device:
+    each epoch copied the pretraining images again (tests/test_cuda.py saw it on an H200)."""
+    from dcl_core.training.builders import same_device
+
+    assert same_device(torch.device(where), torch.device(device)) is same
