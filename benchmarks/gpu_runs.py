@@ -190,10 +190,12 @@ def summarize(out: Path, batch: int) -> str:
     delta = None
     if table1 is not None and batch in table1.series["dcl"].values:
         delta = round(table1.series["dcl"].values[batch] - table1.series["infonce"].values[batch], 9)
-    paper_gap = f" (Table 1, {TABLE1_EPOCHS} epochs: {delta:+.1f})" if delta is not None else ""
+    paper_gap = ""
+    if delta is not None:
+        unweighed = f"; a gap at epoch {common} is not weighed against it" if common < TABLE1_EPOCHS else ""
+        paper_gap = f" (Table 1, {TABLE1_EPOCHS} epochs: {delta:+.1f}{unweighed})"
     if common < TABLE1_EPOCHS:  # a gap after fewer epochs is another quantity: only its sign is weighed
         delta = None
-        paper_gap = paper_gap[:-1] + f"; a gap at epoch {common} is not weighed against it)" if paper_gap else ""
     spread = 2 * table1.rounding if table1 is not None else 0.0  # a gap of two cells, each printed to ±rounding
     said = str(verdict(est, paper_sign=+1, delta=delta, spread=spread))
     if delta is not None and said != verdict(est, paper_sign=+1, delta=delta):

@@ -125,8 +125,8 @@ class TrainingData(Protocol):
 
 def same_device(where: torch.device, device: torch.device) -> bool:
     """Whether a tensor on ``where`` is on ``device``. A tensor names its GPU by index (``cuda:0``); ``cuda`` without
-    one is the current GPU, which the trainer passes: compared as torch compares them, every epoch copied the
-    pretraining images to the GPU again (seen on an H200)."""
+    one (what the trainer passes) matches a copy on any GPU, the one ``.to("cuda")`` chose: compared as torch
+    compares them, every epoch copied the pretraining images to the GPU again (seen on an H200)."""
     return where.type == device.type and (device.index is None or where.index == device.index)
 
 
