@@ -26,7 +26,7 @@ from dcl_core.study.plan.design import check_caps, from_record
 from dcl_core.study.plan.option_fields import QUESTION, ROUNDS, WHAT, WHERE
 from dcl_core.study.plan.option_fields import option as _opt
 from dcl_core.study.plan.questions import MAX_CLAIM, OWN_STATISTICS
-from dcl_core.study.plan.record import RecordedStudy, check_not_moved, read_recorded
+from dcl_core.study.plan.record import RecordedStudy, check_continues_here, read_recorded
 from dcl_core.study.plan.run_options import QUIET, StudyOptions
 from dcl_core.study.plan.storage import OPTIONS_FILE, script_sha256, summary_dir
 
@@ -205,17 +205,21 @@ class StudyRequest:
         """Whether the study's console is quiet (``-q``)."""
         return self.options.verbosity == QUIET
 
-    def args_to_run(self) -> tuple[StudyArgs, RecordedStudy]:
+    def args_to_run(self, script: str, script_path: Path | None = None) -> tuple[StudyArgs, RecordedStudy]:
         """The request's arguments as the study runs them, checked, and what the study recorded, read once
         (empty for a new study): a ``--resume`` or ``--reanalyze`` continues with every seed the study has, under
-        its recorded design. A real ``--resume`` of a folder moved or copied from where it ran is refused here, before
-        anything is built or fetched (:func:`~dcl_core.study.plan.record.check_not_moved`)."""
+        its recorded design. Refused here, before anything is built, fetched or started
+        (:func:`~dcl_core.study.plan.record.check_continues_here`): a study another script ran (``script``, defined
+        in ``script_path``), and a real ``--resume`` of a folder moved or copied from where it ran."""
         self.check()
         args, options = self.args, self.options
         if not (options.resume or args.reanalyze):
             return args, RecordedStudy()
         out = real_path(options.output_dir)
         recorded = read_recorded(out, args.name)
+        running = {"script": script} if script_path is None else {"script": script, "script_path": str(script_path)}
+        check_continues_here(recorded, running, options.output_dir, args.name,
+                             "--reanalyze" if args.reanalyze else "--resume", moved=options.resume and not args.dry_run)
         where = str(summary_dir(out, args.name) / OPTIONS_FILE)
         command = recorded.command
         checked = args_from_record({k: command[k] for k in ("seeds", "design") if k in command}, StudyArgs(), where)
@@ -225,8 +229,6 @@ class StudyRequest:
                               "were started with (seed_rounds): the file is damaged; --overwrite starts the study "
                               "afresh")
         # --until-resolved's resume line repeats its first --seeds; the rounds since have added more
-        if options.resume and not args.dry_run:  # a moved or copied folder: one line saying what works here
-            check_not_moved(recorded, out, args.name)
         more = args.until_resolved and has is not None and args.seeds is not None and has > args.seeds
         seeds = has if args.seeds is None or more else args.seeds
         return replace(args, seeds=seeds, design=command.get("design")), recorded

@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dcl_core.config import ConfigError, to_flat_dict
+from dcl_core.files import real_path
 from dcl_core.study.analysis.sequential import (
     EARLIER_PAPER_SIDE_ERROR,
     MAX_SEEDS_PROJECTED,
@@ -257,6 +258,16 @@ def check_same_script(before: Any, now: Any, study: str, output_dir: Path, doing
     if ran and running and ran != running:
         raise ConfigError(f"{doing}: study {study} in {output_dir} was run by {ran}, not {running}; run it with that "
                           "script, or give this one another --name")
+
+
+def check_continues_here(recorded: RecordedStudy, running: Mapping[str, Any], output_dir: Path, study: str,
+                         doing: str, *, moved: bool) -> None:
+    """ConfigError (one line) where ``doing`` (``--resume``, ``--reanalyze``) cannot continue the ``recorded`` study
+    from here: another study script ran it than the one ``running`` names (:func:`check_same_script`), or, with
+    ``moved`` (a real ``--resume``), its folder was moved or copied from where it ran (:func:`check_not_moved`)."""
+    check_same_script(recorded.command, running, study, output_dir, doing)
+    if moved:
+        check_not_moved(recorded, real_path(output_dir), study)
 
 
 def check_not_moved(recorded: RecordedStudy, output_dir: Path, study: str) -> None:

@@ -20,7 +20,6 @@ from dcl_core.study.plan.args import StudyArgs, StudyRequest
 from dcl_core.study.plan.checks import trial_data_root
 from dcl_core.study.plan.dry_run import dry_run_lines, estimate_study
 from dcl_core.study.plan.prepared import PreparedStudy, prepare_built
-from dcl_core.study.plan.record import check_same_script
 from dcl_core.study.plan.run_options import StudyOptions
 from dcl_core.study.plan.script import Script
 from dcl_core.study.plan.spec import StudySpec, grid_seeds, tune_experiments, with_asha, with_base
@@ -76,11 +75,10 @@ class StudyPlan:
 def prepare_plan(script: Script, request: StudyRequest) -> StudyPlan:
     """The plan of ``request``: every check that needs neither Ray nor the MLflow store, made once, in order;
     ConfigError or DataError (one line) for the first that fails, before anything runs or is written."""
-    args, recorded = request.args_to_run()
+    args, recorded = request.args_to_run(script.name, script.path)
     spec = script.build(args, fetch=True)
     if args.reanalyze:  # the stored results only: no data, no GPU, no Ray
         options = replace(request.options, command=script.command(args))
-        check_same_script(recorded.command, options.command, spec.name, options.output_dir, "--reanalyze")
         return StudyPlan(script, args, spec, options, recorded=recorded.command)
     if args.download:  # the release fetched is the data root, as if given with --data-root (so that the same
         args = replace(args, data_root=spec.base.data.root)  # command line resumes the study)

@@ -116,6 +116,25 @@ def test_a_resume_of_a_moved_folder_is_refused_before_the_spec_is_built(tmp_path
         planned(tmp_path, "--smoke", "--resume", "--download")
 
 
+@pytest.mark.parametrize("doing", [("--resume",), ("--resume", "--dry-run"), ("--reanalyze",)])
+def test_continuing_a_study_another_script_ran_is_refused_before_the_spec_is_built(tmp_path, monkeypatch, doing):
+    """``batch_size_sweep.py --resume --name temperature_sweep`` was refused only under the study's lock, after
+    the spec, the data, the user losses' checks and Ray's start (a re-analysis: after the spec); now one line before
+    the spec is built, as a moved folder is, and a dry run says the same: the run it shows would be refused."""
+    from dcl_core.study.plan import record, storage
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # this test's signing key
+    first = planned(tmp_path, "--smoke")
+    path = storage.summary_dir(tmp_path / "out", "temperature_sweep") / storage.OPTIONS_FILE
+    path.parent.mkdir(parents=True)
+    record.write_record(path, {"spec": {}, "command": first.options.command, "seed_rounds": [[0, 1]],
+                               "output_dir": str((tmp_path / "out").resolve())})
+    monkeypatch.setattr(Script, "build", lambda *a, **k: pytest.fail("the spec was built"))
+    with pytest.raises(ConfigError, match=rf"^{doing[0]}: study temperature_sweep in .* was run by "
+                                          r"studies/temperature_sweep\.py, not studies/batch_size_sweep\.py;"):
+        planned(tmp_path, "--smoke", *doing, "--name", "temperature_sweep", name="batch_size_sweep")
+
+
 def test_a_script_that_names_its_study_otherwise_than_name_is_one_line_before_anything(tmp_path):
     """A copied script whose build_spec writes its own name (not ``args.name``) would record its study under one
     name and look for it under another on --resume and `answer`: refused, saying what to pass."""
