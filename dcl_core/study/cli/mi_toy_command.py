@@ -48,7 +48,8 @@ def toy_main(doc: str, presets: Mapping[str, Mapping[str, Any]], argv: Sequence[
     except ConfigError as err:
         return cli_common.error(err)
     params = {"alpha": args.alpha, "steps": pr["steps"], "repeats": pr["repeats"], "seeds": pr["seeds"]}
-    table, plot = mi_toy_runs.run_toy_study(configs, root, uri, args.num_cpus, params, pr["ks"])
+    table, plot = mi_toy_runs.run_toy_study(configs, root, uri, args.num_cpus, params, pr["ks"],
+                                               quiet=args.quiet)
     if not args.quiet:
         print(f"plot: {plot}\nMLflow: experiment 'eqco_mi_toy' at {uri}\n")
     print(table)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -137,27 +138,38 @@ def dry_run(configs: list[ToyConfig], slots: int) -> str:
 
 
 def run_toy_study(configs: list[ToyConfig], output_dir: Path, tracking_uri: str, num_cpus: int | None,
-                  params: dict[str, Any], ks: tuple[int, ...]) -> tuple[str, Path]:
+                  params: dict[str, Any], ks: tuple[int, ...], quiet: bool = False) -> tuple[str, Path]:
     """Every run of ``configs`` as a Ray task, then the answer: the rows (CSV, Parquet), the plot and ``table.txt``
     in ``summary/eqco_mi_toy/``, logged with ``params`` on the study's MLflow summary run. Returns (the table with
-    its verdict, the plot's path)."""
+    its verdict, the plot's path). Ray is set up as a study's is (token mode asked for, Ray's own lines off the
+    console); ``quiet`` (``-q``): neither Ray's start-up messages nor the MLflow store's set-up lines."""
+    from dcl_core.study.execution import ray_env
+
+    if os.environ.get("RAY_ADDRESS"):  # Ray's token mode is read when Ray is first imported: set before
+        ray_env.request_token_auth_to_attach()
+    else:
+        ray_env.request_token_auth()
     import ray  # seconds to import: not for --help or --dry-run
 
+    from dcl_core.study.execution.trial_failures import quiet_ray_lines, shutdown_quietly  # Ray, as above
     from dcl_core.study.execution.tuning import init_ray  # Ray, as above
     from dcl_core.study.tracking import StudyTracker, git_commit  # MLflow: as Ray
 
     out = summary_dir(output_dir, TOY)
-    init_ray(None, num_cpus)
-    task = ray.remote(num_cpus=1)(_run_one)
-    pending = {task.remote(c): c for c in configs}
-    rows = []
-    while pending:  # progress as each run finishes
-        (ref,), _ = ray.wait(list(pending), num_returns=1)
-        cfg, row = pending.pop(ref), ray.get(ref)
-        rows.append(row)
-        log.info("[%d/%d] %s, true MI %g, K %d: estimate %.2f", len(rows), len(configs), cfg.method,
-                 cfg.true_mi, cfg.k, row["mi_estimate"])
-    ray.shutdown()
+    with quiet_ray_lines():
+        init_ray(None, num_cpus, quiet=quiet)
+        task = ray.remote(num_cpus=1)(_run_one)
+        pending = {task.remote(c): c for c in configs}
+        rows = []
+        while pending:  # progress as each run finishes
+            (ref,), _ = ray.wait(list(pending), num_returns=1)
+            cfg, row = pending.pop(ref), ray.get(ref)
+            rows.append(row)
+            log.info("[%d/%d] %s, true MI %g, K %d: estimate %.2f", len(rows), len(configs), cfg.method,
+                     cfg.true_mi, cfg.k, row["mi_estimate"])
+        shutdown_quietly()
+    if quiet:
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store's set-up messages
     rows.sort(key=lambda r: (r["true_mi"], r["seed"], r["k"], r["method"]))
     for r in rows:
         r.pop("bounds")
