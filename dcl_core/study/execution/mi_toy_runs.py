@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from dcl_core import metric_names as M
 from dcl_core.losses import EqCoLoss, InfoNCELoss, PairSimilarities
 from dcl_core.study.analysis.mi_toy_answer import TABLE_STEM, TOY, table5_figure, toy_answer
+from dcl_core.study.execution import ray_env
 from dcl_core.study.plan.storage import atomic_write_text, summary_dir
 from dcl_core.study.plan.writers import save_figure, write_rows
 
@@ -143,8 +144,6 @@ def run_toy_study(configs: list[ToyConfig], output_dir: Path, tracking_uri: str,
     in ``summary/eqco_mi_toy/``, logged with ``params`` on the study's MLflow summary run. Returns (the table with
     its verdict, the plot's path). Ray is set up as a study's is (token mode asked for, Ray's own lines off the
     console); ``quiet`` (``-q``): neither Ray's start-up messages nor the MLflow store's set-up lines."""
-    from dcl_core.study.execution import ray_env
-
     if os.environ.get("RAY_ADDRESS"):  # Ray's token mode is read when Ray is first imported: set before
         ray_env.request_token_auth_to_attach()
     else:
