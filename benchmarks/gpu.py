@@ -21,9 +21,12 @@ with a row saying so once the budget is spent:
    augmentation, loss and optimizer (``benchmarks/trainer.py``'s A B A B by epoch), at batch 512 (the paper
    protocol's epoch: 50,000 images, two views) and batch 32 (Table 1's smallest): images/s, the trainer's
    overhead, the epoch time projected to the full training set and its share of the convolution rate.
-4. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
+4. ``profile``: one epoch of the trainer and one of the bare loop at batch 512 under ``torch.profiler``
+   (:mod:`benchmarks.step_profile`): per step, wall and device-busy milliseconds, host reads of a tensor's value,
+   blocking CUDA calls, copies, and the operators whose time grew most: where the trainer's overhead goes.
+5. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
    images/s over one process's (can a study's trials fill the GPU?).
-5. ``paper run``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
+6. ``paper run``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
    and a kNN top-1 above chance (10%), kNN and linear probe on the GPU.
 """
 
@@ -49,7 +52,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.common import MAX_METRICS_BYTES, Row, markdown_table  # noqa: E402 - the repo root is on the path
-from benchmarks.trainer import BareLoop, trainer_and_bare  # noqa: E402
+from benchmarks.step_profile import profile_config, profile_rows  # noqa: E402
+from benchmarks.trainer import BareLoop, step_config, trainer_and_bare  # noqa: E402
 from dcl_core import metric_names as M  # noqa: E402
 from dcl_core.config import Config, ConfigError, apply_overrides, derive, preset  # noqa: E402
 from dcl_core.files import check_replaceable, read_bounded, write_text  # noqa: E402
@@ -241,20 +245,6 @@ def peak_rows(device: torch.device, tiny: bool) -> Iterator[Row]:
               note="channels_last under the trainer's autocast: the rate a ResNet-18 step can approach")
 
 
-def step_config(batch: int, tiny: bool, data_root: str | None, epochs: int) -> Config:
-    """The paper preset at ``batch`` with an epoch of ~20 steps (a class-balanced subset), kNN only at the end."""
-    per_class = max(2 * batch, 64) if tiny else max(batch * 20 // 10, 100)
-    values: dict[str, object] = {
-        "optim.batch_size": batch, "data.train_per_class": per_class, "data.test_per_class": 10,
-        "optim.epochs": epochs, "optim.warmup_epochs": 0.0, "eval.knn_every": 100_000, "loss.name": "dcl",
-    }
-    if tiny:
-        values |= {"model.width": 0.125, "model.proj_hidden_dim": 32, "model.proj_dim": 16, "threads": 1}
-    if data_root:
-        values["data.root"] = data_root
-    return apply_overrides(preset("paper"), values)
-
-
 def step_rows(device: torch.device, batch: int, tiny: bool, data_root: str | None, budget_s: float,
               conv_rate: float | None) -> Iterator[Row]:
     """The trainer vs the bare loop at ``batch``: images/s, overhead, the projected full epoch."""
@@ -384,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                                                    min(60.0, budget.left), conv_rate)),
         *([] if args.tiny else [("step, batch 32", 60, lambda: step_rows(device, 32, args.tiny, None,
                                                                           min(40.0, budget.left), conv_rate))]),
+        ("profile, batch 512", 45, lambda: profile_rows(profile_config(args.tiny), device)),
         ("sharing", 60, lambda: sharing_rows(device, args.tiny, 3.0 if args.tiny else 10.0)),
         ("paper run", 150, lambda: paper_run_rows(args.data_root, args.tiny, max(60.0, budget.left))),
     ]

@@ -84,6 +84,21 @@ def bench_config(width: float, batch: int, threads: int, overrides: dict[str, ob
     return apply_overrides(preset("cpu"), values | (overrides or {}))
 
 
+def step_config(batch: int, tiny: bool, data_root: str | None, epochs: int) -> Config:
+    """The paper preset at ``batch`` with an epoch of ~20 steps (a class-balanced subset), kNN only at the end: the GPU
+    check's trainer-vs-bare rows and its profile (``benchmarks/gpu.py``, ``benchmarks/step_profile.py``)."""
+    per_class = max(2 * batch, 64) if tiny else max(batch * 20 // 10, 100)
+    values: dict[str, object] = {
+        "optim.batch_size": batch, "data.train_per_class": per_class, "data.test_per_class": 10,
+        "optim.epochs": epochs, "optim.warmup_epochs": 0.0, "eval.knn_every": 100_000, "loss.name": "dcl",
+    }
+    if tiny:
+        values |= {"model.width": 0.125, "model.proj_hidden_dim": 32, "model.proj_dim": 16, "threads": 1}
+    if data_root:
+        values["data.root"] = data_root
+    return apply_overrides(preset("paper"), values)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Trainer vs bare loop
 

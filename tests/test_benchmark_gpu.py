@@ -56,6 +56,11 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
         row = next(r for r in report["rows"] if r["name"].startswith(start))
         assert math.isfinite(row["ours"]) and row["ours"] > 0, row
     assert next(r for r in report["rows"] if r["name"].startswith("smoke run"))["met"]  # finite loss, kNN > 10%
+    profiled = {r["name"]: r for r in report["rows"] if r["section"] == "profile"}
+    wall = profiled["trainer vs bare loop: wall"]
+    assert wall["ours"] > 0 and wall["baseline"] > 0 and "one epoch of 10 steps a side" in wall["note"]
+    assert profiled["trainer vs bare loop: host reads of a tensor value"]["baseline"] > 0  # the augmentation's
+    assert profiled["trainer's extra CPU time by operator"]["note"].count("aten::") >= 1
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
 
 
@@ -268,3 +273,21 @@ def test_the_gpu_check_refuses_a_fifo_at_its_report_before_any_work(tmp_path: Pa
                                                       "to replace it (name a regular file or a new path)"), err
     assert ran == [] and "Traceback" not in captured.err
     assert stat.S_ISFIFO(os.lstat(out / name).st_mode) and sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_the_step_profile_counts_per_step_what_it_names() -> None:
+    """``benchmarks/step_profile.py``'s figures from a profile of a known loop: 5 steps, each reading two tensor
+    values (``float()`` and ``.item()``) and running one matrix product."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.step_profile import summarize
+
+    a = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            float((a @ a).sum())
+            a.max().item()
+    got = summarize(prof, seconds=0.5, steps=5, on_gpu=False)
+    assert got.reads == 2 and got.syncs == 0 and got.copies == 0 and got.device_ms == 0
+    assert got.wall_ms == pytest.approx(100.0) and got.self_ms["aten::mm"] > 0
