@@ -30,11 +30,13 @@ import contextlib
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 if __package__ in (None, ""):  # run as a script: the repository root on the path
@@ -67,15 +69,19 @@ class StepProfile:
     self_ms: dict[str, float]
 
 
-def summarize(prof: profile, seconds: float, steps: int, on_gpu: bool) -> StepProfile:
-    """The per-step figures of one profiled epoch of ``steps`` steps that took ``seconds``."""
-    events = prof.key_averages()
+def summarize(events: Iterable[Any], seconds: float, steps: int, on_gpu: bool) -> StepProfile:
+    """The per-step figures of one profiled epoch of ``steps`` steps that took ``seconds``; ``events``: the
+    profile's ``key_averages()``. A kernel is an event of its own (device type CUDA) and also the self device
+    time of the operator that launched it: the device's total sums the kernels, the per-operator times the
+    operators'."""
+    events = list(events)
     count = {e.key: e.count for e in events}
-    device_us = {e.key: e.self_device_time_total for e in events if e.self_device_time_total > 0}
-    own_us = device_us if on_gpu else {e.key: e.self_cpu_time_total for e in events}
-    return StepProfile(seconds * 1e3 / steps, sum(device_us.values()) / 1e3 / steps, count.get(READ, 0) / steps,
+    kernels_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
+    ops = [e for e in events if e.device_type == DeviceType.CPU]
+    own_us = {e.key: e.self_device_time_total if on_gpu else e.self_cpu_time_total for e in ops}
+    return StepProfile(seconds * 1e3 / steps, kernels_us / 1e3 / steps, count.get(READ, 0) / steps,
                        sum(count.get(k, 0) for k in SYNCS) / steps, count.get(COPY, 0) / steps,
-                       {k: v / 1e3 / steps for k, v in own_us.items()})
+                       {k: v / 1e3 / steps for k, v in own_us.items() if v > 0})
 
 
 def _activities(device: torch.device) -> list[ProfilerActivity]:
@@ -88,7 +94,7 @@ def profile_bare(cfg: Config, data: InMemoryData, device: torch.device) -> StepP
     bare.epoch()
     with profile(activities=_activities(device)) as prof:
         seconds = bare.epoch()
-    return summarize(prof, seconds, len(data) // cfg.optim.batch_size, device.type == "cuda")
+    return summarize(prof.key_averages(), seconds, len(data) // cfg.optim.batch_size, device.type == "cuda")
 
 
 class _ProfiledError(Exception):
@@ -116,7 +122,7 @@ def profile_trainer(cfg: Config, steps: int, device: torch.device) -> StepProfil
         train(apply_overrides(cfg, {"output_dir": out, "optim.epochs": 3}),
               callbacks=[on_epoch])
     assert len(began) == 2, "the trainer ended before its second epoch"
-    return summarize(prof, began[1] - began[0], steps, device.type == "cuda")
+    return summarize(prof.key_averages(), began[1] - began[0], steps, device.type == "cuda")
 
 
 def profile_rows(cfg: Config, device: torch.device) -> Iterator[Row]:

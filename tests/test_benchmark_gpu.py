@@ -288,6 +288,30 @@ def test_the_step_profile_counts_per_step_what_it_names() -> None:
         for _ in range(5):
             float((a @ a).sum())
             a.max().item()
-    got = summarize(prof, seconds=0.5, steps=5, on_gpu=False)
+    got = summarize(prof.key_averages(), seconds=0.5, steps=5, on_gpu=False)
     assert got.reads == 2 and got.syncs == 0 and got.copies == 0 and got.device_ms == 0
     assert got.wall_ms == pytest.approx(100.0) and got.self_ms["aten::mm"] > 0
+
+
+def test_the_step_profile_counts_a_kernel_s_time_once_on_a_gpu() -> None:
+    """A CUDA profile lists a kernel twice: as its own event and as the self device time of the operator that
+    launched it. The device's busy time counts it once; the operators' times name the operator. The averages are
+    written here as a CUDA profile gives them, so that a machine without a GPU checks it."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from benchmarks.step_profile import summarize
+
+    def avg(key, count, cpu_us, device_us, kind):
+        return SimpleNamespace(key=key, count=count, self_cpu_time_total=cpu_us, self_device_time_total=device_us,
+                               device_type=kind)
+
+    events = [avg("aten::mm", 10, 50.0, 3000.0, DeviceType.CPU), avg("ampere_sgemm_64x64", 10, 0.0, 3000.0,
+                                                                     DeviceType.CUDA),
+              avg("aten::_local_scalar_dense", 20, 40.0, 0.0, DeviceType.CPU),
+              avg("cudaStreamSynchronize", 20, 900.0, 0.0, DeviceType.CPU),
+              avg("cudaMemcpyAsync", 30, 60.0, 0.0, DeviceType.CPU)]
+    got = summarize(events, seconds=0.1, steps=10, on_gpu=True)
+    assert got.device_ms == pytest.approx(0.3) and got.self_ms == {"aten::mm": pytest.approx(0.3)}
+    assert (got.reads, got.syncs, got.copies, got.wall_ms) == (2, 2, 3, pytest.approx(10.0))
