@@ -119,7 +119,8 @@ def record(out: Path, repo: Path) -> None:
     scratch = out / "scratch"
     scratch.mkdir(parents=True)
     (scratch / "a_file").write_text("not a folder")  # an --output-dir that is a file
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+           **_same_data()}
     found = subprocess.run([sys.executable, "-c", "import dcl_core; print(dcl_core.__file__)"], cwd=repo, env=env,
                            capture_output=True, text=True, check=True).stdout.strip()
     if not Path(found).resolve().is_relative_to(repo):
@@ -138,6 +139,18 @@ def record(out: Path, repo: Path) -> None:
         (out / f"{n:02d}.txt").write_text(text.replace(str(scratch), "S").replace(str(repo), "REPO"))
         print(f"{n:02d} exit {proc.returncode}: {' '.join(cmd)[:100]}", flush=True)
     shutil.rmtree(scratch)
+
+
+def _same_data() -> dict[str, str]:
+    """``DCL_DATA_ROOT`` for the recorded commands: the CIFAR-10 this checkout reads, unless the variable is set.
+    The embedded copy is found beside the checkout, so a ``--repo`` elsewhere (``git worktree add /tmp/before``)
+    found none, and its record compared "CIFAR-10 not found" with the other's studies."""
+    if os.environ.get("DCL_DATA_ROOT"):
+        return {}
+    found = subprocess.run([sys.executable, "-c", "from dcl_core.data import resolve_data_root as r; "
+                            "print(r('cifar10', None))"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                           capture_output=True, text=True)
+    return {"DCL_DATA_ROOT": found.stdout.strip()} if found.returncode == 0 and found.stdout.strip() else {}
 
 
 def masked(text: str) -> list[str]:
