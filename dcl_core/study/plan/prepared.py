@@ -55,11 +55,11 @@ def prepare(spec: StudySpec, options: StudyOptions) -> PreparedStudy:
 
 def prepare_built(spec: StudySpec, options: StudyOptions, *, dry_run: bool = False) -> PreparedStudy:
     """A validated ``spec`` prepared to run with ``options``, checked before Ray starts: ConfigError (one line)
-    for a user loss that fails its pre-flight, a trial no local Ray could fit, an unusable output folder or
-    storage, or a link where the study writes. ``dry_run``: the study a dry run prints, prepared the same way but
-    for what its printout reports rather than refuses (a trial the local Ray cannot fit) or leaves unchecked (the
-    Ray storage, links in the folder): nothing is created either way."""
-    spec = replace(spec, loss_sources=check_user_losses(spec))
+    for ``--asha`` on a grid sweep, a trial no local Ray could fit, an unusable output folder or storage, a link
+    where the study writes, or (last: it takes seconds) a user loss that fails its pre-flight. ``dry_run``: the
+    study a dry run prints, prepared the same way but for what its printout reports rather than refuses (a trial
+    the local Ray cannot fit) or leaves unchecked (the Ray storage, links in the folder): nothing is created either
+    way."""
     knn_every = spec.base.eval.knn_every
     spec = with_asha(spec, options.asha)
     if spec.base.eval.knn_every != knn_every and not dry_run:
@@ -74,6 +74,7 @@ def prepare_built(spec: StudySpec, options: StudyOptions, *, dry_run: bool = Fal
         check_output_dir(options.output_dir)
     else:
         check_output(options.output_dir, options.storage, study_entries(spec.name, (e.name for e in experiments)))
+    spec = replace(spec, loss_sources=check_user_losses(spec))  # last: a process of its own, seconds
     return PreparedStudy(spec, options, experiments, local)
 
 

@@ -210,6 +210,17 @@ def test_a_loop_of_links_given_as_a_path_is_refused_in_one_line(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("dry_run", [(), ("--dry-run",)])
+def test_an_unusable_output_folder_is_refused_before_a_user_loss_s_pre_flight(tmp_path, monkeypatch, dry_run):
+    """The pre-flight of a user loss starts a process that imports torch (seconds); the folder's checks take none.
+    An output folder that is a file was refused only after that process had run."""
+    (tmp_path / "a_file").write_text("not a folder")
+    monkeypatch.setattr(prepared, "preflight_isolated", lambda *a, **k: pytest.fail("the pre-flight ran first"))
+    with pytest.raises(ConfigError, match="is a file, not a folder"):
+        planned(tmp_path, "--smoke", "--losses", f"{EXAMPLE}:PositiveWeighted,dcl", "--output-dir",
+                str(tmp_path / "a_file"), *dry_run)
+
+
 def test_a_dry_run_checks_a_user_loss_as_the_run_does(tmp_path):
     """Issue reproduction: ``--dry-run --losses dcl,no_such_module:Loss`` (or a file with a syntax error) printed
     its plan and exited 0; the real run refused it in one line. The dry run now makes the same check; a good loss
