@@ -19,7 +19,7 @@ Per step, for each side:
   ``copies``: ``cudaMemcpyAsync`` calls (from pageable host memory they wait too).
 
 The last row names the operators whose self time per step grew most from the bare loop to the trainer (device
-time on a GPU, CPU time on a CPU). ``--tiny`` runs it at toy sizes, the CPU rehearsal
+time on a GPU, CPU time on a CPU; none where none grew). ``--tiny`` runs it at toy sizes, the CPU rehearsal
 (tests/test_benchmark_gpu.py); ``benchmarks/gpu.py`` runs it as its ``profile`` part.
 """
 
@@ -141,7 +141,8 @@ def profile_rows(cfg: Config, device: torch.device) -> Iterator[Row]:
     for name, unit, get in fields:
         a, b = get(ours), get(bare)
         yield Row(SECTION, f"trainer vs bare loop: {name}", a, b, a / b if b else None, unit=unit, note=where)
-    grown = sorted(((ours.self_ms[k] - bare.self_ms.get(k, 0.0), k) for k in ours.self_ms), reverse=True)[:TOP]
+    grown = sorted(((d, k) for k in ours.self_ms if (d := ours.self_ms[k] - bare.self_ms.get(k, 0.0)) > 0),
+                   reverse=True)[:TOP]
     kind = "device" if device.type == "cuda" else "CPU"
     yield Row(SECTION, f"trainer's extra {kind} time by operator", sum(d for d, _ in grown), unit="ms",
               note="; ".join(f"{k} +{d:.3g}" for d, k in grown))

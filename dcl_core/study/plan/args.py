@@ -217,8 +217,7 @@ class StudyRequest:
             return args, RecordedStudy()
         out = real_path(options.output_dir)
         recorded = read_recorded(out, args.name)
-        running = {"script": script} if script_path is None else {"script": script, "script_path": str(script_path)}
-        check_continues_here(recorded, running, options.output_dir, args.name,
+        check_continues_here(recorded, args.record(script, script_path), options.output_dir, args.name,
                              "--reanalyze" if args.reanalyze else "--resume", moved=options.resume and not args.dry_run)
         where = str(summary_dir(out, args.name) / OPTIONS_FILE)
         command = recorded.command
