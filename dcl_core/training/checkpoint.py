@@ -42,8 +42,43 @@ class CheckpointError(InputError, ValueError):
         super().__init__(f"not a dcl_core checkpoint: {path} ({reason})")
 
 
+def to_host(state: Any) -> Any:
+    """``state`` with every tensor on an accelerator copied to host memory, the copies queued together (into pinned
+    memory, ``Tensor.to``'s rule for a non-blocking copy to the host) and waited for once; host tensors, containers'
+    types and a state dict's ``_metadata`` are kept as they are.
+
+    So a checkpoint a GPU run wrote holds host tensors (a plain ``torch.load`` reads it on a machine without a GPU),
+    and ``torch.save`` no longer waits on the device once per tensor. What the checkpoint costs an epoch is its
+    serialisation on the host, not these copies (docs/performance.md, "Where the trainer's time goes").
+    """
+    queued: set[torch.device] = set()
+
+    def copy(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.device.type == "cpu":
+                return value
+            if value.device.type != "cuda":
+                return value.detach().cpu()
+            queued.add(value.device)
+            return value.detach().to("cpu", non_blocking=True)
+        if isinstance(value, dict):
+            out = type(value)((k, copy(v)) for k, v in value.items())
+            if hasattr(value, "_metadata"):  # a module's state dict: its versions, which loading reads
+                out._metadata = value._metadata  # type: ignore[attr-defined]
+            return out
+        if isinstance(value, list | tuple) and not hasattr(value, "_fields"):  # a named tuple is kept whole
+            return type(value)(copy(v) for v in value)
+        return value
+
+    host = copy(state)
+    for device in queued:
+        torch.cuda.synchronize(device)
+    return host
+
+
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write ``state`` atomically to ``path`` (same-directory temp file + ``os.replace``).
+    """Write ``state`` atomically to ``path`` (same-directory temp file + ``os.replace``), its tensors on the host
+    (:func:`to_host`: a checkpoint a GPU run wrote loads on a CPU without ``map_location``).
 
     The file gets the permissions of any other file the process creates (0666 less the umask, as the run's
     ``metrics.jsonl``), not ``mkstemp``'s 0600.
@@ -57,7 +92,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     try:
         # O_EXCL: never follows or reuses an existing name; mode 0o666 is filtered by the umask.
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
-            torch.save({"format": FORMAT_VERSION, **state}, f)
+            torch.save({"format": FORMAT_VERSION, **to_host(state)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
