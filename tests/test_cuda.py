@@ -19,6 +19,7 @@ from cifar10_present import cifar10_present
 
 from dcl_core import metric_names as M
 from dcl_core.config import LOSS_NAMES, apply_overrides, preset
+from dcl_core.data.augment import POLICIES
 from dcl_core.eval.knn import knn_top1
 from dcl_core.losses import LOSSES
 from dcl_core.training import run_setup as run_module
@@ -59,6 +60,50 @@ def test_the_knn_monitor_on_the_device_equals_the_cpu() -> None:
     dev = knn_top1(query.to(DEVICE), query_labels.to(DEVICE), bank.to(DEVICE), bank_labels.to(DEVICE), 10, **vote)
     assert 20.0 < cpu < 100.0  # a real vote, not chance or a degenerate one
     assert abs(dev - cpu) <= 0.2  # at most 2 of 1,000 queries decided differently (a near-tie's rounding)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_views_on_the_device_equal_the_cpu_s_call_after_call(policy: str) -> None:
+    """Every policy's two views, blur on, of 512 images on the device equal the CPU's for four calls in a row: the
+    draws go to the device through pinned memory without the host waiting (``image_ops.to_device``), so a buffer
+    reused before its copy ran would show as another image's crop, jitter or blur."""
+    from dcl_core.data.augment import ViewAugmentation
+
+    aug = ViewAugmentation(32, policy, blur=True)
+    images = torch.randint(0, 256, (512, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    on_device = [aug(images.to(DEVICE), torch.Generator().manual_seed(seed)) for seed in range(4)]  # no wait between
+    for seed, views in enumerate(on_device):
+        for got, want in zip(views, aug(images, torch.Generator().manual_seed(seed)), strict=True):
+            assert got.device.type == DEVICE.type
+            worst = (got.cpu() - want).abs().amax(dim=(1, 2, 3))  # (512,): each image's largest difference
+            assert worst.max() <= 1e-3, f"call {seed}: {int((worst > 1e-3).sum())} of 512 images differ"
+
+
+def test_a_checkpoint_of_a_run_on_the_device_holds_host_tensors_equal_to_the_device_s(tmp_path: Path) -> None:
+    """The trainer's checkpoint state (a model with batch-norm buffers, SGD's momentum) on the device is written
+    with its tensors on the host, each equal to the device's: what ``torch.save`` stores without a
+    ``map_location``. A resume loads it back into a model on the device (its momentum too)."""
+    from dcl_core.training.builders import build_model
+    from dcl_core.training.checkpoint import save_checkpoint
+
+    cfg = apply_overrides(preset("smoke"), {"model.width": 0.125})
+    model = build_model(cfg).to(DEVICE, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3, 32, 32, device=DEVICE))[1].square().sum().backward()
+    optimizer.step()
+    state = {"epoch": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": {},
+             "config": {}, "history": []}
+    saved = torch.load(save_checkpoint(state, tmp_path / "checkpoint.pt"), weights_only=True)
+    stored = [*saved["model"].values(), *(b["momentum_buffer"] for b in saved["optimizer"]["state"].values())]
+    assert len(stored) > 100 and all(t.device.type == "cpu" for t in stored)
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(saved["model"][key], value.cpu(), rtol=0, atol=0)
+    again = build_model(cfg).to(DEVICE)
+    again.load_state_dict(saved["model"])
+    resumed = torch.optim.SGD(again.parameters(), lr=0.1, momentum=0.9)
+    resumed.load_state_dict(saved["optimizer"])  # moved to each parameter's device by the optimizer
+    momentum = next(iter(resumed.state.values()))["momentum_buffer"]
+    assert momentum.device.type == DEVICE.type
 
 
 @pytest.mark.skipif(not cifar10_present(), reason="CIFAR-10 not present (embedded, or a pack in DCL_DATA_ROOT)")

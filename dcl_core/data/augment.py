@@ -47,7 +47,7 @@ from torchvision.transforms.functional import rgb_to_grayscale
 from torchvision.transforms.v2 import functional as TF
 
 from dcl_core.config import AUGMENTATIONS
-from dcl_core.data.image_ops import adjust_hue, crop_flip_resize, gaussian_blur, sample_crop_boxes
+from dcl_core.data.image_ops import adjust_hue, crop_flip_resize, gaussian_blur, sample_crop_boxes, to_device
 
 Stats = tuple[float, float, float]
 
@@ -159,18 +159,18 @@ def _color_jitter(x: torch.Tensor, policy: ViewPolicy, factors: torch.Tensor, ji
     """
     device = x.device
     if policy.brightness > 0:
-        fac = _factor(policy.brightness, factors[:, 0], jitter).to(device, x.dtype)
+        fac = to_device(_factor(policy.brightness, factors[:, 0], jitter), device, x.dtype)
         x = torch.clamp(x * fac.view(-1, 1, 1, 1), 0.0, 1.0)  # (B,) -> (B, 1, 1, 1)
     if policy.contrast > 0:
-        fac = _factor(policy.contrast, factors[:, 1], jitter).to(device, x.dtype)
+        fac = to_device(_factor(policy.contrast, factors[:, 1], jitter), device, x.dtype)
         mean = rgb_to_grayscale(x).mean(dim=(1, 2, 3), keepdim=True)  # (B, 1, 1, 1)
         x = _blend(x, mean, fac)
     if policy.saturation > 0:
-        fac = _factor(policy.saturation, factors[:, 2], jitter).to(device, x.dtype)
+        fac = to_device(_factor(policy.saturation, factors[:, 2], jitter), device, x.dtype)
         x = _blend(x, rgb_to_grayscale(x), fac)
     if policy.hue > 0:
-        shift = (policy.hue * (2.0 * factors[:, 3] - 1.0)).to(device, x.dtype)
-        mask = jitter.to(device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
+        shift = to_device(policy.hue * (2.0 * factors[:, 3] - 1.0), device, x.dtype)
+        mask = to_device(jitter, device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
         x = torch.where(mask, adjust_hue(x, shift), x)
     return x
 
@@ -330,20 +330,20 @@ class ViewAugmentation:
 
         gray = u[:, _COL_GRAY] < policy.gray_p
         if bool(gray.any()):
-            mask = gray.to(device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
+            mask = to_device(gray, device).view(-1, 1, 1, 1)  # (B,) -> (B, 1, 1, 1)
             x = torch.where(mask, rgb_to_grayscale(x).expand_as(x), x)
 
         blur = u[:, _COL_BLUR] < policy.blur_p
         if bool(blur.any()):
             low, high = policy.blur_sigma
-            sigma = (low + (high - low) * u[:, _COL_SIGMA])[blur].to(device, x.dtype)  # (n_blur,)
-            index = torch.nonzero(blur).flatten().to(device)  # (n_blur,) samples to blur
+            sigma = to_device((low + (high - low) * u[:, _COL_SIGMA])[blur], device, x.dtype)  # (n_blur,)
+            index = to_device(torch.nonzero(blur).flatten(), device)  # (n_blur,) samples to blur
             blurred = gaussian_blur(x.index_select(0, index), sigma, self.blur_kernel_size)
             x = x.index_copy(0, index, blurred)  # (B, 3, S, S)
 
         solarize = u[:, _COL_SOLARIZE] < policy.solarize_p
         if bool(solarize.any()):
-            mask = solarize.to(device).view(-1, 1, 1, 1) & (x >= policy.solarize_threshold)  # (B, 1, 1, 1)
+            mask = to_device(solarize, device).view(-1, 1, 1, 1) & (x >= policy.solarize_threshold)  # (B, 1, 1, 1)
             x = torch.where(mask, 1.0 - x, x)
 
         return TF.normalize(x, list(self.mean), list(self.std)) if normalize else x
