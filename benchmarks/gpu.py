@@ -21,13 +21,19 @@ with a row saying so once the budget is spent:
    augmentation, loss and optimizer (``benchmarks/trainer.py``'s A B A B by epoch), at batch 512 (the paper
    protocol's epoch: 50,000 images, two views) and batch 32 (Table 1's smallest): images/s, the trainer's
    overhead, the epoch time projected to the full training set and its share of the convolution rate.
-4. ``profile``: one epoch of the trainer and one of the bare loop at batch 512 under ``torch.profiler``
+4. ``epoch``: the same comparison over the whole training set at batch 512 (5 epochs a side, the first a
+   warm-up): the paper epoch measured, not projected (the trainer's per-epoch metrics and checkpoint weigh on a
+   20-step epoch five times what they weigh on the paper's 97 steps).
+5. ``profile``: one epoch of the trainer and one of the bare loop at batch 512 under ``torch.profiler``
    (:mod:`benchmarks.step_profile`): per step, wall and device-busy milliseconds, host reads of a tensor's value,
-   blocking CUDA calls, copies, and the operators whose time grew most: where the trainer's overhead goes.
-5. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
+   blocking CUDA calls, copies, the operators whose time grew most, and what the per-epoch checkpoint costs:
+   where the trainer's overhead goes.
+6. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
    images/s over one process's (can a study's trials fill the GPU?).
-6. ``paper run``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
+7. ``paper``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
    and a kNN top-1 above chance (10%), kNN and linear probe on the GPU.
+
+``--parts step,epoch,profile`` runs only those (by the keys above), in this order.
 """
 
 from __future__ import annotations
@@ -246,9 +252,11 @@ def peak_rows(device: torch.device, tiny: bool) -> Iterator[Row]:
 
 
 def step_rows(device: torch.device, batch: int, tiny: bool, data_root: str | None, budget_s: float,
-              conv_rate: float | None) -> Iterator[Row]:
-    """The trainer vs the bare loop at ``batch``: images/s, overhead, the projected full epoch."""
-    cfg = step_config(batch, tiny, data_root, epochs=4 if tiny else 8)
+              conv_rate: float | None, full: bool = False) -> Iterator[Row]:
+    """The trainer vs the bare loop at ``batch``: images/s, overhead, and the full epoch: projected from an epoch of
+    ~20 steps, or with ``full`` measured over the whole training set (5 epochs: 4 measured a side)."""
+    epochs = (3 if tiny else 5) if full else 4 if tiny else 8
+    cfg = step_config(batch, tiny, data_root, epochs=epochs, full=full)
     data = build_data(cfg)
     assert isinstance(data, InMemoryData)
     images = (len(data) // batch) * batch
@@ -257,18 +265,69 @@ def step_rows(device: torch.device, batch: int, tiny: bool, data_root: str | Non
     ours = images / statistics.median(res.trainer_s)
     bare = images / statistics.median(res.bare_s)
     overhead = bare / ours - 1.0
-    yield Row(SECTION, f"trainer vs bare loop, ResNet-18, batch {batch}", ours, bare, overhead,
-              f"overhead <= {OVERHEAD_GOAL:.0%}", overhead <= OVERHEAD_GOAL, "images/s",
-              f"median of {len(res.trainer_s)} epochs of {images} images per side, A B A B; two views an image")
-    epoch_s = CIFAR_TRAIN / ours
+    split = (f"the trainer's own train/images_per_s (its steps only) {statistics.median(res.reported):.0f}; "
+             f"outside its steps (metrics, checkpoint, log) {1000 * statistics.median(res.outside_s):.0f} ms an epoch")
+    what = "the whole training set" if full else f"{images} images"
+    yield Row(SECTION, f"trainer vs bare loop, ResNet-18, batch {batch}{', full epochs' * full}", ours, bare,
+              overhead, f"overhead <= {OVERHEAD_GOAL:.0%}", overhead <= OVERHEAD_GOAL, "images/s",
+              f"median of {len(res.trainer_s)} epochs of {what} per side, A B A B; two views an image; {split}")
     is_paper = batch == 512 and not tiny
-    note = "50,000 images / the trainer's images/s"
+    if full:
+        epoch_s = statistics.median(res.trainer_s)
+        name = f"paper epoch measured (CIFAR-10 train, two views), batch {batch}"
+        note = (f"the trainer's epoch of {images} images ({images // batch} steps), median of {len(res.trainer_s)}; "
+                f"the bare loop's {statistics.median(res.bare_s):.2f} s")
+    else:
+        epoch_s = CIFAR_TRAIN / ours
+        name = f"paper epoch (CIFAR-10 train, two views), batch {batch}"
+        note = "50,000 images / the trainer's images/s"
     if conv_rate:
         achieved = _step_flops(cfg) * ours / batch / 1e12  # TFLOP/s
         note += f"; {achieved:.3g} TFLOP/s achieved = {achieved / conv_rate:.0%} of the conv rate"
-    yield Row(SECTION, f"paper epoch (CIFAR-10 train, two views), batch {batch}", epoch_s, None,
-              epoch_s / EPOCH_GOAL_S if is_paper else None, f"<= {EPOCH_GOAL_S:g} s" if is_paper else "",
-              (epoch_s <= EPOCH_GOAL_S) if is_paper else None, "s", note)
+    yield Row(SECTION, name, epoch_s, None, epoch_s / EPOCH_GOAL_S if is_paper else None,
+              f"<= {EPOCH_GOAL_S:g} s" if is_paper else "", (epoch_s <= EPOCH_GOAL_S) if is_paper else None, "s",
+              note)
+
+
+def draws_rows(device: torch.device, tiny: bool) -> Iterator[Row]:
+    """The augmentation's draws sent to the device through pinned memory (``image_ops.to_device``) against the
+    pageable copies they replaced (``Tensor.to``, each making the host wait for the device): the bare loop over the
+    whole training set at batch 512, the two alternating epoch by epoch after a warm-up epoch."""
+    cfg = step_config(8 if tiny else 512, tiny, None, epochs=1, full=True)
+    data = build_data(cfg)
+    assert isinstance(data, InMemoryData)
+    bare = BareLoop(cfg, data, device, amp_dtype(device) if cfg.amp else None)
+    bare.epoch()
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(2 if tiny else 4):
+        for pinned in (True, False):
+            with _draw_copies(pinned):
+                seconds[pinned].append(bare.epoch())
+    ours, baseline = statistics.median(seconds[True]), statistics.median(seconds[False])
+    name = f"augmentation's draws, pinned vs pageable copies: the bare loop's epoch, batch {cfg.optim.batch_size}"
+    yield Row(SECTION, name, ours, baseline, ours / baseline, unit="s",
+              note=f"the whole training set, median of {len(seconds[True])} epochs each, alternating; "
+                   f"ratio < 1: the pinned copies are faster")
+
+
+@contextlib.contextmanager
+def _draw_copies(pinned: bool) -> Iterator[None]:
+    """The augmentation's copies as they are (``pinned``) or as they were: ``Tensor.to`` from pageable memory."""
+    from dcl_core.data import augment, image_ops
+
+    if pinned:
+        yield
+        return
+    kept = image_ops.to_device
+
+    def pageable(draws: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+        return draws.to(device, dtype)
+
+    augment.to_device = image_ops.to_device = pageable  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        augment.to_device = image_ops.to_device = kept
 
 
 def _step_flops(cfg: Config) -> float:
@@ -334,6 +393,40 @@ def paper_run_rows(data_root: str | None, tiny: bool, timeout_s: float) -> Itera
 
 # ------------------------------------------------------------------------------------------------------- main
 
+PARTS = ("autocast", "peak", "step", "epoch", "draws", "profile", "sharing", "paper")  # --parts keys, in the order run
+
+
+def _part_keys(text: str) -> tuple[str, ...]:
+    """``--parts``: comma-separated keys of :data:`PARTS`; an unknown one is refused by the parser (exit 2)."""
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in keys if k not in PARTS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(f"unknown part {', '.join(unknown) or '(none given)'}: "
+                                         f"choose from {', '.join(PARTS)}")
+    return keys
+
+
+def _parts(args: argparse.Namespace, device: torch.device, budget: Budget,
+           conv_rate: Callable[[], float | None]) -> list[tuple[str, str, float, Callable[[], Iterator[Row]]]]:
+    """Every part as (key, name, the seconds it needs, its rows), in the order run; ``conv_rate`` reads the peak
+    part's convolution rate once it is measured."""
+    tiny, root = args.tiny, args.data_root
+    return [
+        ("autocast", "autocast", 10, lambda: autocast_rows(device, 64 if tiny else 512, 16 if tiny else 128)),
+        ("peak", "peak", 10, lambda: peak_rows(device, tiny)),
+        ("step", "step, batch 512", 90, lambda: step_rows(device, 8 if tiny else 512, tiny, None,
+                                                         min(60.0, budget.left), conv_rate())),
+        *([] if tiny else [("step", "step, batch 32", 60, lambda: step_rows(device, 32, tiny, None,
+                                                                            min(40.0, budget.left), conv_rate()))]),
+        ("epoch", "full epochs, batch 512", 45, lambda: step_rows(device, 8 if tiny else 512, tiny, None,
+                                                                  min(60.0, budget.left), conv_rate(), full=True)),
+        ("draws", "pinned draws, batch 512", 45, lambda: draws_rows(device, tiny)),
+        ("profile", "profile, batch 512", 45, lambda: profile_rows(profile_config(tiny), device)),
+        ("sharing", "sharing", 60, lambda: sharing_rows(device, tiny, 3.0 if tiny else 10.0)),
+        ("paper", "paper run", 150, lambda: paper_run_rows(root, tiny, max(60.0, budget.left))),
+    ]
+
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the parts in order within the budget; exit 1 if a goal was missed or a part failed."""
@@ -343,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=480.0, help="stop starting parts after this many seconds")
     p.add_argument("--tiny", action="store_true", help="toy sizes (the CPU test of this script)")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--parts", type=_part_keys, default=PARTS,
+                   help=f"the parts to run, comma-separated, in the order above (default: all: {','.join(PARTS)})")
     p.add_argument("--worker", type=float, default=None, help=argparse.SUPPRESS)  # a sharing process
     args = p.parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -367,19 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# GPU check on {meta['device']} (torch {meta['torch']}, CUDA {meta['cuda']}), budget {args.budget_s:g} s",
           flush=True)
     conv_rate: float | None = None
-    parts: list[tuple[str, float, Callable[[], Iterator[Row]]]] = [
-        ("autocast", 10, lambda: autocast_rows(device, 64 if args.tiny else 512, 16 if args.tiny else 128)),
-        ("peak", 10, lambda: peak_rows(device, args.tiny)),
-        ("step, batch 512", 90, lambda: step_rows(device, 8 if args.tiny else 512, args.tiny, None,
-                                                   min(60.0, budget.left), conv_rate)),
-        *([] if args.tiny else [("step, batch 32", 60, lambda: step_rows(device, 32, args.tiny, None,
-                                                                          min(40.0, budget.left), conv_rate))]),
-        ("profile, batch 512", 45, lambda: profile_rows(profile_config(args.tiny), device)),
-        ("sharing", 60, lambda: sharing_rows(device, args.tiny, 3.0 if args.tiny else 10.0)),
-        ("paper run", 150, lambda: paper_run_rows(args.data_root, args.tiny, max(60.0, budget.left))),
-    ]
+    parts = [part for part in _parts(args, device, budget, lambda: conv_rate) if part[0] in args.parts]
     failed = []
-    for name, needs_s, part in parts:
+    for _, name, needs_s, part in parts:
         if budget.left < needs_s:
             report.add(Row(SECTION, f"{name}: skipped", math.nan, note=f"{budget.left:.0f} s left of the budget"))
             continue

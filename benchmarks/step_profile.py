@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
+import statistics
 import sys
 import tempfile
 import time
@@ -44,9 +46,10 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from benchmarks.common import Row, markdown_table
 from benchmarks.trainer import BareLoop, step_config
-from dcl_core.config import Config, apply_overrides
+from dcl_core.config import Config, apply_overrides, derive, to_flat_dict
 from dcl_core.training import train
-from dcl_core.training.builders import InMemoryData, build_data
+from dcl_core.training.builders import InMemoryData, build_data, build_model, build_optimizer
+from dcl_core.training.checkpoint import save_checkpoint
 from dcl_core.training.run_setup import amp_dtype
 
 SECTION = "profile"
@@ -146,6 +149,37 @@ def profile_rows(cfg: Config, device: torch.device) -> Iterator[Row]:
     kind = "device" if device.type == "cuda" else "CPU"
     yield Row(SECTION, f"trainer's extra {kind} time by operator", sum(d for d, _ in grown), unit="ms",
               note="; ".join(f"{k} +{d:.3g}" for d, k in grown))
+    yield checkpoint_row(cfg, device, bare.wall_ms)
+
+
+def checkpoint_row(cfg: Config, device: torch.device, step_ms: float, reps: int = 3) -> Row:
+    """What the checkpoint the trainer writes after every epoch costs: a state of the run's size (the model and the
+    optimizer's momentum, on ``device``, with the flat config) written by ``save_checkpoint`` as the trainer's
+    ``_save`` writes it (its tensors copied to the host together, then a temporary file, fsync'd, renamed),
+    against ``torch.save`` of the state as it is into memory (on a GPU: each tensor copied to pageable memory in
+    turn, and the pickling). Medians of ``reps``; ``step_ms``: a step of the bare loop, to say what the checkpoint
+    costs in steps."""
+    model = build_model(cfg).to(device, memory_format=torch.channels_last)  # type: ignore[call-overload]
+    optimizer = build_optimizer(cfg, derive(cfg, 1), model)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # the momentum buffers exist, as after any trained epoch
+    state = {"epoch": 1, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "config": to_flat_dict(cfg), "history": []}
+    written, serialised, size = [], [], 0
+    with tempfile.TemporaryDirectory(prefix="bench_checkpoint_") as out:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            size = save_checkpoint(state, Path(out) / "checkpoint.pt").stat().st_size
+            written.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            torch.save(state, io.BytesIO())
+            serialised.append(time.perf_counter() - t0)
+    ours, mem = statistics.median(written), statistics.median(serialised)
+    return Row(SECTION, "the trainer's checkpoint, written after every epoch", ours * 1e3, mem * 1e3,
+               ours / mem if mem else None, unit="ms",
+               note=f"{size / 1e6:.0f} MB, fsync'd; baseline: torch.save of the state as it is into memory; "
+                    f"= {ours * 1e3 / step_ms:.1f} steps of the bare loop; median of {reps}")
 
 
 def profile_config(tiny: bool) -> Config:

@@ -61,6 +61,7 @@ except ModuleNotFoundError:  # run as a script: python benchmarks/trainer.py
 SECTION = "trainer"
 GOAL = 0.05  # the trainer may cost at most 5% more time per epoch than the bare loop
 CL = torch.channels_last
+CIFAR_PER_CLASS = 5000  # CIFAR-10's training images a class: data.train_per_class for the whole set
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,11 @@ def bench_config(width: float, batch: int, threads: int, overrides: dict[str, ob
     return apply_overrides(preset("cpu"), values | (overrides or {}))
 
 
-def step_config(batch: int, tiny: bool, data_root: str | None, epochs: int) -> Config:
-    """The paper preset at ``batch`` with an epoch of ~20 steps (a class-balanced subset), kNN only at the end: the GPU
-    check's trainer-vs-bare rows and its profile (``benchmarks/gpu.py``, ``benchmarks/step_profile.py``)."""
-    per_class = max(2 * batch, 64) if tiny else max(batch * 20 // 10, 100)
+def step_config(batch: int, tiny: bool, data_root: str | None, epochs: int, full: bool = False) -> Config:
+    """The paper preset at ``batch`` with an epoch of ~20 steps (a class-balanced subset), or with ``full`` the
+    whole training set (5,000 images a class; ``tiny`` keeps its subset), kNN only at the end: the GPU check's
+    trainer-vs-bare rows and its profile (``benchmarks/gpu.py``, ``benchmarks/step_profile.py``)."""
+    per_class = max(2 * batch, 64) if tiny else CIFAR_PER_CLASS if full else max(batch * 20 // 10, 100)
     values: dict[str, object] = {
         "optim.batch_size": batch, "data.train_per_class": per_class, "data.test_per_class": 10,
         "optim.epochs": epochs, "optim.warmup_epochs": 0.0, "eval.knn_every": 100_000, "loss.name": "dcl",

@@ -51,8 +51,8 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
     assert not [n for n in names if n.endswith(("failed", "skipped"))], names
     autocast = [r for r in report["rows"] if r["name"].startswith("autocast")]
     assert len(autocast) == 8 and all(r["met"] for r in autocast)  # bf16 and fp16 x 4 losses, equal to fp32
-    for start in ("matmul", "conv 3x3", "trainer vs bare loop", "paper epoch", "1 process", "2 processes",
-                  "smoke run, 2 epochs"):
+    for start in ("matmul", "conv 3x3", "trainer vs bare loop", "paper epoch", "paper epoch measured",
+                  "augmentation's draws", "1 process", "2 processes", "smoke run, 2 epochs"):
         row = next(r for r in report["rows"] if r["name"].startswith(start))
         assert math.isfinite(row["ours"]) and row["ours"] > 0, row
     assert next(r for r in report["rows"] if r["name"].startswith("smoke run"))["met"]  # finite loss, kNN > 10%
@@ -61,6 +61,8 @@ def test_the_tiny_gpu_check_runs_every_part_without_ray_optuna_or_mlflow(tmp_pat
     assert wall["ours"] > 0 and wall["baseline"] > 0 and "one epoch of 10 steps a side" in wall["note"]
     assert profiled["trainer vs bare loop: host reads of a tensor value"]["baseline"] > 0  # the augmentation's
     assert profiled["trainer's extra CPU time by operator"]["note"].count("aten::") >= 1
+    checkpoint = profiled["the trainer's checkpoint, written after every epoch"]
+    assert checkpoint["ours"] > 0 and checkpoint["baseline"] > 0 and "MB, fsync'd" in checkpoint["note"]
     assert report["meta"]["device"] == "cpu" and "| gpu | autocast bfloat16" in (out / "gpu.md").read_text()
 
 
@@ -273,6 +275,26 @@ def test_the_gpu_check_refuses_a_fifo_at_its_report_before_any_work(tmp_path: Pa
                                                       "to replace it (name a regular file or a new path)"), err
     assert ran == [] and "Traceback" not in captured.err
     assert stat.S_ISFIFO(os.lstat(out / name).st_mode) and sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_the_gpu_check_runs_the_parts_asked_for_in_its_order_and_refuses_an_unknown_one(tmp_path: Path, monkeypatch,
+                                                                                          capsys) -> None:
+    """``--parts``: a call of a lent machine runs only what it needs; an unknown key is one line, exit 2, before
+    any part runs."""
+    from benchmarks import gpu
+
+    ran: list[str] = []
+    for part in ("autocast_rows", "peak_rows", "step_rows", "draws_rows", "profile_rows", "sharing_rows",
+                 "paper_run_rows"):
+        monkeypatch.setattr(gpu, part, lambda *args, part=part, **kw: ran.append(part) or iter([]))
+    assert gpu.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--parts", "profile,peak"]) == 0
+    assert ran == ["peak_rows", "profile_rows"]  # the order of the parts, not of the flag
+    ran.clear()
+    with pytest.raises(SystemExit) as exit_:
+        gpu.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "x"), "--parts", "peak,warp"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and ran == [] and err[-1].endswith(
+        "argument --parts: unknown part warp: choose from autocast, peak, step, epoch, draws, profile, sharing, paper")
 
 
 def test_the_step_profile_counts_per_step_what_it_names() -> None:
