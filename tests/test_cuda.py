@@ -79,6 +79,16 @@ def test_the_views_on_the_device_equal_the_cpu_s_call_after_call(policy: str) ->
             assert worst.max() <= 1e-3, f"call {seed}: {int((worst > 1e-3).sum())} of 512 images differ"
 
 
+def test_a_draw_already_on_the_device_is_moved_as_it_is() -> None:
+    """``image_ops.to_device`` pins a CPU draw; a tensor already on the device (no CPU memory to pin) is kept."""
+    from dcl_core.data.image_ops import to_device
+
+    on_device = torch.arange(4.0, device=DEVICE)
+    moved = to_device(on_device, DEVICE, torch.float64)
+    assert moved.device.type == DEVICE.type and moved.dtype == torch.float64
+    assert moved.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_a_checkpoint_of_a_run_on_the_device_holds_host_tensors_equal_to_the_device_s(tmp_path: Path) -> None:
     """The trainer's checkpoint state (a model with batch-norm buffers, SGD's momentum) on the device is written
     with its tensors on the host, each equal to the device's: what ``torch.save`` stores without a

@@ -24,7 +24,7 @@ def to_device(draws: torch.Tensor, device: torch.device, dtype: torch.dtype | No
     has run every kernel queued before it, and the two views make ten such copies each a step (docs/performance.md,
     "Where the trainer's time goes"). The values are the same either way."""
     draws = draws if dtype is None else draws.to(dtype)
-    if device.type != "cuda":
+    if device.type != "cuda" or draws.device.type != "cpu":
         return draws.to(device)
     return draws.pin_memory().to(device, non_blocking=True)
 
