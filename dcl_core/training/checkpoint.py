@@ -17,6 +17,7 @@ import secrets
 import stat
 import warnings
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ class CheckpointError(InputError, ValueError):
 
 def to_host(state: Any) -> Any:
     """``state`` with every tensor on an accelerator copied to host memory, the copies queued together (into pinned
-    memory, ``Tensor.to``'s rule for a non-blocking copy to the host) and waited for once; host tensors, containers'
-    types and a state dict's ``_metadata`` are kept as they are.
+    memory, ``Tensor.to``'s rule for a non-blocking copy to the host) and waited for once; host tensors, a state
+    dict's type and ``_metadata``, lists and tuples are kept as they are (another mapping becomes a dict).
 
     So a checkpoint a GPU run wrote holds host tensors (a plain ``torch.load`` reads it on a machine without a GPU),
     and ``torch.save`` no longer waits on the device once per tensor. What the checkpoint costs an epoch is its
@@ -61,8 +62,8 @@ def to_host(state: Any) -> Any:
                 return value.detach().cpu()
             queued.add(value.device)
             return value.detach().to("cpu", non_blocking=True)
-        if isinstance(value, dict):
-            out = type(value)((k, copy(v)) for k, v in value.items())
+        if isinstance(value, dict):  # an OrderedDict stays one (a state dict); any other mapping becomes a dict
+            out = (OrderedDict if isinstance(value, OrderedDict) else dict)((k, copy(v)) for k, v in value.items())
             if hasattr(value, "_metadata"):  # a module's state dict: its versions, which loading reads
                 out._metadata = value._metadata  # type: ignore[attr-defined]
             return out

@@ -4,7 +4,7 @@ and what loading reads beside the tensors (a state dict's type and ``_metadata``
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from typing import NamedTuple
 
 import torch
@@ -26,7 +26,8 @@ def _state() -> dict:
         p.grad = torch.ones_like(p)
     optimizer.step()
     return {"epoch": 3, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "history": [{"train/loss": 1.5}], "pair": _Pair(1, "x"), "shape": (2, 3)}
+            "history": [{"train/loss": 1.5}], "pair": _Pair(1, "x"), "shape": (2, 3),
+            "counts": defaultdict(int, {"epochs": 3})}
 
 
 def test_a_host_state_is_kept_tensor_for_tensor_and_nothing_is_copied() -> None:
@@ -46,6 +47,7 @@ def test_what_loading_reads_beside_the_tensors_is_kept() -> None:
     assert type(host["model"]) is OrderedDict
     assert host["model"]._metadata == state["model"]._metadata  # batch norm's version, read by load_state_dict
     assert host["pair"] is state["pair"] and host["shape"] == (2, 3) and type(host["shape"]) is tuple
+    assert host["counts"] == {"epochs": 3}  # a mapping whose type takes no pairs (a defaultdict) saved as a dict
     fresh = build_model(apply_overrides(preset("smoke"), {"model.width": 0.125}))
     fresh.load_state_dict(host["model"])
     for key, value in state["model"].items():
