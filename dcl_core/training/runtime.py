@@ -64,6 +64,10 @@ def setup_runtime(cfg: Config) -> Runtime:
     owns = False
     if not (dist.is_available() and dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         use_cuda = cfg.device != "cpu" and torch.cuda.is_available()
+        if os.environ.get("RANK", "0") == "0":  # a peer that never starts leaves every rank waiting here
+            log.info("waiting for the %s processes of $WORLD_SIZE to join at %s:%s (torchrun sets these; unset "
+                     "WORLD_SIZE to train in one process)", os.environ["WORLD_SIZE"], os.environ.get("MASTER_ADDR"),
+                     os.environ.get("MASTER_PORT"))
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")
         owns = True
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)

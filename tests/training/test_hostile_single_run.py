@@ -474,6 +474,39 @@ def test_a_launch_environment_torchrun_would_not_set_is_one_line(monkeypatch, en
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_run_waiting_for_a_peer_that_never_starts_says_what_it_waits_for(tmp_path):
+    """``WORLD_SIZE=2`` and a rendezvous left in the shell (no torchrun, no second process): the run waited for
+    torch's timeout (minutes) without a word. Now rank 0 says, before it waits, what it waits for and how not to."""
+    import select
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = os.environ | {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "dcl_core.train", "--preset", "smoke", "--set", "threads=1",
+                             "--set", f"output_dir={tmp_path / 'run'}"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        while (left := deadline - time.monotonic()) > 0 and proc.poll() is None:
+            if not select.select([proc.stderr], [], [], left)[0]:  # silent until the deadline: the old behaviour
+                break
+            lines.append(proc.stderr.readline())
+            if "to join at" in lines[-1]:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    said = [x for x in lines if "to join at" in x]
+    assert said, "".join(lines)[-2000:]
+    assert (f"waiting for the 2 processes of $WORLD_SIZE to join at 127.0.0.1:{port} (torchrun sets these; unset "
+            "WORLD_SIZE to train in one process)") in said[0]
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--tau", "0.1", "--loss.temperature", "0.3"], "--loss.temperature and --tau both set loss.temperature"),
     (["--tau", "0.1", "--tau", "0.3"], "--tau is given twice"),
