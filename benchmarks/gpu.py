@@ -24,13 +24,15 @@ with a row saying so once the budget is spent:
 4. ``epoch``: the same comparison over the whole training set at batch 512 (5 epochs a side, the first a
    warm-up): the paper epoch measured, not projected (the trainer's per-epoch metrics and checkpoint weigh on a
    20-step epoch five times what they weigh on the paper's 97 steps).
-5. ``profile``: one epoch of the trainer and one of the bare loop at batch 512 under ``torch.profiler``
+5. ``draws``: the augmentation's draws sent to the GPU through pinned memory against the pageable copies they
+   replaced, the bare loop over the whole training set, alternating epoch by epoch.
+6. ``profile``: one epoch of the trainer and one of the bare loop at batch 512 under ``torch.profiler``
    (:mod:`benchmarks.step_profile`): per step, wall and device-busy milliseconds, host reads of a tensor's value,
    blocking CUDA calls, copies, the operators whose time grew most, and what the per-epoch checkpoint costs:
    where the trainer's overhead goes.
-6. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
+7. ``sharing``: 1, 2 and 4 processes training the bare loop at batch 32 on the one GPU at once: the aggregate
    images/s over one process's (can a study's trials fill the GPU?).
-7. ``paper``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
+8. ``paper``: ``python -m dcl_core.train --preset paper`` for 2 epochs on the full CIFAR-10: a finite loss
    and a kNN top-1 above chance (10%), kNN and linear probe on the GPU.
 
 ``--parts step,epoch,profile`` runs only those (by the keys above), in this order.
@@ -425,7 +427,6 @@ def _parts(args: argparse.Namespace, device: torch.device, budget: Budget,
         ("sharing", "sharing", 60, lambda: sharing_rows(device, tiny, 3.0 if tiny else 10.0)),
         ("paper", "paper run", 150, lambda: paper_run_rows(root, tiny, max(60.0, budget.left))),
     ]
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ from cifar10_present import cifar10_present
 
 from dcl_core import metric_names as M
 from dcl_core.config import LOSS_NAMES, apply_overrides, preset
-from dcl_core.data.augment import POLICIES
+from dcl_core.data.augment import POLICIES, ViewAugmentation
 from dcl_core.eval.knn import knn_top1
 from dcl_core.losses import LOSSES
 from dcl_core.training import run_setup as run_module
@@ -67,8 +67,6 @@ def test_the_views_on_the_device_equal_the_cpu_s_call_after_call(policy: str) ->
     """Every policy's two views, blur on, of 512 images on the device equal the CPU's for four calls in a row: the
     draws go to the device through pinned memory without the host waiting (``image_ops.to_device``), so a buffer
     reused before its copy ran would show as another image's crop, jitter or blur."""
-    from dcl_core.data.augment import ViewAugmentation
-
     aug = ViewAugmentation(32, policy, blur=True)
     images = torch.randint(0, 256, (512, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
     on_device = [aug(images.to(DEVICE), torch.Generator().manual_seed(seed)) for seed in range(4)]  # no wait between
